@@ -1,0 +1,1 @@
+"""order-service: applies order events from Kafka to PostgreSQL, every record to a known terminal state."""

@@ -1,0 +1,70 @@
+"""Kafka clients (aiokafka) and the translation of their records into `SourceRecord`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+
+from service.config import Settings
+from service.policy.records import SourceRecord
+from service.stopping import sleep_unless_stopped
+
+log = structlog.get_logger("order_service.kafka")
+
+
+def to_source(record: ConsumerRecord[bytes, bytes]) -> SourceRecord:
+    """An aiokafka record as a library-neutral SourceRecord."""
+    return SourceRecord(
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        timestamp_ms=record.timestamp,
+        key=record.key,
+        value=record.value,
+        headers=tuple((name, bytes(value or b"")) for name, value in record.headers),
+    )
+
+
+def make_consumer(settings: Settings) -> AIOKafkaConsumer:
+    """A group member with manual commits: offsets move only after records are terminal."""
+    return AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        group_id=settings.consumer_name,
+        client_id=f"{settings.consumer_name}-consumer",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=settings.batch_size,
+        # A blocking retry may hold a batch for up to ORDERS_MAX_ELAPSED; stay in the group meanwhile.
+        max_poll_interval_ms=max(300_000, int(settings.max_elapsed.total_seconds() * 2000)),
+    )
+
+
+def make_producer(settings: Settings) -> AIOKafkaProducer:
+    """An idempotent producer: broker-side retries never duplicate or reorder a partition's messages."""
+    return AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        client_id=f"{settings.consumer_name}-relay",
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=5,
+        request_timeout_ms=15_000,
+    )
+
+
+async def start_with_backoff(start: Callable[[], Awaitable[Any]], stop: asyncio.Event, what: str) -> bool:
+    """Call `start` until it succeeds or `stop` is set; one clear log line per failed try, no traceback."""
+    delay = 1.0
+    while not stop.is_set():
+        try:
+            await start()
+            return True
+        except Exception as error:
+            log.warning("kafka_unavailable", client=what, error=type(error).__name__, retry_in_seconds=delay)
+            log.debug("kafka_unavailable_detail", exc_info=error)
+            await sleep_unless_stopped(stop, delay)
+            delay = min(delay * 2, 30.0)
+    return False

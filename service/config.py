@@ -1,0 +1,145 @@
+"""All configuration, from `ORDERS_*` environment variables (contract §2), in one pydantic-settings class."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from service.durations import FORMAT_HINT, parse_duration
+
+ENV_PREFIX = "ORDERS_"
+
+
+def _to_timedelta(value: Any) -> Any:
+    return parse_duration(value) if isinstance(value, str) else value
+
+
+def _positive(value: timedelta) -> timedelta:
+    if value <= timedelta(0):
+        raise ValueError("must be longer than 0")
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(_to_timedelta), AfterValidator(_positive)]
+
+DEDUP_WINDOW_MIN = timedelta(seconds=20)
+DEDUP_WINDOW_MAX = timedelta(days=7)
+
+
+class Settings(BaseSettings):
+    """Every knob of the service; each field is read from `ORDERS_<FIELD>`."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+
+    database_url: str = "postgresql+asyncpg://postgres@127.0.0.1:55432/orders"
+    kafka_bootstrap_servers: str = "127.0.0.1:19092"
+    consumer_name: str = Field(default="order-service", min_length=1, max_length=200)
+    source_topic: str = Field(default="orders", pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    retry_tiers: str = "30s,5m"
+    max_attempts: int = Field(default=5, ge=1, le=1000)
+    max_elapsed: Duration = timedelta(seconds=30)
+    ordering: Literal["key", "versioned", "unordered"] = "key"
+    dedup_window: Duration = timedelta(days=7)
+    customers_url: str | None = None
+    payments_url: str | None = None
+    emails_url: str | None = None
+    known_tenants: Annotated[tuple[str, ...], NoDecode] = ("acme", "globex", "initech")
+    metrics_port: int = Field(default=9108, ge=0, le=65535)
+    http_timeout: Duration = timedelta(seconds=2)
+    batch_size: int = Field(default=500, ge=1, le=10_000)
+    relay_batch_size: int = Field(default=500, ge=1, le=10_000)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # Test instrumentation only (see service/faults.py): a named point where the process kills itself.
+    fault_crash_at: Literal["after-commit", "after-publish"] | None = None
+
+    @field_validator("known_tenants", mode="before")
+    @classmethod
+    def _split_tenants(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            tenants = tuple(part.strip() for part in value.split(",") if part.strip())
+            if not tenants:
+                raise ValueError("needs at least one tenant id, comma-separated")
+            return tenants
+        return value
+
+    @field_validator("retry_tiers")
+    @classmethod
+    def _check_tiers(cls, value: str) -> str:
+        if value.strip() == "rocketmq":
+            return "rocketmq"
+        parts = [part.strip() for part in value.split(",") if part.strip()]
+        for part in parts:
+            _positive(parse_duration(part))
+        return ",".join(parts)
+
+    @field_validator("dedup_window")
+    @classmethod
+    def _check_window(cls, value: timedelta) -> timedelta:
+        if not DEDUP_WINDOW_MIN <= value <= DEDUP_WINDOW_MAX:
+            raise ValueError("must be between 20s and 7d")
+        return value
+
+    @field_validator("customers_url", "payments_url", "emails_url", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip().rstrip("/")
+            if not value:
+                return None
+            if not value.startswith(("http://", "https://")):
+                raise ValueError("must be an http:// or https:// base URL, or empty to disable the call")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str) -> str:
+        if not value.startswith("postgresql+asyncpg://"):
+            raise ValueError("must be a SQLAlchemy URL starting with postgresql+asyncpg://")
+        return value
+
+    @property
+    def topics(self) -> Topics:
+        """The topic names derived from the source topic (contract §4)."""
+        return Topics(self.source_topic)
+
+
+class Topics:
+    """Topic names derived from the source topic (contract §4)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.quarantine = f"{source}.quarantine"
+        self.reprocess = f"{source}.reprocess"
+        self.rejected = f"{source}.rejected"
+        self.events = f"{source}.events"
+
+    def retry(self, delay_label: str) -> str:
+        """The retry tier topic for one delay, e.g. `orders.retry.30s`."""
+        return f"{self.source}.retry.{delay_label}"
+
+
+class ConfigurationError(Exception):
+    """Configuration that cannot be used; its message is one line naming the variable."""
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """Turn pydantic's report into one line per contract §2: the variable, the value's problem, what is allowed."""
+    parts = []
+    for item in error.errors():
+        field = str(item["loc"][0]) if item["loc"] else "?"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] in {"timedelta_parsing", "timedelta_type"}:
+            message = f"must be {FORMAT_HINT}"
+        parts.append(f"{ENV_PREFIX}{field.upper()}: {message}")
+    return "invalid configuration: " + "; ".join(parts)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read the settings from the environment, raising ConfigurationError with a one-line message."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as error:
+        raise ConfigurationError(describe_validation_error(error)) from None

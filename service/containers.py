@@ -1,0 +1,106 @@
+"""The one place that assembles the service: settings in, ready-to-run loops out. Nothing at import time."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import httpx
+from dependency_injector import containers, providers
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.adapters import kafka
+from service.adapters.customers import CustomersClient
+from service.config import Settings
+from service.health import HealthServer
+from service.metrics import Metrics
+from service.policy.retry import Budget, RetryPolicy
+from service.store.uow import create_engine
+from service.worker.consumer import ConsumerLoop
+from service.worker.processor import Processor
+from service.worker.relay import Relay
+
+
+async def _engine(settings: Settings) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(settings.database_url)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+async def _http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    timeout = settings.http_timeout.total_seconds()
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), follow_redirects=False) as client:
+        yield client
+
+
+def _policy(settings: Settings) -> RetryPolicy:
+    return RetryPolicy(transient=Budget(settings.max_attempts, settings.max_elapsed))
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+async def _ready(engine: AsyncEngine, settings: Settings) -> bool:
+    """Ready when PostgreSQL answers a query and a Kafka bootstrap server accepts a connection."""
+    try:
+        async with asyncio.timeout(2):
+            async with engine.connect() as connection:
+                await connection.execute(text("SELECT 1"))
+            host, _, port = settings.kafka_bootstrap_servers.split(",")[0].strip().rpartition(":")
+            _, writer = await asyncio.open_connection(host, int(port))
+            writer.close()
+    except (OSError, TimeoutError, ValueError, SQLAlchemyError):
+        return False
+    return True
+
+
+def _topics(settings: Settings) -> list[str]:
+    return [settings.topics.source]
+
+
+class Container(containers.DeclarativeContainer):
+    """Providers for every long-running part; tests override `settings` or any provider."""
+
+    settings = providers.Dependency(instance_of=Settings)
+
+    engine = providers.Resource(_engine, settings=settings)
+    http = providers.Resource(_http, settings=settings)
+    metrics = providers.Singleton(Metrics)
+    clock = providers.Object(_utcnow)
+    rng = providers.Singleton(random.Random)
+    policy = providers.Singleton(_policy, settings=settings)
+
+    customers = providers.Factory(CustomersClient, http=http, base_url=settings.provided.customers_url)
+    processor = providers.Factory(
+        Processor,
+        settings=settings,
+        engine=engine,
+        customers=customers,
+        policy=policy,
+        metrics=metrics,
+        clock=clock,
+        rng=rng,
+    )
+    kafka_consumer = providers.Factory(kafka.make_consumer, settings=settings)
+    kafka_producer = providers.Factory(kafka.make_producer, settings=settings)
+    consumer_loop = providers.Factory(
+        ConsumerLoop,
+        processor=processor,
+        metrics=metrics,
+        make_consumer=kafka_consumer.provider,
+        topics=providers.Callable(_topics, settings),
+        batch_size=settings.provided.batch_size,
+    )
+    relay = providers.Factory(
+        Relay, settings=settings, engine=engine, metrics=metrics, make_producer=kafka_producer.provider
+    )
+    readiness = providers.Callable(functools.partial, _ready, engine, settings)
+    health = providers.Singleton(HealthServer, metrics=metrics, ready=readiness, port=settings.provided.metrics_port)

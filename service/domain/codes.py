@@ -1,0 +1,75 @@
+"""The bounded, documented set of error codes and the kind of failure each one is."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class FailureKind(StrEnum):
+    """What a failure means for the record, which decides what the state machine does with it."""
+
+    INVALID = "invalid"  # the bytes can never be processed: quarantine at once
+    REJECTED = "rejected"  # a permanent business answer: terminal, never retried
+    TRANSIENT = "transient"  # a downstream or resource problem: retry within the budget
+    UNKNOWN = "unknown"  # a bug or a surprise: retry with a smaller budget
+
+
+class ErrorCode(StrEnum):
+    """Stable error codes; envelopes, inbox rows, metrics and alerts use these strings."""
+
+    MALFORMED_PAYLOAD = "MALFORMED_PAYLOAD"
+    SCHEMA_UNSUPPORTED = "SCHEMA_UNSUPPORTED"
+    INVALID_FIELD = "INVALID_FIELD"
+
+    UNKNOWN_TENANT = "UNKNOWN_TENANT"
+    ORDER_NOT_FOUND = "ORDER_NOT_FOUND"
+    ORDER_EXISTS = "ORDER_EXISTS"
+    INVALID_TRANSITION = "INVALID_TRANSITION"
+    UNKNOWN_CUSTOMER = "UNKNOWN_CUSTOMER"
+    CUSTOMER_BLOCKED = "CUSTOMER_BLOCKED"
+
+    RATE_LIMITED = "RATE_LIMITED"
+    DOWNSTREAM_UNAVAILABLE = "DOWNSTREAM_UNAVAILABLE"
+    DOWNSTREAM_TIMEOUT = "DOWNSTREAM_TIMEOUT"
+    DOWNSTREAM_UNREACHABLE = "DOWNSTREAM_UNREACHABLE"
+
+    UNEXPECTED_ERROR = "UNEXPECTED_ERROR"
+
+    RATE_LIMITED_EXHAUSTED = "RATE_LIMITED_EXHAUSTED"
+    DOWNSTREAM_UNAVAILABLE_EXHAUSTED = "DOWNSTREAM_UNAVAILABLE_EXHAUSTED"
+    DOWNSTREAM_TIMEOUT_EXHAUSTED = "DOWNSTREAM_TIMEOUT_EXHAUSTED"
+    DOWNSTREAM_UNREACHABLE_EXHAUSTED = "DOWNSTREAM_UNREACHABLE_EXHAUSTED"
+    UNEXPECTED_ERROR_EXHAUSTED = "UNEXPECTED_ERROR_EXHAUSTED"
+
+    @property
+    def kind(self) -> FailureKind:
+        """The kind of failure this code stands for."""
+        return _KINDS[self]
+
+    def exhausted(self) -> ErrorCode:
+        """The code a retryable failure ends with once its budget is spent: `<CODE>_EXHAUSTED`."""
+        return ErrorCode(f"{self.value}_EXHAUSTED")
+
+
+_KINDS: dict[ErrorCode, FailureKind] = {
+    ErrorCode.MALFORMED_PAYLOAD: FailureKind.INVALID,
+    ErrorCode.SCHEMA_UNSUPPORTED: FailureKind.INVALID,
+    ErrorCode.INVALID_FIELD: FailureKind.INVALID,
+    ErrorCode.UNKNOWN_TENANT: FailureKind.REJECTED,
+    ErrorCode.ORDER_NOT_FOUND: FailureKind.REJECTED,
+    ErrorCode.ORDER_EXISTS: FailureKind.REJECTED,
+    ErrorCode.INVALID_TRANSITION: FailureKind.REJECTED,
+    ErrorCode.UNKNOWN_CUSTOMER: FailureKind.REJECTED,
+    ErrorCode.CUSTOMER_BLOCKED: FailureKind.REJECTED,
+    ErrorCode.RATE_LIMITED: FailureKind.TRANSIENT,
+    ErrorCode.DOWNSTREAM_UNAVAILABLE: FailureKind.TRANSIENT,
+    ErrorCode.DOWNSTREAM_TIMEOUT: FailureKind.TRANSIENT,
+    ErrorCode.DOWNSTREAM_UNREACHABLE: FailureKind.TRANSIENT,
+    ErrorCode.UNEXPECTED_ERROR: FailureKind.UNKNOWN,
+    # An exhausted code is where a retryable failure ends: it is terminal like invalid input.
+    ErrorCode.RATE_LIMITED_EXHAUSTED: FailureKind.INVALID,
+    ErrorCode.DOWNSTREAM_UNAVAILABLE_EXHAUSTED: FailureKind.INVALID,
+    ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED: FailureKind.INVALID,
+    ErrorCode.DOWNSTREAM_UNREACHABLE_EXHAUSTED: FailureKind.INVALID,
+    ErrorCode.UNEXPECTED_ERROR_EXHAUSTED: FailureKind.INVALID,
+}

@@ -1,0 +1,123 @@
+"""Source record schemas (contract §5), one pydantic model per `schema` value."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from service.domain.codes import ErrorCode
+
+NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+Currency = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=False)
+
+    order_id: NonEmpty
+
+
+class Item(BaseModel):
+    """One order line."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    sku: NonEmpty
+    quantity: int = Field(gt=0, le=1_000_000)
+    unit_price_cents: int = Field(ge=0, le=10**12)
+
+
+class OrderPlacedV1(_Message):
+    """`order.placed.v1`: creates the order."""
+
+    schema_name: Literal["order.placed.v1"] = Field(alias="schema")
+    tenant: NonEmpty
+    customer_id: NonEmpty
+    currency: Currency
+    items: list[Item] = Field(min_length=1, max_length=10_000)
+    sequence: int | None = None
+
+    @property
+    def amount_cents(self) -> int:
+        """The order total."""
+        return sum(item.quantity * item.unit_price_cents for item in self.items)
+
+
+class OrderPlacedV2(OrderPlacedV1):
+    """`order.placed.v2`: v1 plus `placed_at` and an optional `sequence`."""
+
+    schema_name: Literal["order.placed.v2"] = Field(alias="schema")  # type: ignore[assignment]
+    placed_at: AwareDatetime
+    sequence: int | None = Field(default=None, ge=1)
+
+
+class OrderShippedV1(_Message):
+    """`order.shipped.v1`: moves a placed order to shipped."""
+
+    schema_name: Literal["order.shipped.v1"] = Field(alias="schema")
+    carrier: NonEmpty
+    tracking_number: NonEmpty
+    sequence: int | None = Field(default=None, ge=1)
+
+
+class OrderCancelledV1(_Message):
+    """`order.cancelled.v1`: moves a placed order to cancelled."""
+
+    schema_name: Literal["order.cancelled.v1"] = Field(alias="schema")
+    reason: NonEmpty
+    sequence: int | None = Field(default=None, ge=1)
+
+
+OrderMessage = OrderPlacedV1 | OrderPlacedV2 | OrderShippedV1 | OrderCancelledV1
+
+SCHEMAS: dict[str, type[_Message]] = {
+    "order.placed.v1": OrderPlacedV1,
+    "order.placed.v2": OrderPlacedV2,
+    "order.shipped.v1": OrderShippedV1,
+    "order.cancelled.v1": OrderCancelledV1,
+}
+
+
+class DecodeFailure(BaseModel):
+    """Why a record's bytes cannot become a message; `schema_name` is kept when it was readable."""
+
+    model_config = ConfigDict(frozen=True)
+
+    code: ErrorCode
+    schema_name: str | None = None
+
+
+def decode(value: bytes | None) -> OrderMessage | DecodeFailure:
+    """Decode and validate one record value; never raises for bad input."""
+    try:
+        document: Any = json.loads(value) if value is not None else None
+    except (UnicodeDecodeError, ValueError):
+        return DecodeFailure(code=ErrorCode.MALFORMED_PAYLOAD)
+    if not isinstance(document, dict):
+        return DecodeFailure(code=ErrorCode.MALFORMED_PAYLOAD)
+    schema_name = document.get("schema")
+    if not isinstance(schema_name, str):
+        return DecodeFailure(code=ErrorCode.INVALID_FIELD)
+    model = SCHEMAS.get(schema_name)
+    if model is None:
+        # Keep an unknown schema name out of envelopes unless it looks like one of ours: it is producer text.
+        return DecodeFailure(code=ErrorCode.SCHEMA_UNSUPPORTED, schema_name=_safe_schema_name(schema_name))
+    try:
+        message = model.model_validate(document)
+    except ValidationError:
+        return DecodeFailure(code=ErrorCode.INVALID_FIELD, schema_name=schema_name)
+    assert isinstance(message, OrderPlacedV1 | OrderShippedV1 | OrderCancelledV1)
+    return message
+
+
+def _safe_schema_name(name: str) -> str | None:
+    allowed = all(ch.isalnum() or ch in "._-" for ch in name)
+    return name if allowed and len(name) <= 64 else None
+
+
+def placed_at(message: OrderMessage) -> datetime | None:
+    """When the producer says the order was placed, if it says so."""
+    return message.placed_at if isinstance(message, OrderPlacedV2) else None

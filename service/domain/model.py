@@ -1,0 +1,193 @@
+"""Order rules (contract §5): what a message does to an order, which effects and events it causes.
+
+Pure functions over frozen values; the shell loads the current order, calls `apply`, and writes the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from service.domain.codes import ErrorCode
+from service.domain.messages import OrderCancelledV1, OrderMessage, OrderPlacedV1, OrderShippedV1, placed_at
+
+
+class OrderStatus(StrEnum):
+    """Where an order is in its life."""
+
+    PLACED = "placed"
+    SHIPPED = "shipped"
+    CANCELLED = "cancelled"
+
+
+class CustomerStatus(StrEnum):
+    """What the customer directory says about the customer of a new order."""
+
+    ACTIVE = "active"
+    BLOCKED = "blocked"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Order:
+    """The order row as the domain sees it."""
+
+    order_id: str
+    tenant: str
+    customer_id: str
+    status: OrderStatus
+    amount_cents: int
+    currency: str
+    sequence: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Effect:
+    """An external call to make later, identified by `<order_id>/<kind>` (contract §6)."""
+
+    order_id: str
+    kind: str
+    payload: dict[str, Any]
+
+    @property
+    def idempotency_key(self) -> str:
+        """The provider idempotency key or email ref."""
+        return f"{self.order_id}/{self.kind}"
+
+
+@dataclass(frozen=True)
+class Event:
+    """A domain event for `orders.events`."""
+
+    type: str
+    order_id: str
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The message changed the order."""
+
+    order: Order
+    effects: tuple[Effect, ...]
+    events: tuple[Event, ...]
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """The message is a permanent business rejection."""
+
+    code: ErrorCode
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the rules need beyond the message and the current order."""
+
+    known_tenants: frozenset[str]
+    customer: CustomerStatus = CustomerStatus.ACTIVE
+
+
+def apply(message: OrderMessage, current: Order | None, context: Context) -> Applied | Rejected:
+    """Apply one message to the current state of its order."""
+    if isinstance(message, OrderPlacedV1):
+        return _place(message, current, context)
+    if current is None:
+        return Rejected(ErrorCode.ORDER_NOT_FOUND)
+    if current.status is not OrderStatus.PLACED:
+        return Rejected(ErrorCode.INVALID_TRANSITION)
+    if isinstance(message, OrderShippedV1):
+        return _ship(message, current)
+    return _cancel(message, current)
+
+
+def _place(message: OrderPlacedV1, current: Order | None, context: Context) -> Applied | Rejected:
+    if message.tenant not in context.known_tenants:
+        return Rejected(ErrorCode.UNKNOWN_TENANT)
+    if current is not None:
+        return Rejected(ErrorCode.ORDER_EXISTS)
+    if context.customer is CustomerStatus.UNKNOWN:
+        return Rejected(ErrorCode.UNKNOWN_CUSTOMER)
+    if context.customer is CustomerStatus.BLOCKED:
+        return Rejected(ErrorCode.CUSTOMER_BLOCKED)
+    when = placed_at(message)
+    order = Order(
+        order_id=message.order_id,
+        tenant=message.tenant,
+        customer_id=message.customer_id,
+        status=OrderStatus.PLACED,
+        amount_cents=message.amount_cents,
+        currency=message.currency,
+        sequence=message.sequence if message.sequence is not None else 1,
+        details={"placed_at": when.isoformat()} if when else {},
+    )
+    capture = Effect(
+        order.order_id,
+        "payment.capture",
+        {
+            "order_id": order.order_id,
+            "amount_cents": order.amount_cents,
+            "currency": order.currency,
+            "kind": "capture",
+        },
+    )
+    accepted = Event(
+        "order.accepted",
+        order.order_id,
+        {
+            "tenant": order.tenant,
+            "customerId": order.customer_id,
+            "amountCents": order.amount_cents,
+            "currency": order.currency,
+        },
+    )
+    return Applied(order, (capture,), (accepted,))
+
+
+def _ship(message: OrderShippedV1, current: Order) -> Applied:
+    order = replace(
+        current,
+        status=OrderStatus.SHIPPED,
+        sequence=_next_sequence(current, message.sequence),
+        details={**current.details, "carrier": message.carrier, "tracking_number": message.tracking_number},
+    )
+    email = Effect(
+        order.order_id,
+        "email.shipped",
+        {
+            "to_customer": order.customer_id,
+            "template": "order_shipped",
+            "ref": f"{order.order_id}/email.shipped",
+        },
+    )
+    shipped = Event("order.shipped", order.order_id, {"carrier": message.carrier})
+    return Applied(order, (email,), (shipped,))
+
+
+def _cancel(message: OrderCancelledV1, current: Order) -> Applied:
+    order = replace(
+        current,
+        status=OrderStatus.CANCELLED,
+        sequence=_next_sequence(current, message.sequence),
+        details={**current.details, "cancel_reason": message.reason},
+    )
+    refund = Effect(
+        order.order_id,
+        "payment.refund",
+        {
+            "order_id": order.order_id,
+            "amount_cents": order.amount_cents,
+            "currency": order.currency,
+            "kind": "refund",
+        },
+    )
+    cancelled = Event("order.cancelled", order.order_id, {})
+    return Applied(order, (refund,), (cancelled,))
+
+
+def _next_sequence(current: Order, given: int | None) -> int | None:
+    if given is not None:
+        return given
+    return current.sequence + 1 if current.sequence is not None else None

@@ -1,0 +1,36 @@
+"""The service's exceptions: a small hierarchy, each carrying a stable error code.
+
+Driver and HTTP errors are translated into these at one boundary (the adapters) and keep `__cause__`,
+so the state machine only ever sees codes, never library exceptions or their messages.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from service.domain.codes import ErrorCode
+
+
+class OrderServiceError(Exception):
+    """Base of every error the service raises on purpose."""
+
+
+class RecordFailure(OrderServiceError):
+    """Processing one record failed in a way the state machine classifies by `code`.
+
+    The message is the code itself: never a downstream's response text, which may carry secrets.
+    """
+
+    def __init__(self, code: ErrorCode, *, retry_after: timedelta | None = None, downstream: str | None = None):
+        super().__init__(code.value)
+        self.code = code
+        self.retry_after = retry_after
+        self.downstream = downstream
+
+
+class DownstreamError(RecordFailure):
+    """A downstream HTTP service answered with a transient failure or could not be reached."""
+
+
+class InfrastructureUnavailable(OrderServiceError):
+    """PostgreSQL or Kafka cannot be reached: wait and retry the same work; no record attempt is spent."""

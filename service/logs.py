@@ -1,0 +1,58 @@
+"""Structured JSON logs (structlog) for the service and the libraries it uses.
+
+At the default level no stack trace is written: a failing record logs its ids and error code, an outage
+logs one line per retry. Stack traces appear only with ORDERS_LOG_LEVEL=debug.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import structlog
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+def _drop_stack_traces(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    event.pop("exc_info", None)
+    event.pop("stack_info", None)
+    return event
+
+
+def configure(level: str) -> None:
+    """Route structlog and stdlib logging to one JSON line per event on stderr."""
+    numeric = _LEVELS[level]
+    debug = numeric <= logging.DEBUG
+    shared: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    shared.append(structlog.processors.format_exc_info if debug else _drop_stack_traces)
+    renderer = structlog.processors.JSONRenderer()
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *shared,
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            foreign_pre_chain=shared,
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(numeric)
+    # Client libraries retry on their own and would log every reconnect: keep their errors, not their chatter.
+    for noisy in ("aiokafka", "kafka", "sqlalchemy", "httpx", "httpcore", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.ERROR)

@@ -1,0 +1,1 @@
+"""The failure state machine's decisions: pure functions returning frozen values, tested without I/O."""

@@ -1,0 +1,132 @@
+"""The tables of contract §7 as SQLAlchemy Core metadata; `tests/integration/test_migrations.py` keeps
+the Alembic history equal to this."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData(
+    naming_convention={
+        "pk": "pk_%(table_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    }
+)
+
+
+inbox = Table(
+    "inbox",
+    metadata,
+    Column("consumer_name", Text, nullable=False),
+    Column("message_id", Text, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("source_topic", Text, nullable=False),
+    Column("source_partition", Integer, nullable=False),
+    Column("source_offset", BigInteger, nullable=False),
+    Column("order_id", Text),
+    Column("error_code", Text),
+    Column("received_at", DateTime(timezone=True), nullable=False),
+    Column("processed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The unique key that turns a redelivery into a no-op (contract §7).
+    PrimaryKeyConstraint("consumer_name", "message_id"),
+    CheckConstraint("status IN ('processed', 'rejected', 'quarantined')", name="status"),
+    Index("ix_inbox_processed_at", "processed_at"),
+)
+
+orders = Table(
+    "orders",
+    metadata,
+    Column("order_id", Text, primary_key=True),
+    Column("tenant", Text, nullable=False),
+    Column("customer_id", Text, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("amount_cents", BigInteger, nullable=False),
+    Column("currency", String(3), nullable=False),
+    Column("sequence", Integer),
+    Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("status IN ('placed', 'shipped', 'cancelled')", name="status"),
+    CheckConstraint("amount_cents >= 0", name="amount"),
+)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("topic", Text, nullable=False),
+    Column("key", Text),
+    Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("payload", LargeBinary, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("published_at", DateTime(timezone=True)),
+    # The relay only ever looks at unpublished rows: keep that index small.
+    Index("ix_outbox_unpublished", "id", postgresql_where=text("published_at IS NULL")),
+    Index("ix_outbox_unpublished_key", "key", "id", postgresql_where=text("published_at IS NULL")),
+)
+
+effects = Table(
+    "effects",
+    metadata,
+    Column("idempotency_key", Text, primary_key=True),
+    Column("order_id", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("state", String(16), nullable=False, server_default="pending"),
+    Column("payload", JSONB, nullable=False),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("reconcile_count", Integer, nullable=False, server_default="0"),
+    Column("provider_ref", Text),
+    Column("last_error_code", Text),
+    Column("lease_until", DateTime(timezone=True)),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("state IN ('pending', 'in_flight', 'sent', 'uncertain', 'failed')", name="state"),
+    Index("ix_effects_state_next_attempt_at", "state", "next_attempt_at"),
+    Index("ix_effects_order_id", "order_id"),
+)
+
+quarantine = Table(
+    "quarantine",
+    metadata,
+    Column("failure_id", Text, primary_key=True),
+    Column("consumer_name", Text, nullable=False),
+    Column("message_id", Text, nullable=False),
+    Column("error_code", Text, nullable=False),
+    Column("status", String(16), nullable=False, server_default="open"),
+    Column("owner", Text, nullable=False),
+    Column("order_key", Text),
+    Column("envelope", JSONB, nullable=False),
+    # The original bytes live only here, for reprocessing; never on a topic (contract §8).
+    Column("payload", LargeBinary),
+    Column("source_headers", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("attempts", Integer, nullable=False),
+    Column("repeat_failures", Integer, nullable=False, server_default="0"),
+    Column("first_failed_at", DateTime(timezone=True), nullable=False),
+    Column("last_failed_at", DateTime(timezone=True), nullable=False),
+    Column("annotations", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("resolution", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("status IN ('open', 'resolved', 'reprocessing', 'reprocessed')", name="status"),
+    Index("ix_quarantine_status_first_failed_at", "status", "first_failed_at"),
+    Index("ix_quarantine_error_code", "error_code"),
+    Index("ix_quarantine_message_id", "consumer_name", "message_id"),
+)

@@ -1,0 +1,85 @@
+"""The unit of work: one PostgreSQL transaction whose exit rolls back unless `commit()` was called.
+
+Driver errors that mean "the database is not there" are translated here, at one boundary, into
+InfrastructureUnavailable so callers wait and retry instead of spending a record's attempts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from types import TracebackType
+
+from sqlalchemy import exc
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction, create_async_engine
+
+from service.errors import InfrastructureUnavailable
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """True for errors that say the database cannot be reached, not that a statement is wrong."""
+    if isinstance(error, exc.DBAPIError) and error.connection_invalidated:
+        return True
+    return isinstance(error, exc.OperationalError | exc.InterfaceError | exc.DisconnectionError | OSError)
+
+
+@asynccontextmanager
+async def translated_errors() -> AsyncIterator[None]:
+    """Re-raise connection-level failures as InfrastructureUnavailable, keeping the cause."""
+    try:
+        yield
+    except Exception as error:
+        if is_unavailable(error):
+            raise InfrastructureUnavailable("database unavailable") from error
+        raise
+
+
+class UnitOfWork:
+    """One transaction on its own connection; `async with UnitOfWork(engine) as uow: ...; await uow.commit()`."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._connection: AsyncConnection | None = None
+        self._transaction: AsyncTransaction | None = None
+        self._committed = False
+
+    @property
+    def connection(self) -> AsyncConnection:
+        """The connection of this transaction."""
+        assert self._connection is not None, "use UnitOfWork inside `async with`"
+        return self._connection
+
+    async def __aenter__(self) -> UnitOfWork:
+        async with translated_errors():
+            self._connection = await self._engine.connect()
+            self._transaction = await self._connection.begin()
+        return self
+
+    async def commit(self) -> None:
+        """Commit; without this call the transaction is rolled back on exit."""
+        assert self._transaction is not None
+        async with translated_errors():
+            await self._transaction.commit()
+        self._committed = True
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            if self._transaction is not None and not self._committed and self._transaction.is_active:
+                await self._transaction.rollback()
+        except Exception:
+            pass
+        finally:
+            if self._connection is not None:
+                await self._connection.close()
+        if exc_value is not None and is_unavailable(exc_value):
+            raise InfrastructureUnavailable("database unavailable") from exc_value
+
+
+def create_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
+    """The engine every process uses; `pool_pre_ping` so a restarted database costs one failed round, not many."""
+    return create_async_engine(url, pool_size=pool_size, max_overflow=5, pool_pre_ping=True, pool_recycle=1800)

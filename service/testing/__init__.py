@@ -1,0 +1,1 @@
+"""Test doubles for the services order-service talks to (used by integration tests and the demo)."""

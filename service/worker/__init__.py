@@ -1,0 +1,1 @@
+"""Long-running loops: the consumer, the outbox relay. Each applies decisions made elsewhere."""

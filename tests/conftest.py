@@ -1,0 +1,79 @@
+"""Fixtures shared by every test: a migrated template database (a fresh copy per test), the local Kafka
+broker, unique topics per test, and the downstream test server.
+
+`scripts/test` starts PostgreSQL (scripts/pg-local) and Kafka (scripts/kafka-local) and passes their
+addresses in ORDERS_TEST_PG_PORT and ORDERS_TEST_KAFKA.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pytest_postgresql import factories
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.testing.downstream import Downstream
+from tests.support import Topics, create_topics, kafka_reachable, make_engine
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_HOST = "127.0.0.1"
+PG_PORT = int(os.environ.get("ORDERS_TEST_PG_PORT", "55432"))
+KAFKA = os.environ.get("ORDERS_TEST_KAFKA", "127.0.0.1:19092")
+
+
+def migrate(host: str, port: int, user: str, dbname: str, password: str | None = None, **_: Any) -> None:
+    """Load the template database with `alembic upgrade head`, exactly as `order-service migrate` does."""
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config(str(ROOT / "alembic.ini"))
+    config.set_main_option("script_location", str(ROOT / "migrations"))
+    config.set_main_option("sqlalchemy.url", f"postgresql+asyncpg://{user}@{host}:{port}/{dbname}")
+    command.upgrade(config, "head")
+
+
+postgresql_noproc = factories.postgresql_noproc(host=PG_HOST, port=PG_PORT, user="postgres", load=[migrate])
+postgresql = factories.postgresql("postgresql_noproc", dbname="order_service_test")
+
+
+@pytest.fixture
+def database_url(postgresql: Any) -> str:
+    """The SQLAlchemy URL of this test's fresh, migrated database."""
+    info = postgresql.info
+    return f"postgresql+asyncpg://{info.user}@{info.host}:{info.port}/{info.dbname}"
+
+
+@pytest.fixture
+async def engine(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on this test's database."""
+    engine = make_engine(database_url)
+    yield engine
+    await engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def kafka() -> str:
+    """The bootstrap address of the local broker; the suite fails, not skips, when it is not running."""
+    if not kafka_reachable(KAFKA):
+        pytest.fail(f"no Kafka broker at {KAFKA}: run scripts/kafka-local start (scripts/test does)")
+    return KAFKA
+
+
+@pytest.fixture
+async def topics(kafka: str) -> Topics:
+    """Fresh topic names for this test (source with 3 partitions), created on the broker."""
+    topics = Topics(f"t{uuid.uuid4().hex[:10]}")
+    await create_topics(kafka, topics)
+    return topics
+
+
+@pytest.fixture
+def downstream() -> Iterator[Downstream]:
+    """The fault-injecting downstream test server (customers, payments, emails)."""
+    with Downstream() as server:
+        yield server

@@ -1,0 +1,242 @@
+"""Helpers for integration tests: produce and read topics, run the service in-process or as a process,
+and poll for a condition with a deadline (never a bare sleep)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import TopicAlreadyExistsError
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from service.config import Settings
+from service.containers import Container
+
+ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Topics:
+    """A test's topic names, derived like the service derives them."""
+
+    source: str
+
+    @property
+    def quarantine(self) -> str:
+        return f"{self.source}.quarantine"
+
+    @property
+    def events(self) -> str:
+        return f"{self.source}.events"
+
+    @property
+    def rejected(self) -> str:
+        return f"{self.source}.rejected"
+
+    @property
+    def reprocess(self) -> str:
+        return f"{self.source}.reprocess"
+
+    def all(self) -> list[str]:
+        return [self.source, self.quarantine, self.events, self.rejected, self.reprocess]
+
+
+def make_engine(url: str) -> AsyncEngine:
+    return create_async_engine(url, pool_size=2, max_overflow=2)
+
+
+def kafka_reachable(bootstrap: str) -> bool:
+    host, _, port = bootstrap.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+async def create_topics(bootstrap: str, topics: Topics, source_partitions: int = 3) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        new = [NewTopic(topics.source, source_partitions, 1)]
+        new += [NewTopic(name, 1, 1) for name in topics.all()[1:]]
+        with contextlib.suppress(TopicAlreadyExistsError):
+            await admin.create_topics(new)
+    finally:
+        await admin.close()
+
+
+def settings_for(database_url: str, bootstrap: str, topics: Topics, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "database_url": database_url,
+        "kafka_bootstrap_servers": bootstrap,
+        "source_topic": topics.source,
+        "consumer_name": f"{topics.source}-consumer",
+        "metrics_port": 0,
+        "max_attempts": 4,
+        "max_elapsed": "20s",
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def env_for(settings: Settings) -> dict[str, str]:
+    """The environment that configures a service process like `settings`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORDERS_")}
+    for name, value in settings.model_dump(mode="json").items():
+        if value is None:
+            continue
+        if isinstance(value, list):
+            value = ",".join(value)
+        elif name in {"max_elapsed", "dedup_window", "http_timeout"}:
+            value = f"{getattr(settings, name).total_seconds()}s"
+        env[f"ORDERS_{name.upper()}"] = str(value)
+    return env
+
+
+async def produce(
+    bootstrap: str,
+    topic: str,
+    records: Iterable[tuple[str | None, bytes | dict[str, Any] | None, dict[str, str]]],
+    partition: int | None = None,
+) -> None:
+    """Produce (key, value, headers) records; dict values are JSON-encoded."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        for key, value, headers in records:
+            body = json.dumps(value).encode() if isinstance(value, dict) else value
+            await producer.send_and_wait(
+                topic,
+                body,
+                key=key.encode() if key is not None else None,
+                headers=[(name, item.encode()) for name, item in headers.items()],
+                partition=partition,
+            )
+    finally:
+        await producer.stop()
+
+
+async def read_topic(bootstrap: str, topic: str, *, expect: int, timeout: float = 30.0) -> list[Any]:
+    """Read a topic from the beginning until `expect` records arrived (or the deadline), then a little
+    longer to catch extra ones; return all records read."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(await _partitions(consumer, topic))]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        records: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and len(records) < expect:
+            batch = await consumer.getmany(timeout_ms=200)
+            records += [record for part in batch.values() for record in part]
+        # Anything published beyond `expect` (a duplicate) must show up too: drain what is there now.
+        end = await consumer.end_offsets(partitions)
+        while any(await consumer.position(tp) < end[tp] for tp in partitions):
+            batch = await consumer.getmany(timeout_ms=200)
+            records += [record for part in batch.values() for record in part]
+        return records
+    finally:
+        await consumer.stop()
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        found = consumer.partitions_for_topic(topic)
+        if found:
+            return set(found)
+        await consumer._client.force_metadata_update()  # aiokafka has no public metadata refresh
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"topic {topic} has no partitions")
+
+
+async def eventually(check: Callable[[], Awaitable[T]], *, timeout: float = 30.0, interval: float = 0.1) -> T:
+    """Poll `check` until it returns a truthy value, or fail at the deadline with its last value."""
+    deadline = time.monotonic() + timeout
+    value = await check()
+    while not value:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last value: {value!r})")
+        await asyncio.sleep(interval)
+        value = await check()
+    return value
+
+
+async def scalar(engine: AsyncEngine, sql: str, **params: Any) -> Any:
+    async with engine.connect() as connection:
+        return (await connection.execute(text(sql), params)).scalar()
+
+
+async def rows(engine: AsyncEngine, sql: str, **params: Any) -> list[dict[str, Any]]:
+    async with engine.connect() as connection:
+        return [dict(row._mapping) for row in await connection.execute(text(sql), params)]
+
+
+@contextlib.asynccontextmanager
+async def running(settings: Settings, *parts: str) -> AsyncIterator[Container]:
+    """Run service loops in this process (e.g. "consumer_loop", "relay") until the block exits."""
+    container = Container(settings=settings)
+    await container.init_resources()
+    stop = asyncio.Event()
+    loops = []
+    for part in parts:
+        provided = getattr(container, part)()
+        loops.append(await provided if asyncio.isfuture(provided) or asyncio.iscoroutine(provided) else provided)
+    tasks = [asyncio.create_task(loop.run(stop)) for loop in loops]
+    try:
+        yield container
+    finally:
+        stop.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        await container.shutdown_resources()
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+
+class ServiceProcess:
+    """`python -m service <command>` as a child process, with its log captured to a file."""
+
+    def __init__(self, command: str, settings: Settings, log_path: Path, extra_env: dict[str, str] | None = None):
+        env = env_for(settings) | (extra_env or {})
+        self.log_path = log_path
+        self._log = log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "service", command], cwd=ROOT, env=env, stdout=self._log, stderr=self._log
+        )
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=timeout)
+        self._log.close()
+        return code
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=10)
+        self._log.close()
+
+    def wait(self, timeout: float = 60.0) -> int:
+        code = self.process.wait(timeout=timeout)
+        self._log.close()
+        return code
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
