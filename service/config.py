@@ -72,7 +72,10 @@ class Settings(BaseSettings):
             return "rocketmq"
         parts = [part.strip() for part in value.split(",") if part.strip()]
         for part in parts:
-            _positive(parse_duration(part))
+            try:
+                _positive(parse_duration(part))
+            except ValueError as error:
+                raise ValueError(f"{error}; allowed: comma-separated durations (30s,5m) or rocketmq") from None
         return ",".join(parts)
 
     @field_validator("dedup_window")

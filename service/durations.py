@@ -15,7 +15,10 @@ def parse_duration(text: str) -> timedelta:
     match = _PATTERN.match(text)
     if match is None:
         raise ValueError(f"{text!r} is not {FORMAT_HINT}")
-    return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    try:
+        return timedelta(seconds=float(match.group(1)) * _UNITS[match.group(2)])
+    except OverflowError:
+        raise ValueError(f"{text!r} is too long a duration") from None
 
 
 def format_duration(value: timedelta) -> str:

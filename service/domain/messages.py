@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -38,7 +39,6 @@ class OrderPlacedV1(_Message):
     customer_id: NonEmpty
     currency: Currency
     items: list[Item] = Field(min_length=1, max_length=10_000)
-    sequence: int | None = None
 
     @property
     def amount_cents(self) -> int:
@@ -94,7 +94,7 @@ def decode(value: bytes | None) -> OrderMessage | DecodeFailure:
     """Decode and validate one record value; never raises for bad input."""
     try:
         document: Any = json.loads(value) if value is not None else None
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return DecodeFailure(code=ErrorCode.MALFORMED_PAYLOAD)
     if not isinstance(document, dict):
         return DecodeFailure(code=ErrorCode.MALFORMED_PAYLOAD)
@@ -106,16 +106,27 @@ def decode(value: bytes | None) -> OrderMessage | DecodeFailure:
         # Keep an unknown schema name out of envelopes unless it looks like one of ours: it is producer text.
         return DecodeFailure(code=ErrorCode.SCHEMA_UNSUPPORTED, schema_name=_safe_schema_name(schema_name))
     try:
-        message = model.model_validate(document)
+        # Strict JSON validation: `"quantity": "2"` or `true` is an ill-typed field, not a number.
+        message = model.model_validate_json(value, strict=True)  # type: ignore[arg-type]
     except ValidationError:
         return DecodeFailure(code=ErrorCode.INVALID_FIELD, schema_name=schema_name)
     assert isinstance(message, OrderPlacedV1 | OrderShippedV1 | OrderCancelledV1)
     return message
 
 
+_SCHEMA_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
+
+
 def _safe_schema_name(name: str) -> str | None:
-    allowed = all(ch.isalnum() or ch in "._-" for ch in name)
-    return name if allowed and len(name) <= 64 else None
+    """Keep a schema name only when it is shaped like one (`order.teleported.v9`): it is producer text."""
+    return name if len(name) <= 64 and _SCHEMA_NAME.match(name) else None
+
+
+def sequence_of(message: OrderMessage) -> int | None:
+    """The producer's per-order sequence, when the schema has one (placed v1 has none)."""
+    if isinstance(message, OrderPlacedV2 | OrderShippedV1 | OrderCancelledV1):
+        return message.sequence
+    return None
 
 
 def placed_at(message: OrderMessage) -> datetime | None:

@@ -10,7 +10,14 @@ from enum import StrEnum
 from typing import Any
 
 from service.domain.codes import ErrorCode
-from service.domain.messages import OrderCancelledV1, OrderMessage, OrderPlacedV1, OrderShippedV1, placed_at
+from service.domain.messages import (
+    OrderCancelledV1,
+    OrderMessage,
+    OrderPlacedV1,
+    OrderShippedV1,
+    placed_at,
+    sequence_of,
+)
 
 
 class OrderStatus(StrEnum):
@@ -120,7 +127,7 @@ def _place(message: OrderPlacedV1, current: Order | None, context: Context) -> A
         status=OrderStatus.PLACED,
         amount_cents=message.amount_cents,
         currency=message.currency,
-        sequence=message.sequence if message.sequence is not None else 1,
+        sequence=sequence_of(message) or 1,
         details={"placed_at": when.isoformat()} if when else {},
     )
     capture = Effect(

@@ -6,7 +6,7 @@ Only identifiers and codes go in: never exception text, payload fields or anythi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from service.domain.codes import ErrorCode
@@ -16,7 +16,7 @@ from service.policy.retry import AttemptHistory
 
 def iso(moment: datetime) -> str:
     """RFC 3339 in UTC with a `Z`, as in the contract's examples."""
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,10 @@ class SourceRecord:
         """The W3C trace id from `traceparent`, only when well formed (it ends up in envelopes and logs)."""
         parent = self.header("traceparent")
         match = _TRACEPARENT.match(parent.strip().lower()) if parent else None
-        return match.group(1) if match else None
+        # W3C: version ff and an all-zero trace id are invalid.
+        if match is None or parent is None or parent.strip().startswith("ff") or set(match.group(1)) == {"0"}:
+            return None
+        return match.group(1)
 
     @property
     def timestamp(self) -> datetime:

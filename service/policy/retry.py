@@ -39,7 +39,9 @@ class RetryPolicy:
 
     def backoff(self, attempt: int, rng: random.Random) -> timedelta:
         """Exponential backoff with equal jitter: half fixed so retries never bunch at zero, half random."""
-        ceiling: timedelta = min(self.max_delay, self.base_delay * (2 ** max(0, attempt - 1)))
+        # Cap the exponent first: 2**999 times a delay overflows timedelta long before the cap applies.
+        doublings = min(max(0, attempt - 1), 32)
+        ceiling: timedelta = min(self.max_delay, self.base_delay * (2**doublings))
         half = ceiling / 2
         return half + half * rng.random()
 

@@ -1,0 +1,236 @@
+"""`classify` (the failure state machine): quarantine, reject or retry, as data, without I/O."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from service.domain.codes import ErrorCode, FailureKind
+from service.policy.classify import Action, Decision, Failure, classify
+from service.policy.retry import AttemptHistory, Budget, RetryPolicy
+
+NOW = datetime(2026, 7, 31, 9, 10, tzinfo=UTC)
+POLICY = RetryPolicy(transient=Budget(max_attempts=5, max_elapsed=timedelta(seconds=30)))
+GENEROUS = RetryPolicy(transient=Budget(max_attempts=1000, max_elapsed=timedelta(days=7)))
+
+INVALID = [ErrorCode.MALFORMED_PAYLOAD, ErrorCode.SCHEMA_UNSUPPORTED, ErrorCode.INVALID_FIELD]
+REJECTED = [
+    ErrorCode.UNKNOWN_TENANT,
+    ErrorCode.ORDER_NOT_FOUND,
+    ErrorCode.ORDER_EXISTS,
+    ErrorCode.INVALID_TRANSITION,
+    ErrorCode.UNKNOWN_CUSTOMER,
+    ErrorCode.CUSTOMER_BLOCKED,
+]
+TRANSIENT = [
+    ErrorCode.RATE_LIMITED,
+    ErrorCode.DOWNSTREAM_UNAVAILABLE,
+    ErrorCode.DOWNSTREAM_TIMEOUT,
+    ErrorCode.DOWNSTREAM_UNREACHABLE,
+]
+RETRYABLE = [code for code in ErrorCode if code.kind in {FailureKind.TRANSIENT, FailureKind.UNKNOWN}]
+
+
+def history(attempts: int, started: timedelta = timedelta(0)) -> AttemptHistory:
+    """A record whose attempt number `attempts` just failed, the first failure `started` ago."""
+    return AttemptHistory(attempts=attempts, first_failed_at=NOW - started, last_failed_at=NOW)
+
+
+def decide(
+    code: ErrorCode,
+    attempts: int = 1,
+    *,
+    started: timedelta = timedelta(0),
+    retry_after: timedelta | None = None,
+    policy: RetryPolicy = POLICY,
+    seed: int = 7,
+) -> Decision:
+    """Classify one failure with a seeded generator."""
+    return classify(Failure(code, retry_after), history(attempts, started), policy, NOW, random.Random(seed))
+
+
+@pytest.mark.parametrize("code", [*INVALID, ErrorCode.RATE_LIMITED_EXHAUSTED, ErrorCode.UNEXPECTED_ERROR_EXHAUSTED])
+@pytest.mark.parametrize("attempts", [1, 3])
+def test_invalid_input_is_quarantined_at_once_with_its_own_code(code: ErrorCode, attempts: int) -> None:
+    assert decide(code, attempts) == Decision(Action.QUARANTINE, code, None)
+
+
+@pytest.mark.parametrize("code", REJECTED)
+def test_a_business_rejection_is_rejected_and_never_retried(code: ErrorCode) -> None:
+    assert decide(code) == Decision(Action.REJECT, code, None)
+
+
+@pytest.mark.parametrize("code", TRANSIENT)
+@pytest.mark.parametrize(
+    ("attempts", "ceiling"),
+    [
+        (1, timedelta(milliseconds=200)),
+        (2, timedelta(milliseconds=400)),
+        (3, timedelta(milliseconds=800)),
+        (4, timedelta(milliseconds=1600)),
+    ],
+)
+def test_a_transient_failure_within_budget_is_retried_after_half_to_all_of_the_doubling_ceiling(
+    code: ErrorCode, attempts: int, ceiling: timedelta
+) -> None:
+    for seed in range(50):
+        decision = decide(code, attempts, seed=seed)
+
+        assert decision.action is Action.RETRY
+        assert decision.code is code
+        assert decision.delay is not None
+        assert ceiling / 2 <= decision.delay <= ceiling
+
+
+@pytest.mark.parametrize("attempts", [6, 7, 10, 20])
+def test_the_backoff_ceiling_is_capped_at_five_seconds(attempts: int) -> None:
+    for seed in range(50):
+        decision = decide(ErrorCode.DOWNSTREAM_UNAVAILABLE, attempts, policy=GENEROUS, seed=seed)
+
+        assert decision.action is Action.RETRY
+        assert decision.delay is not None
+        assert timedelta(seconds=2.5) <= decision.delay <= timedelta(seconds=5)
+
+
+@pytest.mark.parametrize("attempts", [49, 50, 64, 999])
+def test_the_backoff_stays_capped_however_many_attempts_a_generous_budget_allows(attempts: int) -> None:
+    # ORDERS_MAX_ATTEMPTS accepts up to 1000, and with delays of at most 5 s such attempt numbers are reachable.
+    decision = decide(ErrorCode.DOWNSTREAM_UNAVAILABLE, attempts, policy=GENEROUS)
+
+    assert decision.action is Action.RETRY
+    assert decision.delay is not None
+    assert timedelta(seconds=2.5) <= decision.delay <= timedelta(seconds=5)
+
+
+@pytest.mark.parametrize(
+    ("attempts", "retry_after", "expected"),
+    [
+        pytest.param(1, timedelta(seconds=3), timedelta(seconds=3), id="longer-than-backoff"),
+        pytest.param(4, timedelta(seconds=10), timedelta(seconds=10), id="longer-than-the-cap"),
+    ],
+)
+def test_a_retry_after_longer_than_the_backoff_sets_the_delay(
+    attempts: int, retry_after: timedelta, expected: timedelta
+) -> None:
+    decision = decide(ErrorCode.RATE_LIMITED, attempts, retry_after=retry_after)
+
+    assert decision == Decision(Action.RETRY, ErrorCode.RATE_LIMITED, expected)
+
+
+def test_a_retry_after_shorter_than_the_backoff_does_not_shorten_it() -> None:
+    decision = decide(ErrorCode.RATE_LIMITED, 3, retry_after=timedelta(milliseconds=1))
+
+    assert decision.action is Action.RETRY
+    assert decision.delay is not None
+    assert timedelta(milliseconds=400) <= decision.delay <= timedelta(milliseconds=800)
+
+
+@pytest.mark.parametrize("code", TRANSIENT)
+@pytest.mark.parametrize("attempts", [5, 6])
+def test_a_transient_failure_out_of_attempts_is_quarantined_as_exhausted(code: ErrorCode, attempts: int) -> None:
+    assert decide(code, attempts) == Decision(Action.QUARANTINE, ErrorCode(f"{code.value}_EXHAUSTED"), None)
+
+
+def test_the_last_attempt_within_the_budget_is_still_retried() -> None:
+    assert decide(ErrorCode.DOWNSTREAM_TIMEOUT, 4).action is Action.RETRY
+
+
+@pytest.mark.parametrize(
+    ("started", "attempts", "retry_after", "action"),
+    [
+        pytest.param(timedelta(seconds=29), 1, None, Action.RETRY, id="delay-ends-inside-the-budget"),
+        pytest.param(timedelta(seconds=29.9), 2, None, Action.QUARANTINE, id="delay-ends-past-the-budget"),
+        pytest.param(timedelta(seconds=31), 1, None, Action.QUARANTINE, id="budget-already-spent"),
+        pytest.param(timedelta(0), 1, timedelta(seconds=31), Action.QUARANTINE, id="retry-after-past-the-budget"),
+        pytest.param(timedelta(0), 1, timedelta(seconds=29), Action.RETRY, id="retry-after-inside-the-budget"),
+    ],
+)
+def test_a_retry_that_would_end_beyond_the_elapsed_budget_is_quarantined_as_exhausted_now(
+    started: timedelta, attempts: int, retry_after: timedelta | None, action: Action
+) -> None:
+    decision = decide(ErrorCode.RATE_LIMITED, attempts, started=started, retry_after=retry_after)
+
+    assert decision.action is action
+    if action is Action.QUARANTINE:
+        assert decision == Decision(Action.QUARANTINE, ErrorCode.RATE_LIMITED_EXHAUSTED, None)
+
+
+@pytest.mark.parametrize(
+    ("transient", "unknown"),
+    [
+        (Budget(5, timedelta(seconds=30)), Budget(2, timedelta(seconds=7.5))),
+        (Budget(10, timedelta(minutes=4)), Budget(2, timedelta(minutes=1))),
+        (Budget(1, timedelta(seconds=40)), Budget(1, timedelta(seconds=10))),
+    ],
+)
+def test_unknown_failures_get_at_most_two_attempts_and_a_quarter_of_the_elapsed_budget(
+    transient: Budget, unknown: Budget
+) -> None:
+    policy = RetryPolicy(transient=transient)
+
+    assert policy.budget(FailureKind.UNKNOWN) == unknown
+    assert policy.budget(FailureKind.TRANSIENT) == transient
+
+
+@pytest.mark.parametrize(
+    ("attempts", "started", "unexpected", "transient"),
+    [
+        pytest.param(1, timedelta(0), Action.RETRY, Action.RETRY, id="first-attempt"),
+        pytest.param(2, timedelta(0), Action.QUARANTINE, Action.RETRY, id="second-attempt"),
+        pytest.param(1, timedelta(seconds=7.45), Action.QUARANTINE, Action.RETRY, id="past-a-quarter-of-the-time"),
+    ],
+)
+def test_an_unexpected_error_is_retried_on_the_smaller_budget_where_a_transient_one_still_is(
+    attempts: int, started: timedelta, unexpected: Action, transient: Action
+) -> None:
+    assert decide(ErrorCode.UNEXPECTED_ERROR, attempts, started=started).action is unexpected
+    assert decide(ErrorCode.DOWNSTREAM_UNAVAILABLE, attempts, started=started).action is transient
+
+
+def test_an_unexpected_error_out_of_budget_is_quarantined_as_unexpected_error_exhausted() -> None:
+    assert decide(ErrorCode.UNEXPECTED_ERROR, 2) == Decision(
+        Action.QUARANTINE, ErrorCode.UNEXPECTED_ERROR_EXHAUSTED, None
+    )
+
+
+def test_the_same_seed_gives_the_same_decision() -> None:
+    first = [decide(ErrorCode.DOWNSTREAM_TIMEOUT, attempts, seed=42) for attempts in range(1, 5)]
+    again = [decide(ErrorCode.DOWNSTREAM_TIMEOUT, attempts, seed=42) for attempts in range(1, 5)]
+
+    assert first == again
+
+
+def test_different_seeds_spread_the_delays_so_retries_do_not_bunch() -> None:
+    delays = {decide(ErrorCode.DOWNSTREAM_TIMEOUT, 3, seed=seed).delay for seed in range(20)}
+
+    assert len(delays) > 10
+
+
+@pytest.mark.parametrize("code", RETRYABLE)
+def test_every_retryable_code_has_an_exhausted_code_that_is_terminal(code: ErrorCode) -> None:
+    exhausted = code.exhausted()
+
+    assert exhausted.value == f"{code.value}_EXHAUSTED"
+    assert exhausted.kind not in {FailureKind.TRANSIENT, FailureKind.UNKNOWN}
+    assert decide(exhausted) == Decision(Action.QUARANTINE, exhausted, None)
+
+
+def test_the_retryable_codes_are_the_four_transient_ones_and_unexpected_error() -> None:
+    assert set(RETRYABLE) == {*TRANSIENT, ErrorCode.UNEXPECTED_ERROR}
+
+
+@pytest.mark.parametrize("code", list(ErrorCode))
+def test_every_error_code_has_a_kind(code: ErrorCode) -> None:
+    assert isinstance(code.kind, FailureKind)
+
+
+def test_a_history_counts_failed_attempts_and_keeps_when_the_first_one_failed() -> None:
+    later = NOW + timedelta(seconds=3)
+
+    first = AttemptHistory.first(NOW)
+    second = first.failed_again(later)
+
+    assert first == AttemptHistory(attempts=1, first_failed_at=NOW, last_failed_at=NOW)
+    assert second == AttemptHistory(attempts=2, first_failed_at=NOW, last_failed_at=later)

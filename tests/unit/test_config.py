@@ -1,0 +1,248 @@
+"""Configuration comes from `ORDERS_*` variables (contract §2); a bad one stops start-up with one line naming it."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+
+from service.config import ConfigurationError, load_settings
+from service.durations import format_duration, parse_duration
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No `ORDERS_*` variable of the machine running the tests leaks into them (pydantic-settings ignores case)."""
+    for name in list(os.environ):
+        if name.upper().startswith("ORDERS_"):
+            monkeypatch.delenv(name)
+
+
+def configuration_error(monkeypatch: pytest.MonkeyPatch, variable: str, value: str) -> str:
+    """Set one variable, load the settings, and return the message of the ConfigurationError that must follow."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("500ms", timedelta(milliseconds=500)),
+        ("30s", timedelta(seconds=30)),
+        ("5m", timedelta(minutes=5)),
+        ("1h", timedelta(hours=1)),
+        ("7d", timedelta(days=7)),
+        ("1.5h", timedelta(minutes=90)),
+    ],
+)
+def test_a_duration_written_as_in_the_contract_is_parsed(text: str, expected: timedelta) -> None:
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "30", "s", "-5s", "5w", "1e3s", "30 seconds", "thirty seconds", "5m30s"])
+def test_anything_else_is_refused_with_the_accepted_format_in_the_message(text: str) -> None:
+    with pytest.raises(ValueError, match="500ms, 30s, 5m, 1h or 7d"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (timedelta(milliseconds=500), "500ms"),
+        (timedelta(seconds=30), "30s"),
+        (timedelta(seconds=90), "90s"),
+        (timedelta(minutes=5), "5m"),
+        (timedelta(hours=1), "1h"),
+        (timedelta(days=7), "7d"),
+        (timedelta(milliseconds=1500), "1500ms"),
+    ],
+)
+def test_a_duration_is_written_back_in_the_shortest_exact_form(value: timedelta, expected: str) -> None:
+    assert format_duration(value) == expected
+    assert parse_duration(expected) == value
+
+
+def test_without_any_variable_the_contract_defaults_apply() -> None:
+    settings = load_settings()
+
+    assert settings.consumer_name == "order-service"
+    assert settings.source_topic == "orders"
+    assert settings.retry_tiers == "30s,5m"
+    assert settings.ordering == "key"
+    assert settings.dedup_window == timedelta(days=7)
+    assert settings.known_tenants == ("acme", "globex", "initech")
+    assert settings.metrics_port == 9108
+    assert settings.customers_url is None
+    assert settings.payments_url is None
+    assert settings.emails_url is None
+    assert settings.max_attempts >= 1
+    assert settings.max_elapsed > timedelta(0)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "field", "expected"),
+    [
+        ("ORDERS_CONSUMER_NAME", "orders-eu", "consumer_name", "orders-eu"),
+        ("ORDERS_SOURCE_TOPIC", "shop.orders", "source_topic", "shop.orders"),
+        ("ORDERS_RETRY_TIERS", " 10s, 1m ,1h", "retry_tiers", "10s,1m,1h"),
+        ("ORDERS_RETRY_TIERS", "rocketmq", "retry_tiers", "rocketmq"),
+        ("ORDERS_ORDERING", "versioned", "ordering", "versioned"),
+        ("ORDERS_ORDERING", "unordered", "ordering", "unordered"),
+        ("ORDERS_DEDUP_WINDOW", "20s", "dedup_window", timedelta(seconds=20)),
+        ("ORDERS_DEDUP_WINDOW", "1h", "dedup_window", timedelta(hours=1)),
+        ("ORDERS_DEDUP_WINDOW", "7d", "dedup_window", timedelta(days=7)),
+        ("ORDERS_MAX_ATTEMPTS", "8", "max_attempts", 8),
+        ("ORDERS_MAX_ELAPSED", "2m", "max_elapsed", timedelta(minutes=2)),
+        ("ORDERS_KNOWN_TENANTS", " acme , umbrella,,", "known_tenants", ("acme", "umbrella")),
+        ("ORDERS_KNOWN_TENANTS", "acme", "known_tenants", ("acme",)),
+        ("ORDERS_METRICS_PORT", "9200", "metrics_port", 9200),
+        ("ORDERS_CUSTOMERS_URL", "http://customers.internal:8080", "customers_url", "http://customers.internal:8080"),
+        ("ORDERS_PAYMENTS_URL", "https://payments.internal/", "payments_url", "https://payments.internal"),
+        ("ORDERS_EMAILS_URL", "", "emails_url", None),
+        ("ORDERS_EMAILS_URL", "   ", "emails_url", None),
+    ],
+)
+def test_a_valid_variable_is_read_into_its_setting(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, field: str, expected: object
+) -> None:
+    monkeypatch.setenv(variable, value)
+
+    assert getattr(load_settings(), field) == expected
+
+
+def test_an_explicit_override_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORDERS_SOURCE_TOPIC", "from-environment")
+
+    assert load_settings(source_topic="from-override").source_topic == "from-override"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("ORDERS_DATABASE_URL", "postgres://localhost/orders"),
+        ("ORDERS_CONSUMER_NAME", ""),
+        ("ORDERS_SOURCE_TOPIC", "orders topic"),
+        ("ORDERS_SOURCE_TOPIC", ""),
+        ("ORDERS_RETRY_TIERS", "30s,often"),
+        ("ORDERS_RETRY_TIERS", "0s"),
+        ("ORDERS_RETRY_TIERS", "kafka"),
+        ("ORDERS_MAX_ATTEMPTS", "0"),
+        ("ORDERS_MAX_ATTEMPTS", "many"),
+        ("ORDERS_MAX_ELAPSED", "0s"),
+        ("ORDERS_MAX_ELAPSED", "forever"),
+        ("ORDERS_MAX_ELAPSED", "99999999999d"),
+        ("ORDERS_ORDERING", "strict"),
+        ("ORDERS_ORDERING", "KEY"),
+        ("ORDERS_DEDUP_WINDOW", "19s"),
+        ("ORDERS_DEDUP_WINDOW", "8d"),
+        ("ORDERS_DEDUP_WINDOW", "0s"),
+        ("ORDERS_DEDUP_WINDOW", "7 days"),
+        ("ORDERS_DEDUP_WINDOW", "99999999999d"),
+        ("ORDERS_CUSTOMERS_URL", "ftp://customers.internal"),
+        ("ORDERS_PAYMENTS_URL", "payments.internal"),
+        ("ORDERS_EMAILS_URL", "localhost:8080"),
+        ("ORDERS_KNOWN_TENANTS", " , "),
+        ("ORDERS_METRICS_PORT", "70000"),
+        ("ORDERS_METRICS_PORT", "http"),
+    ],
+)
+def test_an_invalid_variable_stops_start_up_with_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    message = configuration_error(monkeypatch, variable, value)
+
+    assert message.startswith(f"invalid configuration: {variable}")
+    assert "\n" not in message
+    assert "Traceback" not in message
+    assert "pydantic" not in message
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "allowed"),
+    [
+        ("ORDERS_ORDERING", "strict", ["key", "versioned", "unordered"]),
+        ("ORDERS_DEDUP_WINDOW", "19s", ["20s", "7d"]),
+        ("ORDERS_DEDUP_WINDOW", "soon", ["500ms", "30s", "7d"]),
+        ("ORDERS_RETRY_TIERS", "30s,often", ["30s", "5m"]),
+        ("ORDERS_RETRY_TIERS", "rocketMQ", ["rocketmq"]),
+        ("ORDERS_CUSTOMERS_URL", "ftp://customers.internal", ["http://", "https://"]),
+        ("ORDERS_METRICS_PORT", "70000", ["65535"]),
+    ],
+)
+def test_the_message_names_the_allowed_values(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, allowed: list[str]
+) -> None:
+    message = configuration_error(monkeypatch, variable, value)
+
+    for fragment in allowed:
+        assert fragment in message
+
+
+def test_the_error_does_not_chain_the_validation_error_that_would_print_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ORDERS_ORDERING", "strict")
+
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+
+    assert caught.value.__cause__ is None
+    assert caught.value.__suppress_context__
+
+
+def test_a_rejected_database_url_is_not_echoed_with_its_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = configuration_error(monkeypatch, "ORDERS_DATABASE_URL", "mysql://orders:s3cret-pw@db.internal/orders")
+
+    assert message.startswith("invalid configuration: ORDERS_DATABASE_URL")
+    assert "s3cret-pw" not in message
+
+
+def test_several_invalid_variables_are_all_named_on_the_same_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given two bad variables
+    monkeypatch.setenv("ORDERS_ORDERING", "strict")
+    monkeypatch.setenv("ORDERS_METRICS_PORT", "http")
+
+    # When the settings load
+    with pytest.raises(ConfigurationError) as caught:
+        load_settings()
+
+    # Then one line names both, so an operator fixes them in one go
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "ORDERS_ORDERING" in message
+    assert "ORDERS_METRICS_PORT" in message
+
+
+def test_topic_names_derive_from_the_default_source_topic() -> None:
+    topics = load_settings().topics
+
+    assert topics.source == "orders"
+    assert topics.quarantine == "orders.quarantine"
+    assert topics.reprocess == "orders.reprocess"
+    assert topics.rejected == "orders.rejected"
+    assert topics.events == "orders.events"
+    assert topics.retry("30s") == "orders.retry.30s"
+    assert topics.retry("5m") == "orders.retry.5m"
+
+
+def test_topic_names_follow_a_configured_source_topic(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORDERS_SOURCE_TOPIC", "shop.orders")
+
+    topics = load_settings().topics
+
+    assert topics.quarantine == "shop.orders.quarantine"
+    assert topics.reprocess == "shop.orders.reprocess"
+    assert topics.rejected == "shop.orders.rejected"
+    assert topics.events == "shop.orders.events"
+    assert topics.retry("5m") == "shop.orders.retry.5m"
+
+
+def test_each_default_retry_tier_names_its_topic_with_the_duration_as_written() -> None:
+    settings = load_settings()
+
+    names = [settings.topics.retry(format_duration(parse_duration(tier))) for tier in settings.retry_tiers.split(",")]
+
+    assert names == ["orders.retry.30s", "orders.retry.5m"]

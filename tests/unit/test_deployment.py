@@ -1,0 +1,108 @@
+"""docker-compose.yml cannot run here (no Docker engine): check statically that it names only things that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+
+from service.cli import app
+from service.config import ENV_PREFIX, Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def _cli_commands() -> set[str]:
+    group = typer.main.get_command(app)
+    return set(group.commands)  # type: ignore[attr-defined]
+
+
+def _service_containers(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: spec for name, spec in compose["services"].items() if spec.get("image") == "order-service:local"}
+
+
+def test_every_service_image_command_is_an_order_service_command(compose: dict[str, Any]) -> None:
+    commands = _cli_commands()
+    used = {spec["command"][0] for spec in _service_containers(compose).values()}
+    assert used <= commands, used - commands
+    assert {"migrate", "consume", "relay"} <= used
+
+
+def test_every_orders_variable_is_a_setting(compose: dict[str, Any]) -> None:
+    fields = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
+    named = set(re.findall(r"\bORDERS_[A-Z_]+\b", (ROOT / "docker-compose.yml").read_text()))
+    assert named, "the compose file configures the service through ORDERS_* variables"
+    assert named <= fields, named - fields
+
+
+def test_the_compose_settings_are_valid_settings(compose: dict[str, Any]) -> None:
+    environment = _service_containers(compose)["consume"]["environment"]
+    values = {
+        key.removeprefix(ENV_PREFIX).lower(): value
+        for key, value in environment.items()
+        if not str(value).startswith("${")
+    }
+    settings = Settings(**values)
+    assert settings.kafka_bootstrap_servers == "kafka:9092"
+
+
+def test_dependencies_name_existing_services_with_valid_conditions(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name, spec in services.items():
+        for dependency, condition in (spec.get("depends_on") or {}).items():
+            assert dependency in services, f"{name} depends on unknown {dependency}"
+            assert condition["condition"] in {
+                "service_started",
+                "service_healthy",
+                "service_completed_successfully",
+            }
+            if condition["condition"] == "service_healthy":
+                assert "healthcheck" in services[dependency], f"{dependency} has no healthcheck"
+
+
+def test_long_running_services_have_healthchecks_and_run_after_migrate(compose: dict[str, Any]) -> None:
+    for name, spec in _service_containers(compose).items():
+        if spec["command"] == ["migrate"]:
+            assert spec["depends_on"]["postgres"]["condition"] == "service_healthy"
+            continue
+        assert "/readyz" in " ".join(spec["healthcheck"]["test"]), name
+        assert spec["depends_on"]["migrate"]["condition"] == "service_completed_successfully", name
+
+
+def test_the_platform_is_postgres_16_and_kafka_3_in_kraft_mode(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert services["postgres"]["image"].startswith("postgres:16")
+    assert re.match(r"apache/kafka:3\.\d+", services["kafka"]["image"])
+    assert "controller" in services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"]
+    assert "KAFKA_ZOOKEEPER_CONNECT" not in services["kafka"]["environment"]
+
+
+def test_the_topics_created_are_the_contract_topics(compose: dict[str, Any]) -> None:
+    script = " ".join(compose["services"]["kafka-topics"]["command"])
+    created = {spec.split(":")[0] for spec in re.findall(r"\borders[\w.]*:\d+", script)}
+    assert created == {
+        "orders",
+        "orders.retry.30s",
+        "orders.retry.5m",
+        "orders.reprocess",
+        "orders.quarantine",
+        "orders.rejected",
+        "orders.events",
+    }
+
+
+def test_the_image_runs_the_cli_with_migrations_inside() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert 'ENTRYPOINT ["order-service"]' in dockerfile
+    for needed in ("service", "migrations", "alembic.ini", "pyproject.toml"):
+        assert needed in dockerfile
+        assert (ROOT / needed).exists()
