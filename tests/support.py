@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from service.config import Settings
 from service.containers import Container
+from service.policy.records import SourceRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -148,7 +149,7 @@ async def read_topic(bootstrap: str, topic: str, *, expect: int, timeout: float 
             records += [record for part in batch.values() for record in part]
         # Anything published beyond `expect` (a duplicate) must show up too: drain what is there now.
         end = await consumer.end_offsets(partitions)
-        while any(await consumer.position(tp) < end[tp] for tp in partitions):
+        while [tp for tp in partitions if await consumer.position(tp) < end[tp]]:
             batch = await consumer.getmany(timeout_ms=200)
             records += [record for part in batch.values() for record in part]
         return records
@@ -240,3 +241,18 @@ class ServiceProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+async def quarantine_directly(settings: Settings, records: list[SourceRecord]) -> None:
+    """Write quarantine envelopes to the outbox through the processor alone (no Kafka involved)."""
+    container = Container(settings=settings)
+    await container.init_resources()
+    try:
+        processor = await container.processor()
+
+        async def nothing(_: object) -> None:
+            return None
+
+        await processor.process(records, nothing, asyncio.Event())
+    finally:
+        await container.shutdown_resources()

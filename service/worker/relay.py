@@ -50,6 +50,7 @@ class Relay:
             producer = self._make_producer()
             if not await start_with_backoff(producer.start, stop, "relay"):
                 return
+            log.info("relay_started")
             try:
                 while not stop.is_set():
                     published = await self.publish_once(producer)

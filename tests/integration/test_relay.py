@@ -1,0 +1,117 @@
+"""The outbox relay on real Kafka and PostgreSQL: broker outages, crashes, several relays, per-key order."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.policy.records import SourceRecord
+from tests.support import (
+    ROOT,
+    ServiceProcess,
+    Topics,
+    eventually,
+    produce,
+    quarantine_directly,
+    read_topic,
+    running,
+    scalar,
+    settings_for,
+)
+
+
+def _invalid_records(topic: str, count: int) -> list[SourceRecord]:
+    return [
+        SourceRecord(topic, 0, offset, 1_785_000_000_000, f"K-{offset}".encode(), b"\x00 not json", ())
+        for offset in range(count)
+    ]
+
+
+def _kafka_local(command: str) -> None:
+    subprocess.run([str(ROOT / "scripts" / "kafka-local"), command], check=True, capture_output=True, timeout=180)
+
+
+async def test_envelopes_wait_in_the_outbox_while_the_broker_is_down_and_are_published_once_after(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, tmp_path: Path
+) -> None:
+    settings = settings_for(database_url, kafka, topics)
+    relay = ServiceProcess("relay", settings, tmp_path / "relay.log")
+    try:
+        # Given a running relay and a broker that goes away
+        await eventually(lambda: _log_contains(relay, "relay_started"))
+        _kafka_local("stop")
+        try:
+            # When five records are quarantined meanwhile
+            await quarantine_directly(settings, _invalid_records(topics.source, 5))
+            # Then they wait in the outbox, and the relay says why, in one line per try
+            await eventually(lambda: _log_contains(relay, "kafka_"), timeout=60)
+            assert await scalar(engine, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 5
+        finally:
+            _kafka_local("start")
+
+        # And once the broker is back, each is published exactly once
+        await eventually(
+            lambda: scalar(engine, "SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL"), timeout=120
+        )
+    finally:
+        assert relay.terminate() == 0
+    published = await read_topic(kafka, topics.quarantine, expect=5)
+    failure_ids = Counter(dict(record.headers)["failure-id"].decode() for record in published)
+    assert failure_ids == Counter({f"{topics.source}/0/{offset}": 1 for offset in range(5)})
+    assert "Traceback" not in relay.log()
+
+
+async def test_a_relay_killed_after_publishing_publishes_again_with_the_same_failure_id(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, tmp_path: Path
+) -> None:
+    # Given one quarantine envelope in the outbox
+    settings = settings_for(database_url, kafka, topics)
+    await quarantine_directly(settings, _invalid_records(topics.source, 1))
+
+    # When a relay dies (SIGKILL) after Kafka acknowledged and before it marked the row published
+    doomed = ServiceProcess("relay", settings, tmp_path / "doomed.log", {"ORDERS_FAULT_CRASH_AT": "after-publish"})
+    assert doomed.wait() == -9
+    assert await scalar(engine, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 1
+
+    # And a healthy relay takes over
+    async with running(settings, "relay"):
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL"))
+
+    # Then the envelope is on the topic twice with one failure id, and a deduplicating reader sees one
+    published = await read_topic(kafka, topics.quarantine, expect=2)
+    failure_ids = [dict(record.headers)["failure-id"].decode() for record in published]
+    assert failure_ids == [f"{topics.source}/0/0", f"{topics.source}/0/0"]
+    assert len({json.loads(record.value)["failureId"] for record in published}) == 1
+
+
+async def test_two_relays_publish_every_row_once_and_keep_each_keys_order(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics
+) -> None:
+    # Given 300 invalid records (missing tracking number) for 10 order keys: 300 envelopes to publish
+    records = [
+        (f"G-{n % 10}", {"schema": "order.shipped.v1", "order_id": f"G-{n % 10}", "carrier": "x"}, {})
+        for n in range(300)
+    ]
+    await produce(kafka, topics.source, records, partition=0)
+    settings = settings_for(database_url, kafka, topics, relay_batch_size=7)
+
+    # When one consumer and two relays run at once
+    async with running(settings, "consumer_loop", "relay"), running(settings, "relay"):
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 300 FROM inbox"), timeout=60)
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL"))
+
+    # Then each envelope is published once, and per key in source order
+    published = await read_topic(kafka, topics.quarantine, expect=300)
+    offsets_by_key: dict[str, list[int]] = {}
+    for record in published:
+        offsets_by_key.setdefault(record.key.decode(), []).append(json.loads(record.value)["source"]["offset"])
+    assert sum(len(offsets) for offsets in offsets_by_key.values()) == 300
+    assert all(offsets == sorted(set(offsets)) for offsets in offsets_by_key.values())
+
+
+async def _log_contains(process: ServiceProcess, text: str) -> bool:
+    return text in process.log()
