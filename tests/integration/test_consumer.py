@@ -269,3 +269,24 @@ def _last_assignment(log: str) -> set[int]:
         if '"partitions_assigned"' in line:
             assigned = {int(p.rsplit("/", 1)[1]) for p in json.loads(line)["partitions"]}
     return assigned
+
+
+async def test_an_unreachable_database_is_waited_out_with_one_line_per_try_and_nothing_committed(
+    kafka: str, topics: Topics, tmp_path: Path
+) -> None:
+    # Given a record and a consumer whose database does not answer
+    await produce(kafka, topics.source, [("H-1", placed("H-1"), {})], partition=0)
+    settings = settings_for("postgresql+asyncpg://postgres@127.0.0.1:9/nowhere", kafka, topics)
+    consumer = ServiceProcess("consume", settings, tmp_path / "consumer.log")
+    try:
+        # When it tries to apply the record
+        await eventually(lambda: _count_in_log(consumer, '"database_unavailable"', 2), timeout=60)
+    finally:
+        # Then it stops cleanly on SIGTERM, has said why in plain lines, and committed nothing
+        assert consumer.terminate() == 0
+    assert "Traceback" not in consumer.log()
+    assert not await _committed(kafka, settings.consumer_name, topics.source, 0, 1)
+
+
+async def _count_in_log(process: ServiceProcess, text: str, at_least: int) -> bool:
+    return process.log().count(text) >= at_least
