@@ -20,7 +20,7 @@ from service import logs
 from service.config import ConfigurationError, Settings, load_settings
 from service.containers import Container
 from service.durations import parse_duration
-from service.store import quarantine
+from service.store import parking, quarantine
 from service.store.uow import UnitOfWork
 
 T = TypeVar("T")
@@ -42,6 +42,8 @@ app = typer.Typer(
 )
 quarantine_app = typer.Typer(help="Operate the quarantine queue.", no_args_is_help=True)
 app.add_typer(quarantine_app, name="quarantine")
+parked_app = typer.Typer(help="Records parked behind a held key (ORDERS_ORDERING=key).", no_args_is_help=True)
+app.add_typer(parked_app, name="parked")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -135,12 +137,16 @@ def run() -> None:
     asyncio.run(_serve(settings, "consumer_loop", "relay"))
 
 
-async def _read(settings: Settings, query: Callable[[Any], Awaitable[T]]) -> T:
+async def _read(settings: Settings, query: Callable[[Any], Awaitable[T]], *, commit: bool = False) -> T:
+    """Run one unit of work for a CLI command; only commands that change something pass `commit=True`."""
     container = Container(settings=settings)
     engine = await _provide(container, "engine")
     try:
         async with UnitOfWork(engine) as uow:
-            return await query(uow.connection)
+            result = await query(uow.connection)
+            if commit:
+                await uow.commit()
+            return result
     finally:
         await container.shutdown_resources()  # type: ignore[misc]
 
@@ -250,6 +256,41 @@ def quarantine_stats(as_json: JsonFlag = False) -> None:
             str(group["rate_per_hour"]),
         )
     console.print(table)
+
+
+@parked_app.command("list")
+def parked_list(as_json: JsonFlag = False) -> None:
+    """Held keys: how many records wait behind each, since when, and what holds the key."""
+    settings = _settings()
+    held = _run(lambda _: _read(settings, lambda c: parking.summary(c, settings.consumer_name)))
+    if as_json:
+        _print_json(held)
+        return
+    table = Table("key", "parked", "oldest parked", "blocked by (quarantined)", "retrying")
+    for row in held:
+        oldest = row["oldest_parked_at"]
+        table.add_row(
+            row["order_key"],
+            str(row["parked"]),
+            _age(oldest) if oldest else "-",
+            row["blocked_by"] or "",
+            row["retrying"] or "",
+        )
+    Console().print(table)
+
+
+@parked_app.command("release")
+def parked_release(
+    key: Annotated[str, typer.Argument(help="The order key to free; its parked records are then applied in order.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Free a key held by a quarantined head; a running consumer applies its parked records in order."""
+    settings = _settings()
+    released = _run(lambda _: _read(settings, lambda c: parking.release(c, settings.consumer_name, key), commit=True))
+    if as_json:
+        _print_json({"key": key, "released": released})
+        return
+    typer.echo(f"{key}: released" if released else f"{key}: was not blocked (nothing to release)")
 
 
 def main() -> None:

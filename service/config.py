@@ -39,8 +39,11 @@ class Settings(BaseSettings):
     consumer_name: str = Field(default="order-service", min_length=1, max_length=200)
     source_topic: str = Field(default="orders", pattern=r"^[A-Za-z0-9._-]{1,200}$")
     retry_tiers: str = "30s,5m"
-    max_attempts: int = Field(default=5, ge=1, le=1000)
-    max_elapsed: Duration = timedelta(seconds=30)
+    max_attempts: int | None = Field(default=None, ge=1, le=1000)
+    max_elapsed: Duration | None = None
+    blocking_attempts: int = Field(default=3, ge=1, le=100)
+    blocking_elapsed: Duration = timedelta(seconds=5)
+    processing_timeout: Duration = timedelta(seconds=30)
     ordering: Literal["key", "versioned", "unordered"] = "key"
     dedup_window: Duration = timedelta(days=7)
     customers_url: str | None = None

@@ -19,7 +19,8 @@ from service.adapters.customers import CustomersClient
 from service.config import Settings
 from service.health import HealthServer
 from service.metrics import Metrics
-from service.policy.retry import Budget, RetryPolicy
+from service.policy.backpressure import BackpressurePolicy
+from service.policy.retry import Budget, RetryPolicy, build_policy
 from service.store.uow import create_engine
 from service.worker.consumer import ConsumerLoop
 from service.worker.processor import Processor
@@ -41,7 +42,13 @@ async def _http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
 
 
 def _policy(settings: Settings) -> RetryPolicy:
-    return RetryPolicy(transient=Budget(settings.max_attempts, settings.max_elapsed))
+    return build_policy(
+        settings.retry_tiers,
+        settings.ordering,
+        max_attempts=settings.max_attempts,
+        max_elapsed=settings.max_elapsed,
+        blocking=Budget(settings.blocking_attempts, settings.blocking_elapsed),
+    )
 
 
 def _utcnow() -> datetime:
@@ -62,8 +69,9 @@ async def _ready(engine: AsyncEngine, settings: Settings) -> bool:
     return True
 
 
-def _topics(settings: Settings) -> list[str]:
-    return [settings.topics.source]
+def _topics(settings: Settings, policy: RetryPolicy) -> list[str]:
+    """The source topic and every retry tier topic."""
+    return [settings.topics.source, *(settings.topics.retry(label) for label in policy.tier_labels)]
 
 
 class Container(containers.DeclarativeContainer):
@@ -77,6 +85,7 @@ class Container(containers.DeclarativeContainer):
     clock = providers.Object(_utcnow)
     rng = providers.Singleton(random.Random)
     policy = providers.Singleton(_policy, settings=settings)
+    backpressure = providers.Singleton(BackpressurePolicy)
 
     customers = providers.Factory(CustomersClient, http=http, base_url=settings.provided.customers_url)
     processor = providers.Factory(
@@ -85,6 +94,7 @@ class Container(containers.DeclarativeContainer):
         engine=engine,
         customers=customers,
         policy=policy,
+        backpressure=backpressure,
         metrics=metrics,
         clock=clock,
         rng=rng,
@@ -96,7 +106,7 @@ class Container(containers.DeclarativeContainer):
         processor=processor,
         metrics=metrics,
         make_consumer=kafka_consumer.provider,
-        topics=providers.Callable(_topics, settings),
+        topics=providers.Callable(_topics, settings, policy),
         batch_size=settings.provided.batch_size,
     )
     relay = providers.Factory(

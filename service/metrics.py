@@ -30,7 +30,17 @@ class Metrics:
             "Time to take one fetched batch to terminal states.",
             registry=self.registry,
         )
+        self.pauses = Counter(
+            "orders_backpressure_pauses",
+            "Times fetching a partition was paused because a downstream asked to slow down.",
+            ["downstream"],
+            registry=self.registry,
+        )
         self.outbox_pending = Gauge("orders_outbox_pending", "Outbox rows not yet published.", registry=self.registry)
+
+    def pause(self, downstream: str) -> None:
+        """Count one backpressure pause."""
+        self.pauses.labels(downstream=downstream).inc()
 
     def record(self, outcome: str, error_code: str | None) -> None:
         """Count one terminal record; quarantines and rejections also count under their code."""

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -53,8 +54,20 @@ class Topics:
     def reprocess(self) -> str:
         return f"{self.source}.reprocess"
 
+    def retry(self, label: str) -> str:
+        return f"{self.source}.retry.{label}"
+
     def all(self) -> list[str]:
-        return [self.source, self.quarantine, self.events, self.rejected, self.reprocess]
+        """Every topic a test may touch; the retry tiers tests use are 1s and 2s."""
+        return [
+            self.source,
+            self.quarantine,
+            self.events,
+            self.rejected,
+            self.reprocess,
+            self.retry("1s"),
+            self.retry("2s"),
+        ]
 
 
 def make_engine(url: str) -> AsyncEngine:
@@ -90,6 +103,7 @@ def settings_for(database_url: str, bootstrap: str, topics: Topics, **overrides:
         "consumer_name": f"{topics.source}-consumer",
         "metrics_port": 0,
         "max_attempts": 4,
+        "retry_tiers": "",
         "max_elapsed": "20s",
     }
     values.update(overrides)
@@ -99,13 +113,13 @@ def settings_for(database_url: str, bootstrap: str, topics: Topics, **overrides:
 def env_for(settings: Settings) -> dict[str, str]:
     """The environment that configures a service process like `settings`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORDERS_")}
-    for name, value in settings.model_dump(mode="json").items():
+    for name, value in settings.model_dump().items():
         if value is None:
             continue
-        if isinstance(value, list):
+        if isinstance(value, tuple | list):
             value = ",".join(value)
-        elif name in {"max_elapsed", "dedup_window", "http_timeout"}:
-            value = f"{getattr(settings, name).total_seconds()}s"
+        elif isinstance(value, timedelta):
+            value = f"{value.total_seconds()}s"
         env[f"ORDERS_{name.upper()}"] = str(value)
     return env
 
@@ -249,10 +263,8 @@ async def quarantine_directly(settings: Settings, records: list[SourceRecord]) -
     await container.init_resources()
     try:
         processor = await container.processor()
-
-        async def nothing(_: object) -> None:
-            return None
-
-        await processor.process(records, nothing, asyncio.Event())
+        pending = [processor.pending(record) for record in records]
+        left = await processor.attempt(pending, asyncio.Event())
+        assert left == set(pending), "every record is invalid input: quarantined in one round"
     finally:
         await container.shutdown_resources()

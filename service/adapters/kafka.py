@@ -38,8 +38,6 @@ def make_consumer(settings: Settings) -> AIOKafkaConsumer:
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         max_poll_records=settings.batch_size,
-        # A blocking retry may hold a batch for up to ORDERS_MAX_ELAPSED; stay in the group meanwhile.
-        max_poll_interval_ms=max(300_000, int(settings.max_elapsed.total_seconds() * 2000)),
     )
 
 

@@ -1,4 +1,4 @@
-"""`classify`: what to do with a record that failed, as data (quarantine, retry after a delay, reject)."""
+"""`classify`: what to do with a record that failed, as data (quarantine, retry now, retry later, reject)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from service.policy.retry import AttemptHistory, RetryPolicy
 
 
 class Action(StrEnum):
-    """The three ways out of a failure."""
+    """The ways out of a failure."""
 
-    RETRY = "retry"
+    RETRY = "retry"  # blocking: try again in place after `delay`, holding the partition
+    RETRY_LATER = "retry_later"  # non-blocking: send to the retry tier whose delay is `delay`
     QUARANTINE = "quarantine"
     REJECT = "reject"
 
@@ -25,6 +26,7 @@ class Failure:
 
     code: ErrorCode
     retry_after: timedelta | None = None
+    downstream: str | None = None
 
 
 @dataclass(frozen=True)
@@ -37,21 +39,41 @@ class Decision:
 
 
 def classify(
-    failure: Failure, history: AttemptHistory, policy: RetryPolicy, now: datetime, rng: random.Random
+    failure: Failure,
+    history: AttemptHistory,
+    policy: RetryPolicy,
+    now: datetime,
+    rng: random.Random,
+    *,
+    in_tier: bool = False,
 ) -> Decision:
-    """Decide the next step for a record whose attempt number `history.attempts` just failed."""
+    """Decide the next step for a record whose attempt number `history.attempts` just failed.
+
+    `in_tier` says the attempt was a delivery from a retry tier: no blocking retries happen there, since
+    they would hold up the tier's partition for the records behind it.
+    """
     kind = failure.code.kind
     if kind is FailureKind.REJECTED:
         return Decision(Action.REJECT, failure.code)
     if kind is FailureKind.INVALID:
         return Decision(Action.QUARANTINE, failure.code)
-    budget = policy.budget(kind)
-    delay = policy.backoff(history.attempts, rng)
-    if failure.retry_after is not None:
-        delay = max(delay, failure.retry_after)
-    # Waiting past the elapsed budget only to give up afterwards would hold the partition for nothing.
-    out_of_attempts = history.attempts >= budget.max_attempts
-    out_of_time = (now + delay) - history.first_failed_at > budget.max_elapsed
-    if out_of_attempts or out_of_time:
-        return Decision(Action.QUARANTINE, failure.code.exhausted())
-    return Decision(Action.RETRY, failure.code, delay)
+    plan = policy.for_kind(kind)
+    exhausted = Decision(Action.QUARANTINE, failure.code.exhausted())
+    if history.attempts >= plan.total.max_attempts:
+        return exhausted
+
+    def within(limit: timedelta, delay: timedelta) -> bool:
+        # Waiting past a budget only to give up afterwards would hold the record for nothing.
+        return (now + delay) - history.first_failed_at <= limit
+
+    if not in_tier and history.attempts < plan.blocking.max_attempts:
+        delay = plan.backoff(history.attempts, rng)
+        if failure.retry_after is not None:
+            delay = max(delay, failure.retry_after)
+        if within(plan.blocking.max_elapsed, delay) and within(plan.total.max_elapsed, delay):
+            return Decision(Action.RETRY, failure.code, delay)
+    if plan.tiers:
+        delay = plan.tier_delay(history.tier_step + 1)
+        if within(plan.total.max_elapsed, delay):
+            return Decision(Action.RETRY_LATER, failure.code, delay)
+    return exhausted

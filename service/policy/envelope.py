@@ -45,8 +45,10 @@ def failure_envelope(
     history: AttemptHistory,
     code: ErrorCode,
     payload_schema: str | None,
+    timestamp_ms: int | None = None,
 ) -> Envelope:
-    """Build the envelope of a record that failed; `origin` is where it was first read."""
+    """Build the envelope of a record that failed; `origin` is where it was first read, at `timestamp_ms`."""
+    when = record.timestamp if timestamp_ms is None else datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
     document = {
         "failureId": origin.failure_id,
         "messageId": record.message_id,
@@ -54,7 +56,7 @@ def failure_envelope(
             "topic": origin.topic,
             "partition": origin.partition,
             "offset": origin.offset,
-            "timestamp": iso(record.timestamp),
+            "timestamp": iso(when),
             "key": record.key_text,
         },
         "consumer": consumer,

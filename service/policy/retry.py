@@ -1,12 +1,25 @@
-"""Retry budget and backoff: how many attempts and how much time a failing record may use."""
+"""Retry budget, backoff and the retry schedule: how many attempts, how much time, and when.
+
+A record's budget (attempts AND elapsed time since its first failure) spans everything: the blocking
+retries of its first delivery and every non-blocking retry tier after it.
+"""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from service.domain.codes import FailureKind
+from service.durations import format_duration, parse_duration
+
+# RocketMQ's delay levels 3..18 (its retry schedule for concurrent consumers): retry n waits
+# ROCKETMQ_DELAYS[n - 1], and every retry after the 16th waits the last one, 2h.
+_ROCKETMQ_LEVELS = ("10s", "30s", "1m", "2m", "3m", "4m", "5m", "6m", "7m", "8m", "9m", "10m", "20m", "30m", "1h", "2h")
+ROCKETMQ_DELAYS = tuple(parse_duration(level) for level in _ROCKETMQ_LEVELS)
+ROCKETMQ_MAX_RETRIES = 16
+# RocketMQ's orderly consumers retry in place at a fixed interval (suspendCurrentQueueTimeMillis, 1s).
+ORDERLY_INTERVAL = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -19,23 +32,27 @@ class Budget:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Budgets per failure kind and the backoff curve of blocking retries."""
+    """The whole retry plan of a record: blocking phase, non-blocking tiers, and the overall budget."""
 
-    transient: Budget
+    total: Budget
+    blocking: Budget = Budget(3, timedelta(seconds=5))
+    tiers: tuple[timedelta, ...] = ()
     base_delay: timedelta = timedelta(milliseconds=200)
     max_delay: timedelta = timedelta(seconds=5)
 
     @property
-    def unknown(self) -> Budget:
+    def unknown(self) -> RetryPolicy:
         """Unknown failures are probably bugs: retrying them long only delays the quarantine.
 
-        They get at most 2 attempts and a quarter of the transient elapsed budget.
+        At most 2 attempts (within the blocking budget), a quarter of the elapsed budget, no tiers.
         """
-        return Budget(min(2, self.transient.max_attempts), self.transient.max_elapsed / 4)
+        total = Budget(min(2, self.total.max_attempts), self.total.max_elapsed / 4)
+        blocking = Budget(min(2, self.blocking.max_attempts), min(self.blocking.max_elapsed, total.max_elapsed))
+        return replace(self, total=total, blocking=blocking, tiers=())
 
-    def budget(self, kind: FailureKind) -> Budget:
-        """The budget for a failure kind (only transient and unknown failures are retried)."""
-        return self.unknown if kind is FailureKind.UNKNOWN else self.transient
+    def for_kind(self, kind: FailureKind) -> RetryPolicy:
+        """The plan for a failure kind (only transient and unknown failures are retried)."""
+        return self.unknown if kind is FailureKind.UNKNOWN else self
 
     def backoff(self, attempt: int, rng: random.Random) -> timedelta:
         """Exponential backoff with equal jitter: half fixed so retries never bunch at zero, half random."""
@@ -45,18 +62,69 @@ class RetryPolicy:
         half = ceiling / 2
         return half + half * rng.random()
 
+    def tier_delay(self, step: int) -> timedelta:
+        """The wait before tier retry number `step` (1-based); past the last tier, the last delay repeats."""
+        return self.tiers[min(step, len(self.tiers)) - 1]
+
+    @property
+    def tier_labels(self) -> tuple[str, ...]:
+        """The distinct tier delays as topic suffixes (`30s`, `5m`), in schedule order."""
+        return tuple(dict.fromkeys(format_duration(delay) for delay in self.tiers))
+
+    @property
+    def horizon(self) -> timedelta:
+        """The longest time after its first delivery that a record can still be delivered again."""
+        return self.total.max_elapsed
+
+
+def build_policy(
+    tiers: str,
+    ordering: str,
+    *,
+    max_attempts: int | None,
+    max_elapsed: timedelta | None,
+    blocking: Budget,
+) -> RetryPolicy:
+    """The policy for the configured tiers (`30s,5m` or `rocketmq`), filling in documented defaults.
+
+    Defaults: without tiers (`ORDERS_RETRY_TIERS=`), the blocking phase is the whole budget and the budget
+    defaults to the blocking one. With tier delays, every tier is tried once after the blocking attempts
+    and the elapsed budget is the larger of 15 minutes and twice the tiers' sum. With `rocketmq`, max
+    retries N means at most N+1 deliveries (default N = 16, so 17 attempts), no blocking retries, and 24
+    hours; in strict per-key mode (`ORDERS_ORDERING=key`) every retry waits the fixed orderly interval
+    instead of the growing table.
+    """
+    if tiers == "rocketmq":
+        delays = (ORDERLY_INTERVAL,) if ordering == "key" else ROCKETMQ_DELAYS
+        attempts = max_attempts or ROCKETMQ_MAX_RETRIES + 1
+        elapsed = max_elapsed or timedelta(hours=24)
+        return RetryPolicy(Budget(attempts, elapsed), Budget(1, elapsed), delays)
+    delays = tuple(parse_duration(part) for part in tiers.split(",") if part.strip())
+    if not delays:
+        # No tiers: every retry is a blocking one, so the blocking phase is the whole budget.
+        budget = Budget(max_attempts or blocking.max_attempts, max_elapsed or blocking.max_elapsed)
+        return RetryPolicy(budget, budget, ())
+    attempts = max_attempts or blocking.max_attempts + len(delays)
+    elapsed = max_elapsed or max(timedelta(minutes=15), 2 * sum(delays, timedelta()))
+    return RetryPolicy(Budget(attempts, elapsed), blocking, delays)
+
 
 @dataclass(frozen=True)
 class AttemptHistory:
-    """What the record has been through so far; it travels with the record."""
+    """What the record has been through so far; it travels with the record through the tiers."""
 
     attempts: int
     first_failed_at: datetime
     last_failed_at: datetime
+    tier_step: int = 0  # how many non-blocking tier deliveries the record has had
 
     def failed_again(self, now: datetime) -> AttemptHistory:
         """The history after one more failed attempt."""
-        return AttemptHistory(self.attempts + 1, self.first_failed_at, now)
+        return replace(self, attempts=self.attempts + 1, last_failed_at=now)
+
+    def sent_to_tier(self) -> AttemptHistory:
+        """The history of the copy that goes to the next tier."""
+        return replace(self, tier_step=self.tier_step + 1)
 
     @staticmethod
     def first(now: datetime) -> AttemptHistory:

@@ -8,6 +8,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     LargeBinary,
@@ -129,4 +130,68 @@ quarantine = Table(
     Index("ix_quarantine_status_first_failed_at", "status", "first_failed_at"),
     Index("ix_quarantine_error_code", "error_code"),
     Index("ix_quarantine_message_id", "consumer_name", "message_id"),
+)
+
+# A record between its first failure and its terminal state (blocking phase excluded: that lives in memory).
+# Its row makes a redelivered copy of an earlier step a no-op, so each step reaches the tier topic once.
+retries = Table(
+    "retries",
+    metadata,
+    Column("consumer_name", Text, nullable=False),
+    Column("message_id", Text, nullable=False),
+    Column("order_key", Text),
+    Column("failure_id", Text, nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("tier_step", Integer, nullable=False),
+    Column("first_failed_at", DateTime(timezone=True), nullable=False),
+    Column("last_failed_at", DateTime(timezone=True), nullable=False),
+    Column("due_at", DateTime(timezone=True), nullable=False),
+    Column("error_code", Text, nullable=False),
+    PrimaryKeyConstraint("consumer_name", "message_id"),
+    Index("ix_retries_consumer_name_order_key", "consumer_name", "order_key"),
+)
+
+# Keys held by a quarantined head under ORDERS_ORDERING=key: released by an operator or by reprocessing.
+key_blocks = Table(
+    "key_blocks",
+    metadata,
+    Column("consumer_name", Text, nullable=False),
+    Column("order_key", Text, nullable=False),
+    Column("failure_id", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("since", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("consumer_name", "order_key"),
+)
+
+# Later records of a key whose head is retrying or quarantined (ORDERS_ORDERING=key), in arrival order.
+parked = Table(
+    "parked",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("consumer_name", Text, nullable=False),
+    Column("order_key", Text, nullable=False),
+    Column("message_id", Text, nullable=False),
+    Column("source_topic", Text, nullable=False),
+    Column("source_partition", Integer, nullable=False),
+    Column("source_offset", BigInteger, nullable=False),
+    Column("timestamp_ms", BigInteger, nullable=False),
+    Column("value", LargeBinary),
+    Column("headers", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("parked_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_parked_consumer_name_order_key_id", "consumer_name", "order_key", "id"),
+)
+
+# Each time fetching was paused instead of spending attempts (429 Retry-After, a failing downstream).
+pauses = Table(
+    "pauses",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("consumer_name", Text, nullable=False),
+    Column("topic", Text, nullable=False),
+    Column("partition", Integer, nullable=False),
+    Column("downstream", Text),
+    Column("error_code", Text, nullable=False),
+    Column("seconds", Float, nullable=False),
+    Column("paused_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_pauses_paused_at", "paused_at"),
 )

@@ -55,6 +55,7 @@ class _Fault:
     body: bytes = b""
     seconds: float = 0.0
     after_apply: bool = True
+    key: str | None = None  # only calls for this customer id / idempotency key / ref; None = any call
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +202,9 @@ class Downstream:
         status: int = 503,
         retry_after: float | str | None = None,
         body: object = None,
+        key: str | None = None,
     ) -> None:
-        """Answer the next `times` calls of a route with `status` (and Retry-After) and no side effect."""
+        """Answer the next `times` calls of a route (for `key`, if given) with `status` and no side effect."""
         _check_route(route)
         _check_times(times)
         if isinstance(status, bool) or not isinstance(status, int) or not 200 <= status <= 599:
@@ -215,21 +217,21 @@ class Downstream:
         except (TypeError, ValueError) as error:
             raise ValueError(f"body must be JSON-serialisable: {error}") from error
         header = None if retry_after is None else _format_retry_after(retry_after)
-        self._enqueue(route, times, _Fault("fail", status=status, retry_after=header, body=encoded))
+        self._enqueue(route, times, _Fault("fail", status=status, retry_after=header, body=encoded, key=key))
 
-    def delay_next(self, route: str, times: int = 1, seconds: float = 5.0) -> None:
+    def delay_next(self, route: str, times: int = 1, seconds: float = 5.0, key: str | None = None) -> None:
         """Apply the next `times` calls normally but answer only after `seconds` (the client may time out)."""
         _check_route(route)
         _check_times(times)
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
             raise ValueError(f"seconds must be a non-negative number, got {seconds!r}")
-        self._enqueue(route, times, _Fault("delay", seconds=float(seconds)))
+        self._enqueue(route, times, _Fault("delay", seconds=float(seconds), key=key))
 
-    def cut_next(self, route: str, times: int = 1, after_apply: bool = True) -> None:
+    def cut_next(self, route: str, times: int = 1, after_apply: bool = True, key: str | None = None) -> None:
         """Close the connection without answering the next `times` calls, after or before applying them."""
         _check_route(route)
         _check_times(times)
-        self._enqueue(route, times, _Fault("cut", after_apply=bool(after_apply)))
+        self._enqueue(route, times, _Fault("cut", after_apply=bool(after_apply), key=key))
 
     def clear_faults(self) -> None:
         """Drop every queued fault on every route."""
@@ -300,7 +302,11 @@ class Downstream:
         with self._lock:
             self._calls[route][key] += 1
             queue = self._faults[route]
-            return queue.popleft() if queue else None
+            for index, fault in enumerate(queue):
+                if fault.key is None or fault.key == key:
+                    del queue[index]
+                    return fault
+            return None
 
     def _apply(self, request: _Request) -> _Reply:
         """Perform a call's effect and build its normal answer."""
@@ -418,11 +424,11 @@ class Downstream:
             if retry_after is not None and not valid:
                 raise ValueError("retry_after must be a number, a string or null")
             status = _field(payload, "status", int, 503)
-            self.fail_next(route, times, status, retry_after, payload.get("body"))
+            self.fail_next(route, times, status, retry_after, payload.get("body"), key=_optional_key(payload))
         elif kind == "delay":
-            self.delay_next(route, times, _field(payload, "seconds", float, 5.0))
+            self.delay_next(route, times, _field(payload, "seconds", float, 5.0), key=_optional_key(payload))
         elif kind == "cut":
-            self.cut_next(route, times, _field(payload, "after_apply", bool, True))
+            self.cut_next(route, times, _field(payload, "after_apply", bool, True), key=_optional_key(payload))
         else:
             raise ValueError(f"kind must be one of {', '.join(get_args(FaultKind))}, got {kind!r}")
 
@@ -650,6 +656,14 @@ def _parse_object(body: bytes) -> dict[str, Any] | None:
     except ValueError:  # includes UnicodeDecodeError
         return None
     return value if isinstance(value, dict) else None
+
+
+def _optional_key(payload: dict[str, Any]) -> str | None:
+    """The optional `key` a control request limits its fault to."""
+    key = payload.get("key")
+    if key is not None and not isinstance(key, str):
+        raise ValueError("key must be a string")
+    return key
 
 
 def main(argv: Sequence[str] | None = None) -> int:

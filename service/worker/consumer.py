@@ -1,24 +1,36 @@
-"""The Kafka side of consuming: fetch batches, hand them to the processor, commit offsets of terminal records."""
+"""The Kafka side of consuming: lanes of fetched records, pause/resume, offset commits, parked releases.
+
+Each assigned partition is a lane: its fetched records wait in order in memory. A lane whose head is not due
+(a blocking retry, a backpressure pause, a retry-tier record held until its due time) pauses its partition
+in the Kafka client, so nothing more is fetched for it, while every other partition keeps flowing. The poll
+loop itself never sleeps longer than the next due time. An offset is committed only after its record left
+the processor (its transaction committed).
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
 from service.adapters.kafka import start_with_backoff, to_source
+from service.errors import InfrastructureUnavailable
 from service.metrics import Metrics
-from service.policy.records import SourceRecord
-from service.worker.processor import Processor
+from service.worker.processor import PARKED_TOPIC, Pending, Processor
 
 log = structlog.get_logger("order_service.consumer")
 
+Lane = tuple[str, int]
+_MAX_WAIT_SECONDS = 0.5
+_RELEASE_EVERY_SECONDS = 0.5
+
 
 class ConsumerLoop:
-    """Fetches, processes, commits; an offset is committed only after its record's transaction committed."""
+    """Fetches into lanes, hands due records to the processor, pauses waiting lanes, commits offsets."""
 
     def __init__(
         self,
@@ -29,41 +41,124 @@ class ConsumerLoop:
         batch_size: int,
     ) -> None:
         self._processor = processor
-        self._topics = topics
         self._metrics = metrics
         self._make_consumer = make_consumer
+        self._topics = topics
         self._batch_size = batch_size
+        self._lanes: dict[Lane, deque[Pending]] = {}
+        self._paused: set[TopicPartition] = set()
         self._uncommitted: dict[TopicPartition, int] = {}
+        self._next_release = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set, then finish the in-flight transaction, commit and return."""
         consumer = self._make_consumer()
-        consumer.subscribe(self._topics, listener=_LogAssignments())
+        consumer.subscribe(self._topics, listener=_Rebalance(self))
         if not await start_with_backoff(consumer.start, stop, "consumer"):
             return
         log.info("consumer_started", topics=self._topics)
+        loop = asyncio.get_running_loop()
         try:
             while not stop.is_set():
                 if self._uncommitted:
                     await self._commit(consumer)
-                batches = await consumer.getmany(timeout_ms=500, max_records=self._batch_size)
-                records = [to_source(record) for partition in batches.values() for record in partition]
-                if not records:
-                    continue
-
-                async def on_terminal(done: Sequence[SourceRecord]) -> None:
-                    for record in done:
-                        partition = TopicPartition(record.topic, record.partition)
-                        self._uncommitted[partition] = max(self._uncommitted.get(partition, 0), record.offset + 1)
-                    await self._commit(consumer)
-
-                with self._metrics.batch_seconds.time():
-                    await self._processor.process(records, on_terminal, stop)
+                batches = await consumer.getmany(timeout_ms=self._wait_ms(loop.time()), max_records=self._batch_size)
+                for partition, records in batches.items():
+                    lane = self._lanes.setdefault((partition.topic, partition.partition), deque())
+                    lane.extend(self._processor.pending(record) for record in map(to_source, records))
+                await self._release_parked(loop.time())
+                await self._round(consumer, stop, loop.time())
         finally:
             if self._uncommitted:
                 await self._commit(consumer)
             await consumer.stop()
             log.info("consumer_stopped")
+
+    def forget(self, partitions: list[TopicPartition]) -> None:
+        """Drop the lanes of revoked partitions: their records were not terminal; the next owner gets them."""
+        for partition in partitions:
+            self._lanes.pop((partition.topic, partition.partition), None)
+            self._paused.discard(partition)
+            self._uncommitted.pop(partition, None)
+
+    def _due(self, now: float) -> list[Pending]:
+        """Records that may be attempted now: due, and with no earlier record of their key still waiting."""
+        due = []
+        for lane in self._lanes.values():
+            waiting: set[tuple[str, int, str]] = set()
+            for pending in lane:
+                if pending.thread in waiting:
+                    continue
+                if pending.due > now:
+                    waiting.add(pending.thread)
+                    continue
+                due.append(pending)
+        return due
+
+    async def _round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, now: float) -> None:
+        due = self._due(now)
+        if due:
+            with self._metrics.batch_seconds.time():
+                left = await self._processor.attempt(due[: self._batch_size * 4], stop)
+            for key, lane in list(self._lanes.items()):
+                remaining = deque(p for p in lane if p not in left)
+                if len(remaining) == len(lane):
+                    continue
+                if key[1] >= 0:
+                    # Commit up to the first record that is not terminal yet, never past it.
+                    partition = TopicPartition(*key)
+                    upto = remaining[0].record.offset if remaining else lane[-1].record.offset + 1
+                    self._uncommitted[partition] = max(self._uncommitted.get(partition, 0), upto)
+                if remaining:
+                    self._lanes[key] = remaining
+                else:
+                    del self._lanes[key]
+            if self._uncommitted:
+                await self._commit(consumer)
+        self._reconcile_pauses(consumer, asyncio.get_running_loop().time())
+
+    def _reconcile_pauses(self, consumer: AIOKafkaConsumer, now: float) -> None:
+        """Pause exactly the partitions that must not fetch now; resume the others."""
+        wanted = {
+            TopicPartition(*key) for key, lane in self._lanes.items() if key[1] >= 0 and self._hold(key, lane, now)
+        }
+        pause, resume = wanted - self._paused, self._paused - wanted
+        if pause:
+            consumer.pause(*pause)
+        if resume:
+            consumer.resume(*resume)
+        self._paused = wanted
+
+    def _hold(self, key: Lane, lane: deque[Pending], now: float) -> bool:
+        """A partition stops fetching while a downstream asked us to slow down (backpressure), while the head
+        of a retry tier is not due (records behind it are due later still), or while its lane is full."""
+        if any(p.backpressure and p.due > now for p in lane):
+            return True
+        if ".retry." in key[0] and lane and lane[0].due > now:
+            return True
+        return len(lane) >= self._batch_size * 4
+
+    def _wait_ms(self, now: float) -> int:
+        """How long the next fetch may wait: never past the next due record, never past half a second."""
+        if self._due(now):
+            return 0
+        waits = [p.due - now for lane in self._lanes.values() for p in lane if p.due > now]
+        return max(0, int(min([_MAX_WAIT_SECONDS, *waits]) * 1000))
+
+    async def _release_parked(self, now: float) -> None:
+        """Load parked records of keys that are free again into lanes of their own (ORDERS_ORDERING=key)."""
+        if now < self._next_release:
+            return
+        self._next_release = now + _RELEASE_EVERY_SECONDS
+        busy = {key[0].removeprefix(f"{PARKED_TOPIC}/") for key in self._lanes if key[1] < 0}
+        try:
+            released = await self._processor.releasable(busy)
+        except InfrastructureUnavailable:
+            return
+        for pending in released:
+            self._lanes.setdefault(pending.lane, deque()).append(pending)
+        if released:
+            log.info("parked_released", records=len(released), keys=len({p.key for p in released}))
 
     async def _commit(self, consumer: AIOKafkaConsumer) -> None:
         """Commit what is terminal; on failure keep it and try again later (the inbox makes redelivery safe)."""
@@ -78,10 +173,14 @@ class ConsumerLoop:
                 del self._uncommitted[partition]
 
 
-class _LogAssignments(ConsumerRebalanceListener):  # type: ignore[misc]
-    """Log the partitions this member owns after each rebalance (operators and tests read it)."""
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Log the partitions this member owns after each rebalance, and drop revoked lanes."""
+
+    def __init__(self, loop: ConsumerLoop) -> None:
+        self._loop = loop
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        self._loop.forget(list(revoked))
         log.info("partitions_revoked", partitions=sorted(f"{tp.topic}/{tp.partition}" for tp in revoked))
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:

@@ -1,21 +1,23 @@
-"""The effectful shell around the failure state machine: takes fetched records to a terminal state.
+"""The effectful shell around the failure state machine: takes records one round closer to a terminal state.
 
-Per round, every record that is due is decoded, looked up and applied; all records that reached a
-terminal state in the round are written in ONE transaction (inbox row + order change + effects +
-outbox rows, or inbox row + quarantine row + envelope). Each record keeps its own guarantee inside the
-shared transaction: its inbox row is the proof it was applied once, and a record that fails is left out
-of the write instead of rolling back its neighbours. A failing record holds back the records behind it
-in its partition (blocking retry), never the other partitions.
+A round attempts every record that is due. All records that reach a terminal state in the round are
+written in ONE transaction (inbox row + order change + effects + outbox rows; or inbox row + quarantine row
++ envelope; or a parked row; or a hand-off to a retry tier). Each record keeps its own guarantee inside the
+shared transaction: its inbox row is the proof it was applied once, and a record that fails is left out of
+the write instead of rolling back its neighbours. A failing record holds back the records behind it in its
+lane (its partition, or its key's parked records), never other lanes.
+
+The consumer loop owns the lanes and the Kafka side; this class only decides and writes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections import defaultdict, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 import structlog
@@ -24,51 +26,66 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.adapters.customers import CustomersClient
 from service.config import Settings
 from service.domain import model
-from service.domain.codes import ErrorCode
-from service.domain.messages import DecodeFailure, OrderMessage, OrderPlacedV1, decode
+from service.domain.codes import ErrorCode, FailureKind
+from service.domain.messages import DecodeFailure, OrderMessage, OrderPlacedV1, decode, sequence_of
+from service.durations import format_duration
 from service.errors import InfrastructureUnavailable, RecordFailure
 from service.faults import crash_point
 from service.metrics import Metrics
+from service.policy import ordering, redelivery
+from service.policy.backpressure import BackpressurePolicy, pause_for
 from service.policy.classify import Action, Failure, classify
 from service.policy.envelope import event_headers, failure_envelope, iso
 from service.policy.owners import owner_for
 from service.policy.records import Coordinates, SourceRecord
 from service.policy.retry import AttemptHistory, RetryPolicy
 from service.stopping import sleep_unless_stopped
-from service.store import effects, inbox, orders, outbox, quarantine
+from service.store import effects, inbox, orders, outbox, parking, quarantine, retries
 from service.store.inbox import InboxRow
 from service.store.outbox import OutboxMessage
+from service.store.parking import ParkedRecord, StoredParked
 from service.store.quarantine import QuarantineRow
+from service.store.retries import RetryRow
 from service.store.uow import UnitOfWork
 
 log = structlog.get_logger("order_service.processor")
 
 Clock = Callable[[], datetime]
-OnTerminal = Callable[[Sequence[SourceRecord]], Awaitable[None]]
 
 _CUSTOMER_LOOKUP_CONCURRENCY = 16
 _MAX_CONFLICT_ROUNDS = 5
+PARKED_TOPIC = "(parked)"
 
 
 class Outcome(StrEnum):
-    """How a record ended."""
+    """How a record left the processor; all but HELD let its offset be committed."""
 
     PROCESSED = "processed"
     DUPLICATE = "duplicate"
     REJECTED = "rejected"
     QUARANTINED = "quarantined"
+    PARKED = "parked"
+    STALE = "stale"
+    RETRY_SCHEDULED = "retry_scheduled"
+    HELD = "held"
 
 
 @dataclass(eq=False)  # identity semantics: two deliveries of one message are two pending records
 class Pending:
-    """A fetched record on its way to a terminal state."""
+    """A fetched (or unparked) record on its way to a terminal state."""
 
     record: SourceRecord
     decoded: OrderMessage | DecodeFailure
     origin: Coordinates
+    origin_timestamp_ms: int
     history: AttemptHistory | None = None
-    due: float = 0.0  # loop time before which the record must not be attempted again
-    exhausted: ErrorCode | None = None  # set when the budget is spent: quarantine on the next write
+    in_tier: bool = False  # delivered from a retry tier (no blocking retries there)
+    parked_id: int | None = None  # came out of the parked table
+    due: float = 0.0  # loop time before which the record must not be attempted
+    backpressure: bool = False  # waiting because a downstream asked to slow down: pause the partition
+    verdict: ErrorCode | None = None  # budget spent: quarantine with this code on the next write
+    next_tier: timedelta | None = None  # hand over to the retry tier with this delay on the next write
+    last_code: ErrorCode | None = None
 
     @property
     def message_id(self) -> str:
@@ -81,11 +98,45 @@ class Pending:
         return None if isinstance(self.decoded, DecodeFailure) else self.decoded.order_id
 
     @property
+    def key(self) -> str | None:
+        """The ordering key: the record key, else the order id."""
+        return self.record.key_text or self.order_id
+
+    @property
     def schema_name(self) -> str | None:
         """The payload schema, when readable."""
-        if isinstance(self.decoded, DecodeFailure):
-            return self.decoded.schema_name
         return self.decoded.schema_name
+
+    @property
+    def thread(self) -> tuple[str, int, str]:
+        """What must stay in order: a key within a lane (a record without a key is a thread of its own)."""
+        return (*self.lane, self.key if self.key is not None else f"#{self.record.offset}")
+
+    @property
+    def lane(self) -> tuple[str, int]:
+        """Records of one lane are applied in order: a partition, or the parked records of one key."""
+        if self.parked_id is not None:
+            return (f"{PARKED_TOPIC}/{self.key}", -1)
+        return (self.record.topic, self.record.partition)
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What the database says about a round's records before anything is decided."""
+
+    seen: set[str]
+    exists: set[str]
+    steps: dict[str, int]
+    keys: dict[str, ordering.KeyState]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A round's inputs to the write: routes, database facts, and what the customer directory said."""
+
+    routes: dict[Pending, ordering.Route]
+    facts: _Facts
+    statuses: dict[str, model.CustomerStatus]
 
 
 @dataclass
@@ -98,6 +149,11 @@ class _Write:
     effects: list[model.Effect] = field(default_factory=list)
     messages: list[OutboxMessage] = field(default_factory=list)
     quarantined: list[QuarantineRow] = field(default_factory=list)
+    parked: list[ParkedRecord] = field(default_factory=list)
+    unparked: list[int] = field(default_factory=list)
+    retrying: list[RetryRow] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    blocks: list[tuple[str, str]] = field(default_factory=list)
     outcomes: list[tuple[Pending, Outcome, ErrorCode | None]] = field(default_factory=list)
 
 
@@ -106,7 +162,7 @@ class _Conflict(Exception):
 
 
 class Processor:
-    """Applies batches of source records; the Kafka loop only fetches and commits offsets."""
+    """Applies rounds of records; the Kafka loop fetches, keeps lanes and commits offsets."""
 
     def __init__(
         self,
@@ -114,6 +170,7 @@ class Processor:
         engine: AsyncEngine,
         customers: CustomersClient,
         policy: RetryPolicy,
+        backpressure: BackpressurePolicy,
         metrics: Metrics,
         clock: Clock,
         rng: random.Random,
@@ -122,47 +179,59 @@ class Processor:
         self._engine = engine
         self._customers = customers
         self._policy = policy
+        self._backpressure = backpressure
         self._metrics = metrics
         self._clock = clock
         self._rng = rng
         self._tenants = frozenset(settings.known_tenants)
         self._topics = settings.topics
+        self._consumer = settings.consumer_name
+        self._failing: dict[str, int] = defaultdict(int)  # consecutive transient failures per downstream
 
-    async def process(self, records: Sequence[SourceRecord], on_terminal: OnTerminal, stop: asyncio.Event) -> None:
-        """Take every record to a terminal state, calling `on_terminal` after each committed write.
+    def pending(self, record: SourceRecord) -> Pending:
+        """A fetched record as a Pending; a tier copy carries its origin and history in headers."""
+        pending = Pending(record, decode(record.value), record.coordinates, record.timestamp_ms)
+        copy = redelivery.parse(record) if record.topic.startswith(f"{self._topics.source}.retry.") else None
+        if copy is not None:
+            pending.origin = copy.origin
+            pending.origin_timestamp_ms = copy.origin_timestamp_ms
+            pending.history = copy.history
+            pending.in_tier = True
+            wait = (copy.due_at - self._clock()).total_seconds()
+            pending.due = asyncio.get_running_loop().time() + max(0.0, wait)
+        return pending
 
-        Returns early when `stop` is set: records still waiting for a retry are then not terminal, their
-        offsets stay uncommitted, and Kafka delivers them again to whoever owns the partition next.
+    def unparked(self, stored: StoredParked) -> Pending:
+        """A parked record, taken out to be applied now that its key is free."""
+        parked = stored.record
+        record = SourceRecord(
+            topic=parked.source_topic,
+            partition=parked.source_partition,
+            offset=parked.source_offset,
+            timestamp_ms=parked.timestamp_ms,
+            key=parked.order_key.encode(),
+            value=parked.value,
+            headers=tuple((name, value.encode()) for name, value in parked.headers),
+        )
+        pending = Pending(record, decode(record.value), record.coordinates, record.timestamp_ms)
+        pending.parked_id = stored.id
+        return pending
+
+    async def releasable(self, busy: set[str], keys: int = 50, per_key: int = 100) -> list[Pending]:
+        """Parked records of keys that are free again, oldest first; `busy` keys are already in memory."""
+        async with UnitOfWork(self._engine) as uow:
+            stored = await parking.releasable(uow.connection, self._consumer, exclude=busy, keys=keys, per_key=per_key)
+        return [self.unparked(row) for row in stored]
+
+    async def attempt(self, due: Sequence[Pending], stop: asyncio.Event) -> set[Pending]:
+        """Attempt the due records once; return those that left (committed), in any outcome.
+
+        Records that failed get a new `due`, `history`, `verdict` or `next_tier` for the next round.
         """
-        queues: dict[tuple[str, int], deque[Pending]] = defaultdict(deque)
-        for record in sorted(records, key=lambda r: (r.topic, r.partition, r.offset)):
-            queues[(record.topic, record.partition)].append(self._pending(record))
-        loop = asyncio.get_running_loop()
-        while any(queues.values()):
-            if stop.is_set():
-                return
-            now = loop.time()
-            due = [p for queue in queues.values() if queue and queue[0].due <= now for p in queue]
-            if not due:
-                wake = min(queue[0].due for queue in queues.values() if queue)
-                await sleep_unless_stopped(stop, wake - now)
-                continue
-            done = await self._round(due, stop)
-            for queue in queues.values():
-                while queue and queue[0] in done:
-                    queue.popleft()
-            if done:
-                await on_terminal([p.record for p in done])
-
-    def _pending(self, record: SourceRecord) -> Pending:
-        return Pending(record=record, decoded=decode(record.value), origin=record.coordinates)
-
-    async def _round(self, due: list[Pending], stop: asyncio.Event) -> set[Pending]:
-        """Attempt the due records once; return those that reached a terminal state (committed)."""
         delay = 1.0
         for _ in range(_MAX_CONFLICT_ROUNDS):
             try:
-                return await self._attempt(due)
+                return await self._attempt(list(due))
             except _Conflict:
                 continue
             except InfrastructureUnavailable:
@@ -175,107 +244,145 @@ class Processor:
         return set()
 
     async def _attempt(self, due: list[Pending]) -> set[Pending]:
-        async with UnitOfWork(self._engine) as uow:
-            seen = await inbox.known(uow.connection, self._settings.consumer_name, (p.message_id for p in due))
-            exists = await orders.existing(uow.connection, filter(None, (p.order_id for p in due)))
-        customers, failures = await self._look_up_customers(due, seen, exists)
-        ready = _ready(due, failures)
-        if not ready:
-            done: set[Pending] = set()
-        else:
+        facts = await self._facts(due)
+        routes = {p: self._route(p, facts) for p in due}
+        applicable = [p for p in due if routes[p] is ordering.Route.APPLY]
+        statuses, failures = await self._look_up_customers(applicable, facts)
+        ready = _ready(due, failures, hold_behind_tier=self._settings.ordering == "key")
+        done: set[Pending] = set()
+        plan = _Plan(routes, facts, statuses)
+        if ready:
             try:
-                done = await self._write(ready, seen, customers)
+                done = await self._write(ready, plan)
             except (_Conflict, InfrastructureUnavailable):
                 raise
             except Exception as error:
                 if len(ready) == 1:
                     log.debug("record_write_failed", message_id=ready[0].message_id, exc_info=error)
                     failures[ready[0]] = Failure(ErrorCode.UNEXPECTED_ERROR)
-                    done = set()
                 else:
                     # One bad record must not fail its neighbours: apply them one at a time.
-                    done = await self._write_one_by_one(ready, seen, customers, failures)
+                    done = await self._write_one_by_one(ready, plan, failures)
         await self._decide(due, failures)
         return done
 
+    async def _facts(self, due: list[Pending]) -> _Facts:
+        keys = {p.key for p in due if p.key} if self._settings.ordering == "key" else set()
+        async with UnitOfWork(self._engine) as uow:
+            c = uow.connection
+            seen = await inbox.known(c, self._consumer, (p.message_id for p in due))
+            exists = await orders.existing(c, filter(None, (p.order_id for p in due)))
+            steps = await retries.steps(c, self._consumer, (p.message_id for p in due))
+            heads = await retries.heads(c, self._consumer, keys)
+            blocked = await parking.blocked(c, self._consumer, keys)
+            with_parked = await parking.keys_with_parked(c, self._consumer, keys)
+        states = {
+            key: ordering.KeyState(heads.get(key), key in blocked, key in with_parked)
+            for key in heads.keys() | blocked | with_parked
+        }
+        return _Facts(seen, exists, steps, states)
+
+    def _route(self, pending: Pending, facts: _Facts) -> ordering.Route:
+        if pending.key is None or pending.in_tier:
+            return ordering.Route.APPLY
+        state = facts.keys.get(pending.key, ordering.KeyState())
+        return ordering.route(
+            self._settings.ordering, state, message_id=pending.message_id, from_parked=pending.parked_id is not None
+        )
+
+    def _is_duplicate(self, pending: Pending, facts: _Facts) -> bool:
+        """Already terminal, or already handed to a retry tier by an earlier copy (a crash between the
+        hand-off commit and the offset commit), or an old step of a record that moved on."""
+        if pending.message_id in facts.seen:
+            return True
+        step = facts.steps.get(pending.message_id)
+        if step is None:
+            return pending.in_tier  # a tier copy of a record that is terminal already
+        return not pending.in_tier or pending.history is None or pending.history.tier_step != step
+
+    async def _look_up_customers(
+        self, candidates: list[Pending], facts: _Facts
+    ) -> tuple[dict[str, model.CustomerStatus], dict[Pending, Failure]]:
+        """Ask the customer directory about the customers of new orders, concurrently, once per customer."""
+        wanted: dict[str, list[Pending]] = defaultdict(list)
+        for pending in candidates:
+            message = pending.decoded
+            if (
+                isinstance(message, OrderPlacedV1)
+                and pending.verdict is None
+                and pending.next_tier is None
+                and not self._is_duplicate(pending, facts)
+                and message.order_id not in facts.exists
+                and message.tenant in self._tenants
+            ):
+                wanted[message.customer_id].append(pending)
+        failures: dict[Pending, Failure] = {}
+        statuses: dict[str, model.CustomerStatus] = {}
+        if not wanted or not self._customers.enabled:
+            return statuses, failures
+        limit = asyncio.Semaphore(_CUSTOMER_LOOKUP_CONCURRENCY)
+        timeout = self._settings.processing_timeout.total_seconds()
+
+        async def look_up(customer_id: str) -> None:
+            async with limit:
+                try:
+                    async with asyncio.timeout(timeout):
+                        statuses[customer_id] = await self._customers.status(customer_id)
+                    self._failing[self._customers.downstream] = 0
+                    return
+                except TimeoutError:
+                    failure = Failure(ErrorCode.PROCESSING_TIMEOUT, downstream=self._customers.downstream)
+                except RecordFailure as error:
+                    failure = Failure(error.code, error.retry_after, error.downstream)
+                except Exception as error:
+                    log.debug("customer_lookup_failed", exc_info=error)
+                    failure = Failure(ErrorCode.UNEXPECTED_ERROR)
+                for pending in wanted[customer_id]:
+                    failures[pending] = failure
+
+        await asyncio.gather(*(look_up(customer_id) for customer_id in wanted))
+        return statuses, failures
+
     async def _write_one_by_one(
-        self,
-        ready: list[Pending],
-        seen: set[str],
-        customers: dict[str, model.CustomerStatus],
-        failures: dict[Pending, Failure],
+        self, ready: list[Pending], plan: _Plan, failures: dict[Pending, Failure]
     ) -> set[Pending]:
         done: set[Pending] = set()
-        blocked: set[tuple[str, int]] = set()
+        blocked: set[tuple[str, int, str]] = set()
         for pending in ready:
-            partition = (pending.record.topic, pending.record.partition)
-            if partition in blocked:
+            if pending.thread in blocked:
                 continue
             try:
-                done |= await self._write([pending], seen, customers)
+                done |= await self._write([pending], plan)
             except (_Conflict, InfrastructureUnavailable):
                 raise
             except Exception as error:
                 log.debug("record_write_failed", message_id=pending.message_id, exc_info=error)
                 failures[pending] = Failure(ErrorCode.UNEXPECTED_ERROR)
-                blocked.add(partition)
+                blocked.add(pending.thread)
         return done
 
-    async def _look_up_customers(
-        self, due: list[Pending], seen: set[str], exists: set[str]
-    ) -> tuple[dict[str, model.CustomerStatus], dict[Pending, Failure]]:
-        """Ask the customer directory about the customers of new orders, concurrently, once per customer."""
-        wanted: dict[str, list[Pending]] = defaultdict(list)
-        for pending in due:
-            message = pending.decoded
-            if (
-                isinstance(message, OrderPlacedV1)
-                and pending.exhausted is None
-                and pending.message_id not in seen
-                and message.order_id not in exists
-                and message.tenant in self._tenants
-            ):
-                wanted[message.customer_id].append(pending)
-        statuses: dict[str, model.CustomerStatus] = {}
-        failures: dict[Pending, Failure] = {}
-        if not wanted or not self._customers.enabled:
-            return statuses, failures
-        limit = asyncio.Semaphore(_CUSTOMER_LOOKUP_CONCURRENCY)
-
-        async def look_up(customer_id: str) -> None:
-            async with limit:
-                try:
-                    statuses[customer_id] = await self._customers.status(customer_id)
-                except RecordFailure as error:
-                    for pending in wanted[customer_id]:
-                        failures[pending] = Failure(error.code, error.retry_after)
-                except Exception as error:
-                    log.debug("customer_lookup_failed", exc_info=error)
-                    for pending in wanted[customer_id]:
-                        failures[pending] = Failure(ErrorCode.UNEXPECTED_ERROR)
-
-        await asyncio.gather(*(look_up(customer_id) for customer_id in wanted))
-        return statuses, failures
-
-    async def _write(
-        self, ready: list[Pending], seen: set[str], customers: dict[str, model.CustomerStatus]
-    ) -> set[Pending]:
+    async def _write(self, ready: list[Pending], plan: _Plan) -> set[Pending]:
         """Apply the ready records in one transaction and commit it."""
         async with UnitOfWork(self._engine) as uow:
-            connection = uow.connection
-            current = await orders.lock(connection, filter(None, (p.order_id for p in ready)))
-            write = self._plan(ready, seen, customers, current)
-            consumer = self._settings.consumer_name
-            inserted = await inbox.add(connection, consumer, write.inbox_rows)
+            c = uow.connection
+            applied = (p.order_id for p in ready if plan.routes[p] is ordering.Route.APPLY)
+            current = await orders.lock(c, filter(None, applied))
+            write = self._plan(ready, plan, current)
+            inserted = await inbox.add(c, self._consumer, write.inbox_rows)
             if len(inserted) != len(write.inbox_rows):
                 raise _Conflict
-            created = await orders.create(connection, write.created)
+            created = await orders.create(c, write.created)
             if len(created) != len(write.created):
                 raise _Conflict
-            await orders.update(connection, write.changed)
-            await effects.add(connection, write.effects)
-            await quarantine.add(connection, consumer, write.quarantined)
-            await outbox.add(connection, write.messages)
+            await orders.update(c, write.changed)
+            await effects.add(c, write.effects)
+            await quarantine.add(c, self._consumer, write.quarantined)
+            await outbox.add(c, write.messages)
+            await parking.park(c, self._consumer, write.parked)
+            await parking.unpark(c, write.unparked)
+            await parking.block(c, self._consumer, write.blocks)
+            await retries.upsert(c, self._consumer, write.retrying)
+            await retries.finish(c, self._consumer, write.finished)
             await uow.commit()
         crash_point("after-commit", self._settings.fault_crash_at)
         for pending, outcome, code in write.outcomes:
@@ -284,51 +391,70 @@ class Processor:
                 log.info(
                     f"record_{outcome.value}",
                     message_id=pending.message_id,
-                    failure_id=pending.origin.failure_id if outcome is Outcome.QUARANTINED else None,
+                    failure_id=pending.origin.failure_id if pending.history or code else None,
                     error_code=code.value if code else None,
+                    key=pending.key if outcome in (Outcome.PARKED, Outcome.HELD) else None,
                     trace_id=pending.record.trace_id,
                 )
         return {pending for pending, _, _ in write.outcomes}
 
-    def _plan(
-        self,
-        ready: list[Pending],
-        seen: set[str],
-        customers: dict[str, model.CustomerStatus],
-        current: dict[str, model.Order],
-    ) -> _Write:
-        """Decide, in memory and in partition order, what each ready record writes."""
+    def _plan(self, ready: list[Pending], plan: _Plan, current: dict[str, model.Order]) -> _Write:
+        """Decide, in memory and in lane order, what each ready record writes."""
         write = _Write()
         state = dict(current)
         touched: dict[str, None] = {}  # insertion-ordered set of changed order ids
-        applied_ids = set(seen)
+        seen_now: set[str] = set()
+        facts = plan.facts
         for pending in ready:
-            if pending.message_id in applied_ids:
-                write.outcomes.append((pending, Outcome.DUPLICATE, None))
+            route = plan.routes[pending]
+            if route is ordering.Route.HOLD:
+                write.outcomes.append((pending, Outcome.HELD, None))
                 continue
-            applied_ids.add(pending.message_id)
+            if self._is_duplicate(pending, facts) or pending.message_id in seen_now:
+                self._leave(write, pending, Outcome.DUPLICATE, None)
+                continue
+            seen_now.add(pending.message_id)
+            if route is ordering.Route.PARK:
+                self._park(write, pending)
+                continue
             message = pending.decoded
-            if pending.exhausted is not None:
-                self._quarantine(write, pending, pending.exhausted)
-                continue
-            if isinstance(message, DecodeFailure):
+            if pending.next_tier is not None:
+                self._to_tier(write, pending)
+            elif pending.verdict is not None:
+                self._quarantine(write, pending, pending.verdict)
+            elif isinstance(message, DecodeFailure):
                 self._quarantine(write, pending, message.code)
-                continue
-            context = model.Context(self._tenants, _customer_status(customers, message))
-            result = model.apply(message, state.get(message.order_id), context)
-            if isinstance(result, model.Rejected):
-                self._reject(write, pending, result.code)
-                continue
-            state[message.order_id] = result.order
-            touched[message.order_id] = None
-            write.effects.extend(result.effects)
-            write.messages.extend(self._event(pending, event) for event in result.events)
-            write.inbox_rows.append(self._inbox_row(pending, "processed", None))
-            write.outcomes.append((pending, Outcome.PROCESSED, None))
+            else:
+                before = state.get(message.order_id)
+                if before is not None and ordering.is_stale(
+                    self._settings.ordering, sequence_of(message), before.sequence
+                ):
+                    write.inbox_rows.append(self._inbox_row(pending, "processed", None))
+                    self._leave(write, pending, Outcome.STALE, None)
+                    continue
+                customer = _customer_status(plan.statuses, message)
+                result = model.apply(message, before, model.Context(self._tenants, customer))
+                if isinstance(result, model.Rejected):
+                    self._reject(write, pending, result.code)
+                    continue
+                state[message.order_id] = result.order
+                touched[message.order_id] = None
+                write.effects.extend(result.effects)
+                write.messages.extend(self._event(pending, event) for event in result.events)
+                write.inbox_rows.append(self._inbox_row(pending, "processed", None))
+                self._leave(write, pending, Outcome.PROCESSED, None)
         # An order created and changed in the same round is inserted once, in its final state.
         write.created = [state[order_id] for order_id in touched if order_id not in current]
         write.changed = [state[order_id] for order_id in touched if order_id in current]
         return write
+
+    def _leave(self, write: _Write, pending: Pending, outcome: Outcome, code: ErrorCode | None) -> None:
+        """Book-keeping every departing record shares: out of the parked table and the retry table."""
+        if pending.parked_id is not None:
+            write.unparked.append(pending.parked_id)
+        if pending.in_tier and outcome is not Outcome.DUPLICATE:
+            write.finished.append(pending.message_id)
+        write.outcomes.append((pending, outcome, code))
 
     def _inbox_row(self, pending: Pending, status: str, code: ErrorCode | None) -> InboxRow:
         origin = pending.origin
@@ -344,14 +470,64 @@ class Processor:
         )
 
     def _event(self, pending: Pending, event: model.Event) -> OutboxMessage:
-        document = {
-            "type": event.type,
-            "orderId": event.order_id,
-            "messageId": pending.message_id,
-            **event.payload,
-        }
+        document = {"type": event.type, "orderId": event.order_id, "messageId": pending.message_id, **event.payload}
         headers = event_headers(pending.message_id, event.type, pending.record.trace_id)
         return OutboxMessage.json(self._topics.events, event.order_id, headers, document)
+
+    def _park(self, write: _Write, pending: Pending) -> None:
+        assert pending.key is not None
+        record = pending.record
+        write.parked.append(
+            ParkedRecord(
+                order_key=pending.key,
+                message_id=pending.message_id,
+                source_topic=record.topic,
+                source_partition=record.partition,
+                source_offset=record.offset,
+                timestamp_ms=record.timestamp_ms,
+                value=record.value,
+                headers=[[name, value.decode("utf-8", "replace")] for name, value in record.headers],
+            )
+        )
+        write.outcomes.append((pending, Outcome.PARKED, None))
+
+    def _to_tier(self, write: _Write, pending: Pending) -> None:
+        """Hand the record to its next retry tier: a copy on `<source>.retry.<delay>` via the outbox."""
+        assert pending.history is not None
+        assert pending.next_tier is not None
+        assert pending.last_code is not None
+        history = pending.history.sent_to_tier()
+        due_at = self._clock() + pending.next_tier
+        headers = redelivery.tier_headers(
+            pending.record,
+            pending.message_id,
+            pending.origin,
+            pending.origin_timestamp_ms,
+            history,
+            due_at,
+            pending.last_code,
+        )
+        topic = self._topics.retry(format_duration(pending.next_tier))
+        value = pending.record.value or b""
+        write.messages.append(
+            OutboxMessage(topic, pending.key, {name: v.decode("utf-8", "replace") for name, v in headers}, value)
+        )
+        write.retrying.append(
+            RetryRow(
+                message_id=pending.message_id,
+                order_key=pending.key,
+                failure_id=pending.origin.failure_id,
+                attempts=history.attempts,
+                tier_step=history.tier_step,
+                first_failed_at=history.first_failed_at,
+                last_failed_at=history.last_failed_at,
+                due_at=due_at,
+                error_code=pending.last_code.value,
+            )
+        )
+        if pending.parked_id is not None:
+            write.unparked.append(pending.parked_id)
+        write.outcomes.append((pending, Outcome.RETRY_SCHEDULED, pending.last_code))
 
     def _reject(self, write: _Write, pending: Pending, code: ErrorCode) -> None:
         origin = pending.origin
@@ -364,13 +540,10 @@ class Processor:
             "source": {"topic": origin.topic, "partition": origin.partition, "offset": origin.offset},
             "rejectedAt": iso(self._clock()),
         }
-        headers = {
-            **event_headers(pending.message_id, "order.rejected", pending.record.trace_id),
-            "error-code": code,
-        }
+        headers = {**event_headers(pending.message_id, "order.rejected", pending.record.trace_id), "error-code": code}
         write.messages.append(OutboxMessage.json(self._topics.rejected, pending.order_id, headers, document))
         write.inbox_rows.append(self._inbox_row(pending, "rejected", code))
-        write.outcomes.append((pending, Outcome.REJECTED, code))
+        self._leave(write, pending, Outcome.REJECTED, code)
 
     def _quarantine(self, write: _Write, pending: Pending, code: ErrorCode) -> None:
         now = self._clock()
@@ -378,12 +551,13 @@ class Processor:
         envelope = failure_envelope(
             pending.record,
             pending.origin,
-            consumer=self._settings.consumer_name,
+            consumer=self._consumer,
             history=history,
             code=code,
             payload_schema=pending.schema_name,
+            timestamp_ms=pending.origin_timestamp_ms,
         )
-        key = pending.record.key_text or pending.order_id
+        key = pending.key
         write.messages.append(OutboxMessage.json(self._topics.quarantine, key, envelope.headers(), envelope.document))
         write.quarantined.append(
             QuarantineRow(
@@ -400,11 +574,14 @@ class Processor:
                 last_failed_at=history.last_failed_at,
             )
         )
+        # A head that waited in a retry tier and is now quarantined keeps its key held (ORDERS_ORDERING=key).
+        if pending.in_tier and key is not None and self._settings.ordering == "key":
+            write.blocks.append((key, envelope.failure_id))
         write.inbox_rows.append(self._inbox_row(pending, "quarantined", code))
-        write.outcomes.append((pending, Outcome.QUARANTINED, code))
+        self._leave(write, pending, Outcome.QUARANTINED, code)
 
     async def _decide(self, due: list[Pending], failures: dict[Pending, Failure]) -> None:
-        """Run `classify` on each failed record and schedule its next step."""
+        """Apply backpressure or run `classify` on each failed record, and schedule its next step."""
         if not failures:
             return
         now = self._clock()
@@ -413,10 +590,21 @@ class Processor:
             failure = failures.get(pending)
             if failure is None:
                 continue
+            self._metrics.failure(failure.code.value)
+            if failure.downstream and failure.code.kind is FailureKind.TRANSIENT:
+                self._failing[failure.downstream] += 1
+            pause = pause_for(failure, self._failing[failure.downstream or ""], self._backpressure)
+            if pause is not None:
+                # Backpressure: the downstream asked us to wait. Wait, without spending an attempt.
+                pending.due = loop_now + pause.total_seconds()
+                pending.backpressure = True
+                await self._log_pause(pending, failure, pause)
+                continue
+            pending.backpressure = False
             history = pending.history.failed_again(now) if pending.history else AttemptHistory.first(now)
             pending.history = history
-            decision = classify(failure, history, self._policy, now, self._rng)
-            self._metrics.failure(failure.code.value)
+            pending.last_code = failure.code
+            decision = classify(failure, history, self._policy, now, self._rng, in_tier=pending.in_tier)
             log.info(
                 "record_failed",
                 message_id=pending.message_id,
@@ -429,28 +617,62 @@ class Processor:
             )
             if decision.action is Action.RETRY and decision.delay is not None:
                 pending.due = loop_now + decision.delay.total_seconds()
+            elif decision.action is Action.RETRY_LATER:
+                pending.next_tier = decision.delay
+                pending.due = loop_now
             else:
-                pending.exhausted = decision.code
+                pending.verdict = decision.code
                 pending.due = loop_now
 
+    async def _log_pause(self, pending: Pending, failure: Failure, pause: timedelta) -> None:
+        self._metrics.pause(failure.downstream or "unknown")
+        log.warning(
+            "backpressure_pause",
+            topic=pending.record.topic,
+            partition=pending.record.partition,
+            downstream=failure.downstream,
+            error_code=failure.code.value,
+            pause_seconds=pause.total_seconds(),
+            message_id=pending.message_id,
+        )
+        try:
+            async with UnitOfWork(self._engine) as uow:
+                await parking.log_pause(
+                    uow.connection,
+                    self._consumer,
+                    pending.record.topic,
+                    pending.record.partition,
+                    failure.downstream,
+                    failure.code.value,
+                    pause.total_seconds(),
+                )
+                await uow.commit()
+        except InfrastructureUnavailable:
+            log.warning("database_unavailable", what="pause log")
 
-def _customer_status(customers: dict[str, model.CustomerStatus], message: OrderMessage) -> model.CustomerStatus:
+
+def _customer_status(statuses: dict[str, model.CustomerStatus], message: OrderMessage) -> model.CustomerStatus:
     """What the directory said about a new order's customer; active when it was not asked (lookups disabled)."""
     if isinstance(message, OrderPlacedV1):
-        return customers.get(message.customer_id, model.CustomerStatus.ACTIVE)
+        return statuses.get(message.customer_id, model.CustomerStatus.ACTIVE)
     return model.CustomerStatus.ACTIVE
 
 
-def _ready(due: list[Pending], failures: dict[Pending, Failure]) -> list[Pending]:
-    """The records that can be written now: in each partition, those before its first failed record."""
-    blocked: set[tuple[str, int]] = set()
+def _ready(due: list[Pending], failures: dict[Pending, Failure], *, hold_behind_tier: bool) -> list[Pending]:
+    """The records that can be written now: all but a failed record and the records of its key behind it.
+
+    Under key ordering, the records behind a record that is handed to a retry tier in this round wait for the
+    next round too, where they find the key held and are parked.
+    """
+    blocked: set[tuple[str, int, str]] = set()
     ready = []
     for pending in due:
-        partition = (pending.record.topic, pending.record.partition)
-        if partition in blocked:
+        if pending.thread in blocked:
             continue
         if pending in failures:
-            blocked.add(partition)
+            blocked.add(pending.thread)
             continue
         ready.append(pending)
+        if hold_behind_tier and pending.next_tier is not None:
+            blocked.add(pending.thread)
     return ready

@@ -78,8 +78,12 @@ def test_without_any_variable_the_contract_defaults_apply() -> None:
     assert settings.customers_url is None
     assert settings.payments_url is None
     assert settings.emails_url is None
-    assert settings.max_attempts >= 1
-    assert settings.max_elapsed > timedelta(0)
+    # Unset budget: build_policy derives it from the retry tiers (test_retry_schedule.py pins the values).
+    assert settings.max_attempts is None
+    assert settings.max_elapsed is None
+    assert settings.blocking_attempts == 3
+    assert settings.blocking_elapsed == timedelta(seconds=5)
+    assert settings.processing_timeout == timedelta(seconds=30)
 
 
 @pytest.mark.parametrize(
@@ -96,6 +100,10 @@ def test_without_any_variable_the_contract_defaults_apply() -> None:
         ("ORDERS_DEDUP_WINDOW", "7d", "dedup_window", timedelta(days=7)),
         ("ORDERS_MAX_ATTEMPTS", "8", "max_attempts", 8),
         ("ORDERS_MAX_ELAPSED", "2m", "max_elapsed", timedelta(minutes=2)),
+        ("ORDERS_BLOCKING_ATTEMPTS", "1", "blocking_attempts", 1),
+        ("ORDERS_BLOCKING_ATTEMPTS", "100", "blocking_attempts", 100),
+        ("ORDERS_BLOCKING_ELAPSED", "500ms", "blocking_elapsed", timedelta(milliseconds=500)),
+        ("ORDERS_PROCESSING_TIMEOUT", "2m", "processing_timeout", timedelta(minutes=2)),
         ("ORDERS_KNOWN_TENANTS", " acme , umbrella,,", "known_tenants", ("acme", "umbrella")),
         ("ORDERS_KNOWN_TENANTS", "acme", "known_tenants", ("acme",)),
         ("ORDERS_METRICS_PORT", "9200", "metrics_port", 9200),
@@ -134,6 +142,14 @@ def test_an_explicit_override_wins_over_the_environment(monkeypatch: pytest.Monk
         ("ORDERS_MAX_ELAPSED", "0s"),
         ("ORDERS_MAX_ELAPSED", "forever"),
         ("ORDERS_MAX_ELAPSED", "99999999999d"),
+        ("ORDERS_BLOCKING_ATTEMPTS", "0"),
+        ("ORDERS_BLOCKING_ATTEMPTS", "101"),
+        ("ORDERS_BLOCKING_ATTEMPTS", "few"),
+        ("ORDERS_BLOCKING_ELAPSED", "0s"),
+        ("ORDERS_BLOCKING_ELAPSED", "briefly"),
+        ("ORDERS_PROCESSING_TIMEOUT", "0s"),
+        ("ORDERS_PROCESSING_TIMEOUT", "30"),
+        ("ORDERS_PROCESSING_TIMEOUT", "99999999999d"),
         ("ORDERS_ORDERING", "strict"),
         ("ORDERS_ORDERING", "KEY"),
         ("ORDERS_DEDUP_WINDOW", "19s"),
@@ -170,6 +186,9 @@ def test_an_invalid_variable_stops_start_up_with_one_line_naming_it(
         ("ORDERS_RETRY_TIERS", "rocketMQ", ["rocketmq"]),
         ("ORDERS_CUSTOMERS_URL", "ftp://customers.internal", ["http://", "https://"]),
         ("ORDERS_METRICS_PORT", "70000", ["65535"]),
+        ("ORDERS_BLOCKING_ATTEMPTS", "101", ["100"]),
+        ("ORDERS_BLOCKING_ELAPSED", "briefly", ["500ms", "30s", "7d"]),
+        ("ORDERS_PROCESSING_TIMEOUT", "0s", ["longer than 0"]),
     ],
 )
 def test_the_message_names_the_allowed_values(

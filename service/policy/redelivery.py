@@ -1,0 +1,100 @@
+"""The headers a record carries through the retry tiers: its original identity and its attempt history.
+
+A tier copy keeps the original key, value and headers, and adds:
+`message-id` (the original message id), `failure-id` (the original coordinates, `topic/partition/offset`),
+`origin-timestamp`, `retry-attempt`, `retry-step`, `first-failed-at`, `last-failed-at`, `retry-due-at`
+(epoch milliseconds) and `error-code`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from service.domain.codes import ErrorCode
+from service.policy.records import Coordinates, SourceRecord
+from service.policy.retry import AttemptHistory
+
+_OURS = frozenset(
+    {
+        "message-id",
+        "failure-id",
+        "origin-timestamp",
+        "retry-attempt",
+        "retry-step",
+        "first-failed-at",
+        "last-failed-at",
+        "retry-due-at",
+        "error-code",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Redelivery:
+    """What a tier copy says about the record it stands for."""
+
+    origin: Coordinates
+    origin_timestamp_ms: int
+    history: AttemptHistory
+    due_at: datetime
+
+
+def _ms(moment: datetime) -> bytes:
+    return str(round(moment.timestamp() * 1000)).encode()
+
+
+def _count(value: str | None) -> int:
+    """A non-negative decimal integer header; anything else is garbled."""
+    if value is None or not value.isdigit() or len(value) > 18:
+        raise ValueError("not a count")
+    return int(value)
+
+
+def _moment(value: str | None) -> datetime:
+    return datetime.fromtimestamp(_count(value) / 1000, tz=UTC)
+
+
+def tier_headers(
+    record: SourceRecord,
+    message_id: str,
+    origin: Coordinates,
+    origin_timestamp_ms: int,
+    history: AttemptHistory,
+    due_at: datetime,
+    code: ErrorCode,
+) -> list[tuple[str, bytes]]:
+    """Headers of the copy sent to a retry tier; the record's own headers are kept (traceparent)."""
+    kept = [(name, value) for name, value in record.headers if name not in _OURS]
+    return [
+        *kept,
+        ("message-id", message_id.encode()),
+        ("failure-id", origin.failure_id.encode()),
+        ("origin-timestamp", str(origin_timestamp_ms).encode()),
+        ("retry-attempt", str(history.attempts).encode()),
+        ("retry-step", str(history.tier_step).encode()),
+        ("first-failed-at", _ms(history.first_failed_at)),
+        ("last-failed-at", _ms(history.last_failed_at)),
+        ("retry-due-at", _ms(due_at)),
+        ("error-code", code.value.encode()),
+    ]
+
+
+def parse(record: SourceRecord) -> Redelivery | None:
+    """Read the tier headers of a record; None when they are missing or malformed."""
+    try:
+        topic, partition, offset = (record.header("failure-id") or "").rsplit("/", 2)
+        history = AttemptHistory(
+            attempts=_count(record.header("retry-attempt")),
+            first_failed_at=_moment(record.header("first-failed-at")),
+            last_failed_at=_moment(record.header("last-failed-at")),
+            tier_step=_count(record.header("retry-step")),
+        )
+        return Redelivery(
+            origin=Coordinates(topic, _count(partition), _count(offset)),
+            origin_timestamp_ms=_count(record.header("origin-timestamp")),
+            history=history,
+            due_at=_moment(record.header("retry-due-at")),
+        )
+    except (ValueError, OverflowError, OSError):
+        return None

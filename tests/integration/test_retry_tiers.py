@@ -1,0 +1,228 @@
+"""Non-blocking retry tiers, per-key ordering and backpressure on real Kafka and PostgreSQL.
+
+Tier delays are shortened by configuration (1s, 2s); outcomes are awaited by polling, never by sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.config import Settings
+from service.testing.downstream import Downstream
+from tests.integration.test_consumer import _committed, placed
+from tests.support import ROOT, ServiceProcess, Topics, env_for, eventually, produce, read_topic, rows, running, scalar
+from tests.support import settings_for as base_settings
+
+
+def settings_for(database_url: str, kafka: str, topics: Topics, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "retry_tiers": "1s,2s",
+        "blocking_attempts": 2,
+        "blocking_elapsed": "2s",
+        "max_attempts": None,
+        "max_elapsed": "60s",
+    }
+    return base_settings(database_url, kafka, topics, **(values | overrides))
+
+
+def cancelled(order_id: str) -> dict[str, Any]:
+    return {"schema": "order.cancelled.v1", "order_id": order_id, "reason": "changed my mind"}
+
+
+async def test_a_spent_blocking_budget_puts_exactly_one_copy_on_the_first_tier_even_across_a_crash(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream, tmp_path: Path
+) -> None:
+    # Given a customer directory that is down for one customer, and a consumer that dies (SIGKILL) right
+    # after the transaction that hands the record to the first tier, before the source offset commit
+    downstream.fail_next("customers.get", times=1000, status=503, key="c-down")
+    await produce(kafka, topics.source, [("R-1", placed("R-1", customer="c-down"), {})], partition=0)
+    settings = settings_for(database_url, kafka, topics, customers_url=downstream.url)
+    doomed = ServiceProcess("consume", settings, tmp_path / "doomed.log", {"ORDERS_FAULT_CRASH_AT": "after-commit"})
+    assert doomed.wait() == -9
+    assert await scalar(engine, f"SELECT count(*) FROM outbox WHERE topic = '{topics.retry('1s')}'") == 1
+    assert not await _committed(kafka, settings.consumer_name, topics.source, 0, 1)
+
+    # When a healthy consumer and a relay take over, and the record runs through every tier
+    async with running(settings, "consumer_loop", "relay"):
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM quarantine"), timeout=60)
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL"))
+
+    # Then the redelivered source record was recognised: one copy per tier, one quarantine
+    assert len(await read_topic(kafka, topics.retry("1s"), expect=1, timeout=5)) == 1
+    assert len(await read_topic(kafka, topics.retry("2s"), expect=1, timeout=5)) == 1
+    assert len(await read_topic(kafka, topics.quarantine, expect=1, timeout=5)) == 1
+    assert await scalar(engine, "SELECT count(*) FROM retries") == 0
+
+
+async def test_a_record_that_always_fails_passes_every_tier_and_is_quarantined_once_with_its_origin(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a record whose customer lookup always fails
+    downstream.fail_next("customers.get", times=1000, status=503, key="c-down")
+    await produce(kafka, topics.source, [("R-2", placed("R-2", customer="c-down"), {})], partition=1)
+    settings = settings_for(database_url, kafka, topics, customers_url=downstream.url)
+
+    # When the service runs until it gives up
+    async with running(settings, "consumer_loop", "relay"):
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM quarantine"), timeout=60)
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL"))
+
+    # Then it was tried 2 times in place and once per tier, and quarantined once with its source coordinates
+    [row] = await rows(engine, "SELECT * FROM quarantine")
+    envelope = row["envelope"]
+    assert row["error_code"] == envelope["errorCode"] == "DOWNSTREAM_UNAVAILABLE_EXHAUSTED"
+    assert row["attempts"] == envelope["attempt"] == 4
+    assert row["failure_id"] == envelope["failureId"] == f"{topics.source}/1/0"
+    assert envelope["source"]["topic"] == topics.source
+    first, last = (datetime.fromisoformat(envelope[k]) for k in ("firstFailedAt", "lastFailedAt"))
+    assert (last - first).total_seconds() >= 3  # the 1s and 2s tiers lie between them
+    assert downstream.calls("customers.get", "c-down") == 4
+    tier_copies = await read_topic(kafka, topics.retry("1s"), expect=1, timeout=5)
+    headers = {name: value.decode() for name, value in tier_copies[0].headers}
+    assert headers["failure-id"] == f"{topics.source}/1/0"
+    assert headers["retry-attempt"] == "2"
+    assert len(await read_topic(kafka, topics.quarantine, expect=1, timeout=5)) == 1
+    assert await scalar(engine, "SELECT status FROM inbox") == "quarantined"
+
+
+async def test_under_key_ordering_a_later_record_waits_behind_its_retrying_key_and_others_flow(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given K's placement failing three times (two blocking attempts and the first tier), then succeeding,
+    # K's cancellation right behind it, and other keys behind both on the same partition
+    downstream.fail_next("customers.get", times=3, status=503, key="c-flaky")
+    records = [
+        ("K", placed("K", customer="c-flaky"), {}),
+        ("K", cancelled("K"), {}),
+        *((f"L-{n}", placed(f"L-{n}", customer=f"c-{n}"), {}) for n in range(3)),
+    ]
+    await produce(kafka, topics.source, records, partition=0)
+    settings = settings_for(database_url, kafka, topics, customers_url=downstream.url)
+
+    # When the service runs
+    async with running(settings, "consumer_loop", "relay"):
+        # Then K's cancellation is parked while K waits in a tier, and the other keys are applied meanwhile
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM parked WHERE order_key = 'K'"))
+        assert await scalar(engine, "SELECT count(*) FROM orders WHERE order_id LIKE 'L-%'") == 3
+        assert await scalar(engine, "SELECT count(*) FROM orders WHERE order_id = 'K'") == 0
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 5 FROM inbox"), timeout=60)
+
+    # And once K's head succeeds, the cancellation is applied after it, in order
+    assert await rows(engine, "SELECT status FROM orders WHERE order_id = 'K'") == [{"status": "cancelled"}]
+    applied = await rows(engine, "SELECT message_id, status FROM inbox ORDER BY processed_at, source_offset")
+    assert [row["message_id"] for row in applied][-2:] == [f"{topics.source}/0/0", f"{topics.source}/0/1"]
+    assert {row["status"] for row in applied} == {"processed"}
+    assert await scalar(engine, "SELECT count(*) FROM parked") == 0
+    assert await scalar(engine, "SELECT count(*) FROM effects WHERE order_id = 'K'") == 2
+
+
+async def test_a_quarantined_head_keeps_its_key_parked_until_an_operator_releases_it(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given K's placement that never succeeds, and K's cancellation behind it
+    downstream.fail_next("customers.get", times=1000, status=503, key="c-down")
+    records = [("K", placed("K", customer="c-down"), {}), ("K", cancelled("K"), {"message-id": "K.2/cancel"})]
+    await produce(kafka, topics.source, records, partition=2)
+    settings = settings_for(database_url, kafka, topics, customers_url=downstream.url)
+
+    async with running(settings, "consumer_loop", "relay"):
+        # When the head is quarantined
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM quarantine"), timeout=60)
+        # Then K stays parked, and `parked list` says why
+        listed = json.loads(_cli(settings, "parked", "list", "--json").stdout)
+        assert [(item["order_key"], item["parked"], item["blocked_by"]) for item in listed] == [
+            ("K", 1, f"{topics.source}/2/0")
+        ]
+        assert await scalar(engine, "SELECT count(*) FROM inbox WHERE message_id = 'K.2/cancel'") == 0
+
+        # When an operator releases the key
+        released = _cli(settings, "parked", "release", "K", "--json")
+        assert json.loads(released.stdout) == {"key": "K", "released": True}
+
+        # Then the parked record is applied (its order never existed, so it is rejected), and K is free
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM inbox WHERE message_id = 'K.2/cancel'"))
+    assert await scalar(engine, "SELECT error_code FROM inbox WHERE message_id = 'K.2/cancel'") == "ORDER_NOT_FOUND"
+    assert await scalar(engine, "SELECT count(*) FROM parked") == 0
+    assert await scalar(engine, "SELECT count(*) FROM key_blocks") == 0
+
+
+async def test_unordered_mode_applies_a_later_record_before_a_retrying_earlier_one(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given K's placement failing through the blocking phase, and K's cancellation behind it
+    downstream.fail_next("customers.get", times=2, status=503, key="c-flaky")
+    records = [("K", placed("K", customer="c-flaky"), {}), ("K", cancelled("K"), {})]
+    await produce(kafka, topics.source, records, partition=0)
+    settings = settings_for(database_url, kafka, topics, customers_url=downstream.url, ordering="unordered")
+
+    # When the service runs
+    async with running(settings, "consumer_loop", "relay"):
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 2 FROM inbox"), timeout=60)
+
+    # Then the cancellation overtook the placement (and found no order): the documented reordering
+    applied = await rows(engine, "SELECT source_offset, status, error_code FROM inbox ORDER BY processed_at")
+    assert applied == [
+        {"source_offset": 1, "status": "rejected", "error_code": "ORDER_NOT_FOUND"},
+        {"source_offset": 0, "status": "processed", "error_code": None},
+    ]
+    assert await scalar(engine, "SELECT count(*) FROM parked") == 0
+
+
+async def test_versioned_mode_skips_a_record_older_than_the_applied_sequence(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics
+) -> None:
+    # Given a placement (sequence 1), a shipment (sequence 3), then a late cancellation (sequence 2)
+    shipped = {"schema": "order.shipped.v1", "order_id": "V", "carrier": "dhl", "tracking_number": "1", "sequence": 3}
+    late = {**cancelled("V"), "sequence": 2}
+    await produce(kafka, topics.source, [("V", placed("V"), {}), ("V", shipped, {}), ("V", late, {})], partition=0)
+    settings = settings_for(database_url, kafka, topics, ordering="versioned")
+
+    # When the service runs
+    async with running(settings, "consumer_loop"):
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 3 FROM inbox"))
+
+    # Then the stale cancellation changed nothing and caused no refund
+    assert await rows(engine, "SELECT status, sequence FROM orders") == [{"status": "shipped", "sequence": 3}]
+    assert await scalar(engine, "SELECT count(*) FROM effects WHERE kind = 'payment.refund'") == 0
+    assert await scalar(engine, "SELECT count(*) FROM inbox WHERE status = 'processed'") == 3
+
+
+async def test_a_lookup_that_overruns_the_processing_timeout_fails_as_processing_timeout(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a customer directory that answers once after 3 s, with a processing timeout of 1 s
+    downstream.delay_next("customers.get", times=1, seconds=3)
+    await produce(kafka, topics.source, [("T-1", placed("T-1"), {})], partition=0)
+    settings = settings_for(
+        database_url, kafka, topics, customers_url=downstream.url, processing_timeout="1s", http_timeout="10s"
+    )
+
+    # When the service runs
+    async with running(settings, "consumer_loop") as container:
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM inbox"), timeout=30)
+        metrics = container.metrics().registry
+
+    # Then the slow attempt counted as PROCESSING_TIMEOUT, and the retry applied the order
+    assert metrics.get_sample_value("orders_failures_total", {"error_code": "PROCESSING_TIMEOUT"}) == 1
+    assert await scalar(engine, "SELECT status FROM inbox") == "processed"
+
+
+def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "service", *args],
+        cwd=ROOT,
+        env=env_for(settings),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
