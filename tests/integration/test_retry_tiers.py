@@ -214,6 +214,80 @@ async def test_a_lookup_that_overruns_the_processing_timeout_fails_as_processing
     assert await scalar(engine, "SELECT status FROM inbox") == "processed"
 
 
+async def test_a_downstream_kept_down_slows_the_consumer_down_and_it_recovers_when_it_is_back(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream, tmp_path: Path
+) -> None:
+    # Given a customer directory that is down, and orders arriving on one partition
+    downstream.fail_next("customers.get", times=10_000, status=503)
+    await produce(kafka, topics.source, [(f"P-{n}", placed(f"P-{n}", customer=f"c-{n}"), {}) for n in range(4)], 0)
+    settings = settings_for(database_url, kafka, topics, customers_url=downstream.url, max_elapsed="120s")
+    service = ServiceProcess("run", settings, tmp_path / "service.log")
+    try:
+        # When failures pile up, fetching pauses instead of spending attempts, for longer and longer
+        await eventually(lambda: scalar(engine, "SELECT count(*) >= 2 FROM pauses"), timeout=60)
+        lag_before = await _lag(kafka, settings.consumer_name, topics.source)
+        await produce(kafka, topics.source, [(f"Q-{n}", placed(f"Q-{n}", customer=f"d-{n}"), {}) for n in range(6)], 0)
+        lag_after = await _lag(kafka, settings.consumer_name, topics.source)
+        pauses = await rows(engine, "SELECT seconds, error_code, downstream FROM pauses ORDER BY id")
+
+        # And when the directory is back, everything is applied and the lag drains
+        downstream.clear_faults()
+        await eventually(
+            lambda: scalar(engine, "SELECT count(*) = 10 FROM inbox WHERE status = 'processed'"), timeout=120
+        )
+        await eventually(lambda: _lag_is(kafka, settings.consumer_name, topics.source, 0), timeout=30)
+    finally:
+        assert service.terminate() == 0
+
+    # Then the pauses grew, were logged and recorded, the lag grew meanwhile, and nothing was quarantined
+    assert {(p["error_code"], p["downstream"]) for p in pauses} == {("DOWNSTREAM_UNAVAILABLE", "customers")}
+    assert [p["seconds"] for p in pauses] == sorted(p["seconds"] for p in pauses)
+    assert pauses[-1]["seconds"] > pauses[0]["seconds"]
+    assert lag_after > lag_before >= 1
+    assert '"backpressure_pause"' in service.log()
+    intervals = _retry_intervals(service.log(), f"{topics.source}/0/0")
+    assert intervals == sorted(intervals)
+    assert len(intervals) >= 2
+    assert await scalar(engine, "SELECT count(*) FROM quarantine") == 0
+
+
+async def _lag(bootstrap: str, group: str, topic: str) -> int:
+    """How many records of the topic's partition 0 the group has not committed yet."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    partition = TopicPartition(topic, 0)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        committed = (await admin.list_consumer_group_offsets(group)).get(partition)
+    finally:
+        await admin.close()
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        end = (await consumer.end_offsets([partition]))[partition]
+    finally:
+        await consumer.stop()
+    return int(end - (committed.offset if committed and committed.offset >= 0 else 0))
+
+
+async def _lag_is(bootstrap: str, group: str, topic: str, value: int) -> bool:
+    return await _lag(bootstrap, group, topic) == value
+
+
+def _retry_intervals(log: str, message_id: str) -> list[float]:
+    """The waits chosen between attempts of one record: backoff and tier delays, and backpressure pauses."""
+    waits = []
+    for line in log.splitlines():
+        if '"record_failed"' in line or '"backpressure_pause"' in line:
+            event = json.loads(line)
+            wait = event.get("retry_in_seconds") or event.get("pause_seconds")
+            if event["message_id"] == message_id and wait is not None:
+                waits.append(wait)
+    return waits
+
+
 def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
         [sys.executable, "-m", "service", *args],
