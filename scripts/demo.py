@@ -122,8 +122,8 @@ class Demo:
             "ORDERS_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
             "ORDERS_SOURCE_TOPIC": self.topic,
             "ORDERS_CONSUMER_NAME": "order-service-demo",
-            "ORDERS_MAX_ATTEMPTS": "4",
-            "ORDERS_MAX_ELAPSED": "6s",
+            "ORDERS_RETRY_TIERS": "1s,2s",
+            "ORDERS_MAX_ELAPSED": "8s",
             "ORDERS_METRICS_PORT": "0",
         }
         return env | extra
@@ -199,7 +199,8 @@ class Demo:
         await admin.start()
         try:
             names = [self.topic] + [
-                f"{self.topic}.{suffix}" for suffix in ("quarantine", "rejected", "events", "reprocess")
+                f"{self.topic}.{suffix}"
+                for suffix in ("quarantine", "rejected", "events", "reprocess", "retry.1s", "retry.2s")
             ]
             await admin.create_topics([NewTopic(name, 3, 1) for name in names])
         finally:
@@ -284,8 +285,9 @@ class Demo:
         row("service exit code after SIGTERM", 0, service_exit)
         console.print(table)
         console.print(
-            f"customer lookups: {lookups}, including 3 transient failures retried inside the blocking budget and "
-            "the lookups of one order whose directory stayed down until its budget ran out."
+            f"customer lookups: {lookups}: two 429s (Retry-After: 1) were waited out as backpressure, one 503 was"
+            " retried in place, and one order's directory stayed down through the 1s and 2s retry tiers and"
+            " backpressure pauses until its 8s budget ran out."
         )
         console.print("effects stay [bold]pending[/bold] here: executing them is the effect worker's job.")
         if mismatches:

@@ -594,8 +594,12 @@ class Processor:
             if failure.downstream and failure.code.kind is FailureKind.TRANSIENT:
                 self._failing[failure.downstream] += 1
             pause = pause_for(failure, self._failing[failure.downstream or ""], self._backpressure)
-            if pause is not None:
-                # Backpressure: the downstream asked us to wait. Wait, without spending an attempt.
+            started = pending.history.first_failed_at if pending.history else now
+            budget = self._policy.for_kind(failure.code.kind).total.max_elapsed
+            if pause is not None and (now + pause) - started <= budget:
+                # Backpressure: the downstream asked us to wait. Wait without spending an attempt; the elapsed
+                # budget still runs, so a downstream that never comes back still ends in quarantine.
+                pending.history = pending.history or AttemptHistory(0, now, now)
                 pending.due = loop_now + pause.total_seconds()
                 pending.backpressure = True
                 await self._log_pause(pending, failure, pause)
