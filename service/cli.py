@@ -20,6 +20,7 @@ from service import logs
 from service.config import ConfigurationError, Settings, load_settings
 from service.containers import Container
 from service.durations import parse_duration
+from service.errors import InfrastructureUnavailable
 from service.store import parking, quarantine
 from service.store.uow import UnitOfWork
 
@@ -30,7 +31,8 @@ Configuration comes from environment variables (see README): ORDERS_DATABASE_URL
 ORDERS_KAFKA_BOOTSTRAP_SERVERS, ORDERS_CONSUMER_NAME, ORDERS_SOURCE_TOPIC, ORDERS_RETRY_TIERS,
 ORDERS_MAX_ATTEMPTS, ORDERS_MAX_ELAPSED, ORDERS_ORDERING, ORDERS_DEDUP_WINDOW, ORDERS_CUSTOMERS_URL,
 ORDERS_PAYMENTS_URL, ORDERS_EMAILS_URL, ORDERS_KNOWN_TENANTS, ORDERS_METRICS_PORT, ORDERS_HTTP_TIMEOUT,
-ORDERS_BATCH_SIZE, ORDERS_RELAY_BATCH_SIZE, ORDERS_LOG_LEVEL."""
+ORDERS_BATCH_SIZE, ORDERS_RELAY_BATCH_SIZE, ORDERS_LOG_LEVEL, ORDERS_BLOCKING_ATTEMPTS,
+ORDERS_BLOCKING_ELAPSED, ORDERS_PROCESSING_TIMEOUT, ORDERS_EFFECT_LEASE, ORDERS_EFFECT_MAX_ATTEMPTS."""
 
 app = typer.Typer(
     name="order-service",
@@ -131,10 +133,46 @@ def relay() -> None:
 
 
 @app.command()
-def run() -> None:
-    """Consume and relay in one process."""
+def effects() -> None:
+    """Execute pending external effects (payments, emails) until stopped."""
     settings = _settings()
-    asyncio.run(_serve(settings, "consumer_loop", "relay"))
+    asyncio.run(_serve(settings, "effect_worker"))
+
+
+@app.command()
+def run() -> None:
+    """Consume, relay and execute effects in one process (one metrics port for all)."""
+    settings = _settings()
+    asyncio.run(_serve(settings, "consumer_loop", "relay", "effect_worker"))
+
+
+@app.command()
+def reconcile(
+    max_seconds: Annotated[
+        float, typer.Option(min=1, help="Time budget of the pass; the rest waits for the next.")
+    ] = 60,
+) -> None:
+    """One pass for cron: resolve uncertain and stale effects, purge expired inbox rows. Exit 0 unless it failed."""
+    settings = _settings()
+
+    async def once(_: asyncio.Event) -> Any:
+        container = Container(settings=settings)
+        await container.init_resources()  # type: ignore[misc]
+        try:
+            reconciler = await _provide(container, "reconciler")
+            return await reconciler.run_once(max_seconds)
+        finally:
+            await container.shutdown_resources()  # type: ignore[misc]
+
+    try:
+        summary = _run(once)
+    except InfrastructureUnavailable:
+        typer.echo("reconcile: failed: database unavailable", err=True)
+        raise typer.Exit(1) from None
+    if summary is None:
+        typer.echo("reconcile: another reconcile run holds the lock; nothing to do")
+        return
+    typer.echo(summary.line())
 
 
 async def _read(settings: Settings, query: Callable[[Any], Awaitable[T]], *, commit: bool = False) -> T:

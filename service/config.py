@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from service.durations import FORMAT_HINT, parse_duration
+from service.durations import FORMAT_HINT, format_duration, parse_duration
+from service.policy.retry import Budget, RetryPolicy, build_policy
 
 ENV_PREFIX = "ORDERS_"
 
@@ -27,6 +28,9 @@ Duration = Annotated[timedelta, BeforeValidator(_to_timedelta), AfterValidator(_
 
 DEDUP_WINDOW_MIN = timedelta(seconds=20)
 DEDUP_WINDOW_MAX = timedelta(days=7)
+# Beyond the retry horizon, a record may still come again: a consumer restart redelivers uncommitted offsets,
+# and a tier copy waits for the relay and the consumer. The window covers that with this margin (or 10%).
+DEDUP_MARGIN = timedelta(seconds=10)
 
 
 class Settings(BaseSettings):
@@ -44,6 +48,8 @@ class Settings(BaseSettings):
     blocking_attempts: int = Field(default=3, ge=1, le=100)
     blocking_elapsed: Duration = timedelta(seconds=5)
     processing_timeout: Duration = timedelta(seconds=30)
+    effect_lease: Duration = timedelta(seconds=30)
+    effect_max_attempts: int = Field(default=8, ge=1, le=1000)
     ordering: Literal["key", "versioned", "unordered"] = "key"
     dedup_window: Duration = timedelta(days=7)
     customers_url: str | None = None
@@ -106,6 +112,31 @@ class Settings(BaseSettings):
             raise ValueError("must be a SQLAlchemy URL starting with postgresql+asyncpg://")
         return value
 
+    @model_validator(mode="after")
+    def _check_together(self) -> Settings:
+        if self.effect_lease <= self.http_timeout:
+            timeout = format_duration(self.http_timeout)
+            raise ValueError(f"{ENV_PREFIX}EFFECT_LEASE: must be longer than ORDERS_HTTP_TIMEOUT ({timeout})")
+        horizon = self.retry_policy().horizon
+        margin = max(DEDUP_MARGIN, horizon / 10)
+        if self.dedup_window < horizon + margin:
+            raise ValueError(
+                f"{ENV_PREFIX}DEDUP_WINDOW: {format_duration(self.dedup_window)} is shorter than the retry horizon "
+                f"{format_duration(horizon)} plus a margin of {format_duration(margin)}; raise it, or shorten "
+                f"ORDERS_MAX_ELAPSED / ORDERS_RETRY_TIERS"
+            )
+        return self
+
+    def retry_policy(self) -> RetryPolicy:
+        """The retry plan these settings describe (tiers, budgets, documented defaults)."""
+        return build_policy(
+            self.retry_tiers,
+            self.ordering,
+            max_attempts=self.max_attempts,
+            max_elapsed=self.max_elapsed,
+            blocking=Budget(self.blocking_attempts, self.blocking_elapsed),
+        )
+
     @property
     def topics(self) -> Topics:
         """The topic names derived from the source topic (contract §4)."""
@@ -135,11 +166,11 @@ def describe_validation_error(error: ValidationError) -> str:
     """Turn pydantic's report into one line per contract §2: the variable, the value's problem, what is allowed."""
     parts = []
     for item in error.errors():
-        field = str(item["loc"][0]) if item["loc"] else "?"
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] in {"timedelta_parsing", "timedelta_type"}:
             message = f"must be {FORMAT_HINT}"
-        parts.append(f"{ENV_PREFIX}{field.upper()}: {message}")
+        # A check across fields names its variable itself; a field check is named by its field.
+        parts.append(f"{ENV_PREFIX}{str(item['loc'][0]).upper()}: {message}" if item["loc"] else message)
     return "invalid configuration: " + "; ".join(parts)
 
 

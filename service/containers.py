@@ -16,14 +16,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.adapters import kafka
 from service.adapters.customers import CustomersClient
+from service.adapters.providers import EmailsClient, PaymentsClient
 from service.config import Settings
 from service.health import HealthServer
 from service.metrics import Metrics
 from service.policy.backpressure import BackpressurePolicy
-from service.policy.retry import Budget, RetryPolicy, build_policy
+from service.policy.effects import EffectPolicy
+from service.policy.retry import RetryPolicy
 from service.store.uow import create_engine
 from service.worker.consumer import ConsumerLoop
+from service.worker.effects import EffectWorker
 from service.worker.processor import Processor
+from service.worker.reconciler import Reconciler
 from service.worker.relay import Relay
 
 
@@ -42,13 +46,7 @@ async def _http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
 
 
 def _policy(settings: Settings) -> RetryPolicy:
-    return build_policy(
-        settings.retry_tiers,
-        settings.ordering,
-        max_attempts=settings.max_attempts,
-        max_elapsed=settings.max_elapsed,
-        blocking=Budget(settings.blocking_attempts, settings.blocking_elapsed),
-    )
+    return settings.retry_policy()
 
 
 def _utcnow() -> datetime:
@@ -88,6 +86,9 @@ class Container(containers.DeclarativeContainer):
     backpressure = providers.Singleton(BackpressurePolicy)
 
     customers = providers.Factory(CustomersClient, http=http, base_url=settings.provided.customers_url)
+    payments = providers.Factory(PaymentsClient, http=http, base_url=settings.provided.payments_url)
+    emails = providers.Factory(EmailsClient, http=http, base_url=settings.provided.emails_url)
+    effect_policy = providers.Singleton(EffectPolicy, max_attempts=settings.provided.effect_max_attempts)
     processor = providers.Factory(
         Processor,
         settings=settings,
@@ -108,6 +109,25 @@ class Container(containers.DeclarativeContainer):
         make_consumer=kafka_consumer.provider,
         topics=providers.Callable(_topics, settings, policy),
         batch_size=settings.provided.batch_size,
+    )
+    effect_worker = providers.Factory(
+        EffectWorker,
+        settings=settings,
+        engine=engine,
+        payments=payments,
+        emails=emails,
+        policy=effect_policy,
+        metrics=metrics,
+        rng=rng,
+    )
+    reconciler = providers.Factory(
+        Reconciler,
+        settings=settings,
+        engine=engine,
+        payments=payments,
+        emails=emails,
+        policy=effect_policy,
+        metrics=metrics,
     )
     relay = providers.Factory(
         Relay, settings=settings, engine=engine, metrics=metrics, make_producer=kafka_producer.provider

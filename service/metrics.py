@@ -36,11 +36,21 @@ class Metrics:
             ["downstream"],
             registry=self.registry,
         )
+        self.effect_outcomes = Counter(
+            "orders_effect_outcomes",
+            "Effect attempts and look-ups, by the state the effect moved to.",
+            ["state"],
+            registry=self.registry,
+        )
         self.outbox_pending = Gauge("orders_outbox_pending", "Outbox rows not yet published.", registry=self.registry)
 
     def pause(self, downstream: str) -> None:
         """Count one backpressure pause."""
         self.pauses.labels(downstream=downstream).inc()
+
+    def effect(self, state: str) -> None:
+        """Count one effect outcome by the state it moved to."""
+        self.effect_outcomes.labels(state=state).inc()
 
     def record(self, outcome: str, error_code: str | None) -> None:
         """Count one terminal record; quarantines and rejections also count under their code."""

@@ -37,8 +37,16 @@ def migrate(host: str, port: int, user: str, dbname: str, password: str | None =
     command.upgrade(config, "head")
 
 
-postgresql_noproc = factories.postgresql_noproc(host=PG_HOST, port=PG_PORT, user="postgres", load=[migrate])
-postgresql = factories.postgresql("postgresql_noproc", dbname="order_service_test")
+postgresql_noproc = factories.postgresql_noproc(
+    host=PG_HOST,
+    port=PG_PORT,
+    user="postgres",
+    dbname=os.environ.get("ORDERS_TEST_DBNAME", "order_service_test"),
+    load=[migrate],
+)
+postgresql = factories.postgresql(
+    "postgresql_noproc", dbname=os.environ.get("ORDERS_TEST_DBNAME", "order_service_test")
+)
 
 
 @pytest.fixture

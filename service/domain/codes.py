@@ -36,6 +36,12 @@ class ErrorCode(StrEnum):
 
     UNEXPECTED_ERROR = "UNEXPECTED_ERROR"
 
+    PAYMENT_DECLINED = "PAYMENT_DECLINED"
+    PROVIDER_REJECTED = "PROVIDER_REJECTED"
+    NOT_FOUND_AFTER_RECONCILE = "NOT_FOUND_AFTER_RECONCILE"
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+    CAPTURE_FAILED = "CAPTURE_FAILED"
+
     RATE_LIMITED_EXHAUSTED = "RATE_LIMITED_EXHAUSTED"
     DOWNSTREAM_UNAVAILABLE_EXHAUSTED = "DOWNSTREAM_UNAVAILABLE_EXHAUSTED"
     DOWNSTREAM_TIMEOUT_EXHAUSTED = "DOWNSTREAM_TIMEOUT_EXHAUSTED"
@@ -69,6 +75,12 @@ _KINDS: dict[ErrorCode, FailureKind] = {
     ErrorCode.DOWNSTREAM_UNREACHABLE: FailureKind.TRANSIENT,
     ErrorCode.PROCESSING_TIMEOUT: FailureKind.TRANSIENT,
     ErrorCode.UNEXPECTED_ERROR: FailureKind.UNKNOWN,
+    # Effect outcomes: the provider's permanent answer, or what the reconciler concluded.
+    ErrorCode.PAYMENT_DECLINED: FailureKind.REJECTED,
+    ErrorCode.PROVIDER_REJECTED: FailureKind.REJECTED,
+    ErrorCode.NOT_FOUND_AFTER_RECONCILE: FailureKind.REJECTED,
+    ErrorCode.OUTCOME_UNKNOWN: FailureKind.REJECTED,
+    ErrorCode.CAPTURE_FAILED: FailureKind.REJECTED,
     # An exhausted code is where a retryable failure ends: it is terminal like invalid input.
     ErrorCode.RATE_LIMITED_EXHAUSTED: FailureKind.INVALID,
     ErrorCode.DOWNSTREAM_UNAVAILABLE_EXHAUSTED: FailureKind.INVALID,

@@ -1,14 +1,36 @@
-"""The effects ledger: external calls recorded in the business transaction, executed later."""
+"""The effects ledger: external calls recorded in the business transaction, executed later.
+
+Claiming is by state with FOR UPDATE SKIP LOCKED and a lease, never by an id cursor; a worker that dies
+leaves its claim behind, and the reconciler takes it back when the lease has expired.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
+from sqlalchemy import text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.domain.model import Effect
+from service.policy.effects import EffectDecision
 from service.store.tables import effects
+
+
+@dataclass(frozen=True)
+class EffectRow:
+    """An effect as the worker and the reconciler see it."""
+
+    idempotency_key: str
+    order_id: str
+    kind: str
+    payload: dict[str, Any]
+    attempts: int
+    reconcile_count: int
+    capture_state: str | None  # for a refund: the state of the order's capture
 
 
 async def add(connection: AsyncConnection, new: Sequence[Effect]) -> None:
@@ -20,3 +42,106 @@ async def add(connection: AsyncConnection, new: Sequence[Effect]) -> None:
         for e in new
     ]
     await connection.execute(insert(effects).values(rows).on_conflict_do_nothing())
+
+
+_CAPTURE_STATE = """
+    (SELECT c.state FROM effects c WHERE c.order_id = e.order_id AND c.kind = 'payment.capture') AS capture_state
+"""
+
+_CLAIM = text(
+    f"""
+    UPDATE effects e
+    SET state = 'in_flight', lease_owner = :owner, lease_until = now() + :lease,
+        attempts = e.attempts + 1, updated_at = now()
+    WHERE e.idempotency_key IN (
+        SELECT p.idempotency_key FROM effects p
+        WHERE p.state = 'pending' AND p.next_attempt_at <= now()
+          -- A refund waits until its capture is resolved (sent or failed).
+          AND (p.kind <> 'payment.refund' OR NOT EXISTS (
+                SELECT 1 FROM effects c
+                WHERE c.order_id = p.order_id AND c.kind = 'payment.capture' AND c.state NOT IN ('sent', 'failed')))
+        ORDER BY p.next_attempt_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED)
+    RETURNING e.idempotency_key, e.order_id, e.kind, e.payload, e.attempts, e.reconcile_count, {_CAPTURE_STATE}
+    """
+)
+
+
+def _row(row: Any) -> EffectRow:
+    return EffectRow(
+        row.idempotency_key,
+        row.order_id,
+        row.kind,
+        dict(row.payload),
+        row.attempts,
+        row.reconcile_count,
+        row.capture_state,
+    )
+
+
+async def claim(connection: AsyncConnection, owner: str, lease: timedelta, limit: int) -> list[EffectRow]:
+    """Lease up to `limit` due pending effects to `owner`."""
+    result = await connection.execute(_CLAIM, {"owner": owner, "lease": lease, "limit": limit})
+    return [_row(row) for row in result]
+
+
+async def settle(
+    connection: AsyncConnection, key: str, decision: EffectDecision, *, from_state: str, owner: str | None = None
+) -> bool:
+    """Move an effect to its next state, only if it is still where we left it; False when it is not."""
+    result = await connection.execute(
+        text(
+            """
+            UPDATE effects
+            SET state = :state,
+                provider_ref = COALESCE(:reference, provider_ref),
+                last_error_code = :code,
+                next_attempt_at = now() + :retry_in,
+                reconcile_count = reconcile_count + :reconciled,
+                lease_owner = NULL, lease_until = NULL, updated_at = now()
+            WHERE idempotency_key = :key AND state = :from_state
+              AND (CAST(:owner AS text) IS NULL OR lease_owner = :owner)
+            """
+        ),
+        {
+            "state": decision.state,
+            "reference": decision.reference,
+            "code": decision.code.value if decision.code else None,
+            "retry_in": decision.retry_in or timedelta(0),
+            "reconciled": 1 if from_state == "uncertain" and decision.state == "pending" else 0,
+            "key": key,
+            "from_state": from_state,
+            "owner": owner,
+        },
+    )
+    return bool(result.rowcount)
+
+
+async def expire_leases(connection: AsyncConnection) -> list[str]:
+    """Claims whose lease ran out (the worker died mid-call) become uncertain: only a look-up can tell."""
+    result = await connection.execute(
+        text(
+            """
+            UPDATE effects SET state = 'uncertain', last_error_code = 'OUTCOME_UNKNOWN',
+                               lease_owner = NULL, lease_until = NULL, updated_at = now()
+            WHERE state = 'in_flight' AND lease_until < now()
+            RETURNING idempotency_key
+            """
+        )
+    )
+    return list(result.scalars())
+
+
+async def uncertain(connection: AsyncConnection, limit: int) -> list[EffectRow]:
+    """Uncertain effects, oldest first."""
+    result = await connection.execute(
+        text(
+            f"""
+            SELECT e.idempotency_key, e.order_id, e.kind, e.payload, e.attempts, e.reconcile_count, {_CAPTURE_STATE}
+            FROM effects e WHERE e.state = 'uncertain' ORDER BY e.updated_at LIMIT :limit
+            """
+        ),
+        {"limit": limit},
+    )
+    return [_row(row) for row in result]

@@ -96,6 +96,7 @@ effects = Table(
     Column("provider_ref", Text),
     Column("last_error_code", Text),
     Column("lease_until", DateTime(timezone=True)),
+    Column("lease_owner", Text),
     Column("next_attempt_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
@@ -194,4 +195,16 @@ pauses = Table(
     Column("seconds", Float, nullable=False),
     Column("paused_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index("ix_pauses_paused_at", "paused_at"),
+)
+
+# One row per reconciler pass: operators and the "reconciler not run" alert read the last one.
+reconcile_runs = Table(
+    "reconcile_runs",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("summary", JSONB, nullable=False),
+    Index("ix_reconcile_runs_finished_at", "finished_at"),
 )

@@ -95,7 +95,6 @@ def test_without_any_variable_the_contract_defaults_apply() -> None:
         ("ORDERS_RETRY_TIERS", "rocketmq", "retry_tiers", "rocketmq"),
         ("ORDERS_ORDERING", "versioned", "ordering", "versioned"),
         ("ORDERS_ORDERING", "unordered", "ordering", "unordered"),
-        ("ORDERS_DEDUP_WINDOW", "20s", "dedup_window", timedelta(seconds=20)),
         ("ORDERS_DEDUP_WINDOW", "1h", "dedup_window", timedelta(hours=1)),
         ("ORDERS_DEDUP_WINDOW", "7d", "dedup_window", timedelta(days=7)),
         ("ORDERS_MAX_ATTEMPTS", "8", "max_attempts", 8),
@@ -265,3 +264,44 @@ def test_each_default_retry_tier_names_its_topic_with_the_duration_as_written() 
     names = [settings.topics.retry(format_duration(parse_duration(tier))) for tier in settings.retry_tiers.split(",")]
 
     assert names == ["orders.retry.30s", "orders.retry.5m"]
+
+
+def test_the_shortest_dedup_window_is_accepted_when_the_retry_horizon_fits_in_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No tiers and a 5 s blocking budget: 5 s horizon + 10 s margin fit in 20 s.
+    monkeypatch.setenv("ORDERS_RETRY_TIERS", "")
+    monkeypatch.setenv("ORDERS_DEDUP_WINDOW", "20s")
+
+    assert load_settings().dedup_window == timedelta(seconds=20)
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        (
+            {"ORDERS_DEDUP_WINDOW": "20s"},
+            "invalid configuration: ORDERS_DEDUP_WINDOW: 20s is shorter than the retry horizon 15m plus a margin "
+            "of 90s; raise it, or shorten ORDERS_MAX_ELAPSED / ORDERS_RETRY_TIERS",
+        ),
+        (
+            {"ORDERS_DEDUP_WINDOW": "1h", "ORDERS_RETRY_TIERS": "rocketmq"},
+            "invalid configuration: ORDERS_DEDUP_WINDOW: 1h is shorter than the retry horizon 1d plus a margin "
+            "of 144m; raise it, or shorten ORDERS_MAX_ELAPSED / ORDERS_RETRY_TIERS",
+        ),
+        (
+            {"ORDERS_EFFECT_LEASE": "2s"},
+            "invalid configuration: ORDERS_EFFECT_LEASE: must be longer than ORDERS_HTTP_TIMEOUT (2s)",
+        ),
+    ],
+)
+def test_a_window_shorter_than_the_retry_horizon_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, variables: dict[str, str], expected: str
+) -> None:
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings()
+
+    assert str(refused.value) == expected

@@ -1,0 +1,119 @@
+"""The effect state machine: what a provider's answer (or a reconciler's look-up) means for an effect row.
+
+pending ──claim──▶ in_flight ──answer──▶ sent | failed | pending (retry later) | uncertain
+in_flight ──lease expired (a crashed worker)──▶ uncertain
+uncertain ──look-up──▶ sent (found) | pending (not found, at most `max_reconciles` times) | failed
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+
+from service.domain.codes import ErrorCode
+
+
+@dataclass(frozen=True)
+class Sent:
+    """The provider did it; `reference` is its id (payment id, email id)."""
+
+    reference: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A permanent answer (402, 422): the effect will never succeed."""
+
+    code: ErrorCode
+
+
+@dataclass(frozen=True)
+class NotSent:
+    """A transient failure before the provider acted (429, 5xx, connection refused): safe to try again."""
+
+    code: ErrorCode
+    retry_after: timedelta | None = None
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """The request may have been acted on (timeout after sending, connection cut mid-request)."""
+
+    code: ErrorCode
+
+
+CallOutcome = Sent | Refused | NotSent | Unknown
+
+
+@dataclass(frozen=True)
+class Found:
+    """The provider's look-up knows the effect."""
+
+    reference: str
+
+
+@dataclass(frozen=True)
+class Missing:
+    """The provider's look-up does not know the effect: it never happened."""
+
+
+@dataclass(frozen=True)
+class LookupFailed:
+    """The look-up itself failed; the effect stays uncertain until the next reconcile."""
+
+    code: ErrorCode
+
+
+LookupOutcome = Found | Missing | LookupFailed
+
+
+@dataclass(frozen=True)
+class EffectPolicy:
+    """Retry budget of effect calls, and how often the reconciler may send a not-found effect back."""
+
+    max_attempts: int = 8
+    base_delay: timedelta = timedelta(seconds=1)
+    max_delay: timedelta = timedelta(minutes=5)
+    max_reconciles: int = 3
+
+
+@dataclass(frozen=True)
+class EffectDecision:
+    """The next state of an effect row."""
+
+    state: str
+    code: ErrorCode | None = None
+    reference: str | None = None
+    retry_in: timedelta | None = None
+
+
+def after_call(outcome: CallOutcome, attempts: int, policy: EffectPolicy, rng: random.Random) -> EffectDecision:
+    """Decide an effect's state from the provider's answer to attempt number `attempts`."""
+    if isinstance(outcome, Sent):
+        return EffectDecision("sent", reference=outcome.reference)
+    if isinstance(outcome, Refused):
+        return EffectDecision("failed", outcome.code)
+    if isinstance(outcome, Unknown):
+        return EffectDecision("uncertain", outcome.code)
+    if attempts >= policy.max_attempts:
+        return EffectDecision("failed", outcome.code.exhausted())
+    ceiling: timedelta = min(policy.max_delay, policy.base_delay * 2 ** min(attempts - 1, 32))
+    delay = ceiling / 2 + ceiling / 2 * rng.random()
+    if outcome.retry_after is not None:
+        delay = max(delay, outcome.retry_after)
+    return EffectDecision("pending", outcome.code, retry_in=delay)
+
+
+def after_lookup(outcome: LookupOutcome, reconciles: int, policy: EffectPolicy) -> EffectDecision | None:
+    """Decide an uncertain effect's state from a look-up; None leaves it uncertain for the next run.
+
+    `reconciles` counts the times it was already sent back to pending as not found.
+    """
+    if isinstance(outcome, Found):
+        return EffectDecision("sent", reference=outcome.reference)
+    if isinstance(outcome, LookupFailed):
+        return None
+    if reconciles >= policy.max_reconciles:
+        return EffectDecision("failed", ErrorCode.NOT_FOUND_AFTER_RECONCILE)
+    return EffectDecision("pending", ErrorCode.OUTCOME_UNKNOWN, retry_in=timedelta(0))

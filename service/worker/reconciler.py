@@ -1,0 +1,190 @@
+"""The reconciler: one bounded pass for cron. It takes back expired effect leases, resolves uncertain effects
+through the providers' look-ups, and purges inbox (and published outbox) rows older than the dedup window.
+
+Only one pass runs at a time: a PostgreSQL advisory lock; a second concurrent run returns at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+
+import structlog
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from service.adapters.providers import EmailsClient, PaymentsClient
+from service.config import Settings
+from service.domain.codes import ErrorCode
+from service.metrics import Metrics
+from service.policy.effects import EffectPolicy, LookupFailed, LookupOutcome, after_lookup
+from service.store import effects
+from service.store.effects import EffectRow
+from service.store.tables import reconcile_runs
+from service.store.uow import UnitOfWork, translated_errors
+from service.worker.effects import record_outcome
+
+log = structlog.get_logger("order_service.reconciler")
+
+_PURGE_BATCH = 1000
+_LOOKUP_BATCH = 100
+
+
+@dataclass
+class Summary:
+    """What one pass did."""
+
+    leases_expired: int = 0
+    resolved_sent: int = 0
+    sent_back_to_pending: int = 0
+    failed: int = 0
+    still_uncertain: int = 0
+    inbox_purged: int = 0
+    outbox_purged: int = 0
+    seconds: float = 0.0
+    complete: bool = True  # False when the time budget ended the pass early
+
+    def line(self) -> str:
+        """The one-line summary printed for cron logs."""
+        return (
+            f"reconcile: {self.leases_expired} expired leases taken back; uncertain effects: "
+            f"{self.resolved_sent} sent, {self.sent_back_to_pending} back to pending, {self.failed} failed, "
+            f"{self.still_uncertain} still uncertain; purged {self.inbox_purged} inbox and {self.outbox_purged} "
+            f"outbox rows; {self.seconds:.2f}s" + ("" if self.complete else " (time budget reached, run again)")
+        )
+
+
+class Reconciler:
+    """One pass; `run_once` returns None when another pass holds the lock."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: AsyncEngine,
+        payments: PaymentsClient,
+        emails: EmailsClient,
+        policy: EffectPolicy,
+        metrics: Metrics,
+    ) -> None:
+        self._settings = settings
+        self._engine = engine
+        self._payments = payments
+        self._emails = emails
+        self._policy = policy
+        self._metrics = metrics
+
+    async def run_once(self, max_seconds: float) -> Summary | None:
+        """Run one pass within `max_seconds`, or return None at once if another pass is running."""
+        started = datetime.now(UTC)
+        clock = time.monotonic()
+        deadline = clock + max_seconds
+        async with translated_errors(), self._engine.connect() as lock:
+            # A session-level lock on a connection of its own: held for the pass, released even on a crash.
+            key = f"order-service:reconcile:{self._settings.consumer_name}"
+            got = (await lock.execute(text("SELECT pg_try_advisory_lock(hashtext(:key))"), {"key": key})).scalar()
+            await lock.commit()
+            if not got:
+                return None
+            try:
+                summary = Summary()
+                await self._expire(summary)
+                await self._resolve(summary, deadline)
+                await self._purge(summary, deadline)
+                summary.seconds = time.monotonic() - clock
+                await self._record(started, summary)
+                return summary
+            finally:
+                await lock.execute(text("SELECT pg_advisory_unlock(hashtext(:key))"), {"key": key})
+                await lock.commit()
+
+    async def _expire(self, summary: Summary) -> None:
+        async with UnitOfWork(self._engine) as uow:
+            expired = await effects.expire_leases(uow.connection)
+            await uow.commit()
+        summary.leases_expired = len(expired)
+        for key in expired:
+            log.warning("effect_lease_expired", effect=key)
+
+    async def _resolve(self, summary: Summary, deadline: float) -> None:
+        async with UnitOfWork(self._engine) as uow:
+            pending = await effects.uncertain(uow.connection, _LOOKUP_BATCH * 10)
+        for effect in pending:
+            if time.monotonic() > deadline:
+                summary.complete = False
+                summary.still_uncertain += 1
+                continue
+            found = await self._look_up(effect)
+            decision = after_lookup(found, effect.reconcile_count, self._policy)
+            if decision is None:
+                summary.still_uncertain += 1
+                continue
+            async with UnitOfWork(self._engine) as uow:
+                kept = await record_outcome(
+                    uow.connection, self._settings.topics, effect, decision, from_state="uncertain"
+                )
+                await uow.commit()
+            if kept:
+                self._metrics.effect(decision.state)
+                if decision.state == "sent":
+                    summary.resolved_sent += 1
+                elif decision.state == "pending":
+                    summary.sent_back_to_pending += 1
+                else:
+                    summary.failed += 1
+                log.info("effect_reconciled", effect=effect.idempotency_key, state=decision.state)
+
+    async def _look_up(self, effect: EffectRow) -> LookupOutcome:
+        if effect.kind.startswith("payment."):
+            if not self._payments.enabled:
+                return LookupFailed(ErrorCode.DOWNSTREAM_UNREACHABLE)  # calls disabled: cannot tell
+            return await self._payments.find(effect.idempotency_key)
+        if not self._emails.enabled:
+            return LookupFailed(ErrorCode.DOWNSTREAM_UNREACHABLE)  # calls disabled: cannot tell
+        return await self._emails.find(str(effect.payload["ref"]))
+
+    async def _purge(self, summary: Summary, deadline: float) -> None:
+        """Delete expired rows in small batches, each its own short transaction (no long locks)."""
+        window = self._settings.dedup_window
+        for table, column, extra, field in (
+            ("inbox", "processed_at", "", "inbox_purged"),
+            ("outbox", "published_at", "AND published_at IS NOT NULL", "outbox_purged"),
+        ):
+            while True:
+                if time.monotonic() > deadline:
+                    summary.complete = False
+                    return
+                async with UnitOfWork(self._engine) as uow:
+                    deleted = await _purge_batch(uow.connection, table, column, extra, window.total_seconds())
+                    await uow.commit()
+                setattr(summary, field, getattr(summary, field) + deleted)
+                if deleted < _PURGE_BATCH:
+                    break
+
+    async def _record(self, started: datetime, summary: Summary) -> None:
+        async with UnitOfWork(self._engine) as uow:
+            await uow.connection.execute(
+                reconcile_runs.insert().values(
+                    started_at=started,
+                    finished_at=datetime.now(UTC),
+                    outcome="complete" if summary.complete else "partial",
+                    summary=asdict(summary),
+                )
+            )
+            await uow.commit()
+
+
+async def _purge_batch(connection: AsyncConnection, table: str, column: str, extra: str, seconds: float) -> int:
+    # ctid batches keep each delete small; SKIP LOCKED never waits on a row a consumer is writing.
+    result = await connection.execute(
+        text(
+            f"""
+            DELETE FROM {table} WHERE ctid IN (
+                SELECT ctid FROM {table}
+                WHERE {column} < now() - make_interval(secs => :seconds) {extra}
+                LIMIT :batch FOR UPDATE SKIP LOCKED)
+            """
+        ),
+        {"seconds": seconds, "batch": _PURGE_BATCH},
+    )
+    return int(result.rowcount)
