@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +103,12 @@ def sample() -> tuple[list[Record], dict[str, Any]]:
         },
         "orders": {"placed": 9, "shipped": 8, "cancelled": 3},
         "effects": {"payment.capture": 20, "email.shipped": 8, "payment.refund": 3},
-        "topics": {"events": 31, "rejected": 8, "quarantine": 8},
+        # One capture declined (402); one capture and one email uncertain (timeout, cut) until the reconciler.
+        "effect_states": {"sent": 30, "failed": 1},
+        "uncertain_before_reconcile": 2,
+        "provider": {"payments (captures + refunds)": 22, "emails, at most one per ref": 1, "emails sent": 8},
+        # order.accepted/shipped/cancelled 31 + payment.captured 19 + payment.failed 1 + payment.refunded 3
+        "topics": {"events": 54, "rejected": 8, "quarantine": 8},
     }
     return records, expected
 
@@ -124,6 +130,7 @@ class Demo:
             "ORDERS_CONSUMER_NAME": "order-service-demo",
             "ORDERS_RETRY_TIERS": "1s,2s",
             "ORDERS_MAX_ELAPSED": "8s",
+            "ORDERS_HTTP_TIMEOUT": "1s",
             "ORDERS_METRICS_PORT": "0",
         }
         return env | extra
@@ -159,6 +166,16 @@ class Demo:
             await control.post(
                 "/_control/faults", json={"route": "customers.get", "kind": "fail", "times": 1, "status": 503}
             )
+            # Effects: a declined card, a payment that answers after our timeout, an email whose connection is cut.
+            await control.post("/_control/declines", json={"order_id": "DEMO-015"})
+            await control.post(
+                "/_control/faults",
+                json={"route": "payments.post", "kind": "delay", "seconds": 2, "key": "DEMO-016/payment.capture"},
+            )
+            await control.post(
+                "/_control/faults",
+                json={"route": "emails.post", "kind": "cut", "after_apply": True, "key": "DEMO-003/email.shipped"},
+            )
             self.spawn(
                 "service",
                 [sys.executable, "-m", "service", "run"],
@@ -185,9 +202,33 @@ class Demo:
                     [("DEMO-099", placed("DEMO-099", "c-99"), {"message-id": "DEMO-099.1/order.placed"})]
                 )
                 await self.wait_for(engine, "SELECT count(*) FROM inbox", expected["produced"] - expected["duplicates"])
+                await self.wait_for(engine, "SELECT count(*) FROM effects WHERE state NOT IN ('sent', 'failed')", 2)
+                uncertain = await self.count(engine, "SELECT count(*) FROM effects WHERE state = 'uncertain'")
+                reconcile = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "service",
+                    "reconcile",
+                    cwd=ROOT,
+                    env=self.env(ORDERS_PAYMENTS_URL=customers_url, ORDERS_EMAILS_URL=customers_url),
+                    stdout=asyncio.subprocess.PIPE,
+                )
+                stdout, _ = await reconcile.communicate()
+                if reconcile.returncode != 0:
+                    raise SystemExit(f"demo: reconcile failed with exit code {reconcile.returncode}")
+                console.print(stdout.decode().strip())
+                await self.wait_for(engine, "SELECT count(*) FROM effects WHERE state NOT IN ('sent', 'failed')", 0)
                 await self.wait_for(engine, "SELECT count(*) FROM outbox WHERE published_at IS NULL", 0)
                 state = await control.get("/_control/state")
                 actual = await self.observe(engine)
+                actual["uncertain_before_reconcile"] = uncertain
+                provider = state.json()
+                emails_per_ref = Counter(email["ref"] for email in provider["emails"])
+                actual["provider"] = {
+                    "payments (captures + refunds)": len(provider["payments"]),
+                    "emails, at most one per ref": max(emails_per_ref.values()),
+                    "emails sent": sum(emails_per_ref.values()),
+                }
             finally:
                 await engine.dispose()
         codes = self.stop_all()
@@ -229,6 +270,10 @@ class Demo:
                 raise SystemExit(f"demo: timed out waiting for `{sql}` = {value} (now {current}); see {self.workdir}")
             await asyncio.sleep(0.2)
 
+    async def count(self, engine: AsyncEngine, sql: str) -> int:
+        async with engine.connect() as connection:
+            return int((await connection.execute(text(sql))).scalar_one())
+
     async def observe(self, engine: AsyncEngine) -> dict[str, Any]:
         async with engine.connect() as connection:
 
@@ -243,6 +288,7 @@ class Demo:
                 "quarantined": await grouped("SELECT error_code, count(*) FROM quarantine GROUP BY 1"),
                 "orders": await grouped("SELECT status, count(*) FROM orders GROUP BY 1"),
                 "effects": await grouped("SELECT kind, count(*) FROM effects GROUP BY 1"),
+                "effect_states": await grouped("SELECT state, count(*) FROM effects GROUP BY 1"),
             }
         actual["topics"] = {
             suffix: await self.count_topic(f"{self.topic}.{suffix}") for suffix in ("events", "rejected", "quarantine")
@@ -276,7 +322,12 @@ class Demo:
         terminal = sum(actual["inbox"].values())
         row("records produced", expected["produced"], expected["produced"])
         row("duplicates (no second effect)", expected["duplicates"], expected["produced"] - terminal)
-        for group in ("inbox", "rejected", "quarantined", "orders", "effects", "topics"):
+        row(
+            "uncertain effects before reconcile",
+            expected["uncertain_before_reconcile"],
+            actual["uncertain_before_reconcile"],
+        )
+        for group in ("inbox", "rejected", "quarantined", "orders", "effects", "effect_states", "provider", "topics"):
             for name, want in expected[group].items():
                 row(f"{group}: {name}", want, actual[group].get(name, 0))
             extra = set(actual[group]) - set(expected[group])
@@ -289,7 +340,10 @@ class Demo:
             " retried in place, and one order's directory stayed down through the 1s and 2s retry tiers and"
             " backpressure pauses until its 8s budget ran out."
         )
-        console.print("effects stay [bold]pending[/bold] here: executing them is the effect worker's job.")
+        console.print(
+            "effects: one card declined (payment.failed), one payment timed out after the provider took it and one"
+            " email connection was cut after sending; the reconciler found both, so nobody was charged or mailed twice."
+        )
         if mismatches:
             console.print(f"[red]{mismatches} mismatches[/red]; logs are in {self.workdir}")
             return 1

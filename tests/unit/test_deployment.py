@@ -30,11 +30,25 @@ def _service_containers(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {name: spec for name, spec in compose["services"].items() if spec.get("image") == "order-service:local"}
 
 
+def _commands_of(spec: dict[str, Any]) -> set[str]:
+    """The order-service commands a container runs: its command, or the ones its shell script calls."""
+    if "entrypoint" not in spec:
+        return {spec["command"][0]}
+    return set(re.findall(r"order-service (\w+)", " ".join(spec["command"])))
+
+
 def test_every_service_image_command_is_an_order_service_command(compose: dict[str, Any]) -> None:
     commands = _cli_commands()
-    used = {spec["command"][0] for spec in _service_containers(compose).values()}
+    used = set().union(*(_commands_of(spec) for spec in _service_containers(compose).values()))
     assert used <= commands, used - commands
-    assert {"migrate", "consume", "relay"} <= used
+    assert {"migrate", "consume", "relay", "effects", "reconcile"} <= used
+
+
+def test_the_reconciler_runs_on_a_schedule(compose: dict[str, Any]) -> None:
+    reconciler = _service_containers(compose)["reconciler"]
+    script = " ".join(reconciler["command"])
+    assert "order-service reconcile" in script
+    assert re.search(r"sleep \d+", script)
 
 
 def test_every_orders_variable_is_a_setting(compose: dict[str, Any]) -> None:
@@ -74,6 +88,9 @@ def test_long_running_services_have_healthchecks_and_run_after_migrate(compose: 
         if spec["command"] == ["migrate"]:
             assert spec["depends_on"]["postgres"]["condition"] == "service_healthy"
             continue
+        assert spec["depends_on"]["migrate"]["condition"] == "service_completed_successfully", name
+        if "entrypoint" in spec:
+            continue  # the scheduled reconciler serves no HTTP
         assert "/readyz" in " ".join(spec["healthcheck"]["test"]), name
         assert spec["depends_on"]["migrate"]["condition"] == "service_completed_successfully", name
 
