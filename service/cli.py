@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -23,6 +25,7 @@ from service.durations import parse_duration
 from service.errors import InfrastructureUnavailable
 from service.store import parking, quarantine
 from service.store.uow import UnitOfWork
+from service.worker.reprocess import Options, Selection
 
 T = TypeVar("T")
 
@@ -294,6 +297,183 @@ def quarantine_stats(as_json: JsonFlag = False) -> None:
             str(group["rate_per_hour"]),
         )
     console.print(table)
+
+
+def _who() -> str:
+    return os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
+
+
+@quarantine_app.command("annotate")
+def quarantine_annotate(
+    failure_id: Annotated[str, typer.Argument(help="The failure id, e.g. orders/3/1200.")],
+    note: Annotated[str, typer.Option("--note", help="What you found or did.")],
+    author: Annotated[str, typer.Option("--author", help="Who writes it.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Append a note to a quarantined record (annotations are append-only)."""
+    settings = _settings()
+    added = _run(lambda _: _read(settings, lambda c: quarantine.annotate(c, failure_id, author, note), commit=True))
+    if not added:
+        typer.echo(f"no quarantined record with failure id {failure_id}", err=True)
+        raise typer.Exit(1)
+    if as_json:
+        _print_json({"failure_id": failure_id, "annotated": True})
+    else:
+        typer.echo(f"{failure_id}: note added")
+
+
+@quarantine_app.command("resolve")
+def quarantine_resolve(
+    failure_id: Annotated[str, typer.Argument(help="The failure id, e.g. orders/3/1200.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why it needs no reprocessing (kept in the audit).")],
+    author: Annotated[str | None, typer.Option("--author", help="Who resolves it (default: $USER).")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Close an open record without reprocessing it; frees its key if it held one (ORDERS_ORDERING=key)."""
+    settings = _settings()
+
+    async def close(connection: Any) -> str | None:
+        previous = await quarantine.resolve(connection, failure_id, reason, author or _who())
+        if previous == "open":
+            await parking.unblock_failures(connection, settings.consumer_name, [failure_id])
+        return previous
+
+    previous = _run(lambda _: _read(settings, close, commit=True))
+    if previous is None:
+        typer.echo(f"no quarantined record with failure id {failure_id}", err=True)
+        raise typer.Exit(1)
+    if previous != "open":
+        typer.echo(f"{failure_id} is {previous}, not open: nothing to resolve", err=True)
+        raise typer.Exit(1)
+    if as_json:
+        _print_json({"failure_id": failure_id, "status": "resolved"})
+    else:
+        typer.echo(f"{failure_id}: resolved")
+
+
+class _PlainProgress:
+    """Progress as plain lines on stderr (not a terminal: logs, CI, pipes)."""
+
+    def start(self, stage: str, total: int) -> None:
+        self._stage, self._total = stage, total
+        typer.echo(f"reprocess {stage}: {total} items", err=True)
+
+    def advance(self, published: int, verified: int) -> None:
+        typer.echo(f"reprocess {self._stage}: published {published}, verified {verified}", err=True)
+
+    def finish(self) -> None:
+        typer.echo(f"reprocess {self._stage}: done", err=True)
+
+
+class _BarProgress:
+    """Progress as a rich bar on a terminal."""
+
+    def __init__(self) -> None:
+        from rich.progress import Progress
+
+        self._progress = Progress(console=Console(stderr=True))
+        self._task: Any = None
+
+    def start(self, stage: str, total: int) -> None:
+        self._progress.start()
+        self._task = self._progress.add_task(f"reprocess {stage}", total=total)
+
+    def advance(self, published: int, verified: int) -> None:
+        self._progress.update(self._task, completed=verified, description=f"published {published}")
+
+    def finish(self) -> None:
+        self._progress.stop()
+
+
+def _timestamp(value: str | None, option: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not an RFC 3339 timestamp", param_hint=option) from None
+    if moment.tzinfo is None:
+        raise typer.BadParameter(f"{value!r} needs a time zone (e.g. Z)", param_hint=option)
+    return moment
+
+
+@app.command()
+def reprocess(
+    reason: Annotated[str, typer.Option("--reason", help="Why this run is needed (kept in the audit).")],
+    failure_id: Annotated[
+        list[str] | None, typer.Option("--failure-id", help="A failure id to reprocess (repeatable).")
+    ] = None,
+    error_code: Annotated[str | None, typer.Option("--error-code", help="Open records with this code.")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="First failed at or after (RFC 3339).")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="First failed before (RFC 3339).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the volume and selection; write nothing.")] = False,
+    sample: Annotated[int | None, typer.Option("--sample", min=1, help="Verify a sample of N first.")] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Continue after the sample without asking.")] = False,
+    rate: Annotated[float, typer.Option("--rate", min=0.01, help="Records per second (token bucket).")] = 10.0,
+    max_failure_rate: Annotated[
+        float, typer.Option("--max-failure-rate", min=0, max=1, help="Stop when more items fail again.")
+    ] = 0.2,
+    max_lag: Annotated[int, typer.Option("--max-lag", min=0, help="Stop when the consumer lags more.")] = 10_000,
+    verify_timeout: Annotated[
+        float, typer.Option("--verify-timeout", min=1, help="Seconds to wait for a verdict.")
+    ] = 120,
+    actor: Annotated[str | None, typer.Option("--actor", help="Who runs it (default: $USER).")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Send quarantined records back via `<source>.reprocess`: selected, checked, rate limited, verified, audited."""
+    settings = _settings()
+    if not (failure_id or error_code or since or until):
+        raise typer.BadParameter("select something: --failure-id, --error-code, --since or --until")
+    selection = Selection(
+        tuple(failure_id or ()), error_code, _timestamp(since, "--since"), _timestamp(until, "--until")
+    )
+    options = Options(
+        reason=reason,
+        actor=actor or _who(),
+        rate=rate,
+        sample=sample,
+        dry_run=dry_run,
+        max_failure_rate=max_failure_rate,
+        max_lag=max_lag,
+        verify_timeout=verify_timeout,
+    )
+    progress = _BarProgress() if sys.stderr.isatty() and not as_json else _PlainProgress()
+
+    def confirm(question: str) -> bool:
+        if yes:
+            return True
+        if not sys.stdin.isatty():
+            typer.echo(f"{question} (not asked: no terminal; pass --yes)", err=True)
+            return False
+        return typer.confirm(question, err=True)
+
+    async def work(_: asyncio.Event) -> Any:
+        container = Container(settings=settings)
+        await container.init_resources()  # type: ignore[misc]
+        try:
+            runner = await _provide(container, "reprocessor")
+            return await runner.run(selection, options, progress, confirm)
+        finally:
+            await container.shutdown_resources()  # type: ignore[misc]
+
+    report = _run(work)
+    if as_json:
+        _print_json(asdict(report))
+    else:
+        typer.echo(
+            f"reprocess {report.run_id or '(dry run)'}: {report.outcome}"
+            + (f" ({report.stop_reason})" if report.stop_reason else "")
+            + f"; selected {report.selected}, undecodable {len(report.undecodable)}, published {report.published}, "
+            f"reprocessed {report.reprocessed}, already applied {report.noop}, failed again {report.failed_again}, "
+            f"unverified {report.unverified}"
+        )
+        for skipped in report.undecodable:
+            typer.echo(f"  skipped (does not decode with today's schemas): {skipped}")
+        if dry_run:
+            for chosen in report.selection:
+                typer.echo(f"  selected: {chosen}")
+    if report.outcome == "stopped":
+        raise typer.Exit(3)
 
 
 @parked_app.command("list")

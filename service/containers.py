@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 
 import httpx
@@ -29,6 +29,7 @@ from service.worker.effects import EffectWorker
 from service.worker.processor import Processor
 from service.worker.reconciler import Reconciler
 from service.worker.relay import Relay
+from service.worker.reprocess import Reprocessor
 
 
 async def _engine(settings: Settings) -> AsyncIterator[AsyncEngine]:
@@ -67,9 +68,15 @@ async def _ready(engine: AsyncEngine, settings: Settings) -> bool:
     return True
 
 
+def _reprocess_lag(settings: Settings) -> Callable[[], Awaitable[int]]:
+    """How far the consumer group is behind on the reprocess topic."""
+    return functools.partial(kafka.group_lag, settings, settings.topics.reprocess)
+
+
 def _topics(settings: Settings, policy: RetryPolicy) -> list[str]:
-    """The source topic and every retry tier topic."""
-    return [settings.topics.source, *(settings.topics.retry(label) for label in policy.tier_labels)]
+    """The source topic, every retry tier topic, and the reprocess topic."""
+    tiers = [settings.topics.retry(label) for label in policy.tier_labels]
+    return [settings.topics.source, *tiers, settings.topics.reprocess]
 
 
 class Container(containers.DeclarativeContainer):
@@ -128,6 +135,13 @@ class Container(containers.DeclarativeContainer):
         emails=emails,
         policy=effect_policy,
         metrics=metrics,
+    )
+    reprocessor = providers.Factory(
+        Reprocessor,
+        settings=settings,
+        engine=engine,
+        metrics=metrics,
+        lag=providers.Callable(_reprocess_lag, settings),
     )
     relay = providers.Factory(
         Relay, settings=settings, engine=engine, metrics=metrics, make_producer=kafka_producer.provider

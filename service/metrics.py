@@ -42,11 +42,21 @@ class Metrics:
             ["state"],
             registry=self.registry,
         )
+        self.reprocess_items = Counter(
+            "orders_reprocess_items",
+            "Reprocessed items by verified outcome (reprocessed, failed_again, noop, unverified).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.outbox_pending = Gauge("orders_outbox_pending", "Outbox rows not yet published.", registry=self.registry)
 
     def pause(self, downstream: str) -> None:
         """Count one backpressure pause."""
         self.pauses.labels(downstream=downstream).inc()
+
+    def reprocess(self, outcome: str) -> None:
+        """Count one verified reprocess item by outcome."""
+        self.reprocess_items.labels(outcome=outcome).inc()
 
     def effect(self, state: str) -> None:
         """Count one effect outcome by the state it moved to."""

@@ -66,3 +66,29 @@ async def start_with_backoff(start: Callable[[], Awaitable[Any]], stop: asyncio.
             await sleep_unless_stopped(stop, delay)
             delay = min(delay * 2, 30.0)
     return False
+
+
+async def group_lag(settings: Settings, topic: str) -> int:
+    """Records of `topic` that the consumer group has not committed yet (all partitions)."""
+    from aiokafka import TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap_servers, enable_auto_commit=False)
+    await admin.start()
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or set())]
+        if not partitions:
+            await consumer.topics()
+            partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or set())]
+        committed = await admin.list_consumer_group_offsets(settings.consumer_name, partitions=partitions)
+        ends = await consumer.end_offsets(partitions)
+    finally:
+        await consumer.stop()
+        await admin.close()
+    lag = 0
+    for partition in partitions:
+        done = committed.get(partition)
+        lag += ends[partition] - (done.offset if done is not None and done.offset >= 0 else 0)
+    return int(lag)

@@ -98,3 +98,13 @@ def parse(record: SourceRecord) -> Redelivery | None:
         )
     except (ValueError, OverflowError, OSError):
         return None
+
+
+def origin_of(record: SourceRecord) -> tuple[Coordinates, int] | None:
+    """The original coordinates and timestamp of a reprocessed record (`failure-id`, `origin-timestamp`)."""
+    try:
+        topic, partition, offset = (record.header("failure-id") or "").rsplit("/", 2)
+        stamp = record.header("origin-timestamp")
+        return Coordinates(topic, _count(partition), _count(offset)), _count(stamp) if stamp else record.timestamp_ms
+    except (ValueError, OverflowError, OSError):
+        return None

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -27,15 +27,43 @@ class InboxRow:
     received_at: datetime
 
 
-async def known(connection: AsyncConnection, consumer: str, message_ids: Iterable[str]) -> set[str]:
-    """The message ids that already have a terminal row: redeliveries."""
+async def known(connection: AsyncConnection, consumer: str, message_ids: Iterable[str]) -> dict[str, str]:
+    """The status of each of these message ids that already has a terminal row (a redelivery, or a reprocess)."""
     ids = list(set(message_ids))
     if not ids:
-        return set()
+        return {}
     rows = await connection.execute(
-        select(inbox.c.message_id).where(inbox.c.consumer_name == consumer, inbox.c.message_id.in_(ids))
+        select(inbox.c.message_id, inbox.c.status).where(inbox.c.consumer_name == consumer, inbox.c.message_id.in_(ids))
     )
-    return set(rows.scalars())
+    return {message_id: status for message_id, status in rows}
+
+
+async def reopen(connection: AsyncConnection, consumer: str, rows: Sequence[InboxRow]) -> set[str]:
+    """Move quarantined messages that a reprocess applied to their new status; return the ids moved.
+
+    Only a `quarantined` row moves: a message may become `processed` once, never twice.
+    """
+    if not rows:
+        return set()
+    result = await connection.execute(
+        text(
+            """
+            UPDATE inbox SET status = v.status, error_code = v.error_code, processed_at = now()
+            FROM unnest(CAST(:ids AS text[]), CAST(:statuses AS text[]), CAST(:codes AS text[]))
+                 AS v(message_id, status, error_code)
+            WHERE inbox.consumer_name = :consumer AND inbox.message_id = v.message_id
+              AND inbox.status = 'quarantined'
+            RETURNING inbox.message_id
+            """
+        ),
+        {
+            "consumer": consumer,
+            "ids": [row.message_id for row in rows],
+            "statuses": [row.status for row in rows],
+            "codes": [row.error_code for row in rows],
+        },
+    )
+    return set(result.scalars())
 
 
 async def add(connection: AsyncConnection, consumer: str, rows: Sequence[InboxRow]) -> set[str]:

@@ -79,6 +79,14 @@ async def block(connection: AsyncConnection, consumer: str, blocks: Sequence[tup
         await connection.execute(insert(key_blocks).values(rows).on_conflict_do_nothing())
 
 
+async def unblock_failures(connection: AsyncConnection, consumer: str, failure_ids: Sequence[str]) -> None:
+    """Free the keys held by these quarantined heads (resolved or reprocessed)."""
+    if failure_ids:
+        await connection.execute(
+            delete(key_blocks).where(key_blocks.c.consumer_name == consumer, key_blocks.c.failure_id.in_(failure_ids))
+        )
+
+
 async def release(connection: AsyncConnection, consumer: str, key: str) -> bool:
     """Unblock a key; its parked records are then applied in order by a consumer. True if it was blocked."""
     result = await connection.execute(

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.store.tables import quarantine
+from service.store.tables import quarantine, quarantine_annotations, reprocess_items
 
 
 @dataclass(frozen=True)
@@ -74,9 +74,77 @@ async def listing(
 
 
 async def get(connection: AsyncConnection, failure_id: str) -> dict[str, Any] | None:
-    """One quarantined record with its envelope, annotations and original bytes."""
+    """One quarantined record with its envelope, original bytes, annotations, reprocess history and timeline."""
     row = (await connection.execute(select(quarantine).where(quarantine.c.failure_id == failure_id))).first()
-    return dict(row._mapping) if row else None
+    if row is None:
+        return None
+    record = dict(row._mapping)
+    notes = await connection.execute(
+        select(quarantine_annotations.c.author, quarantine_annotations.c.note, quarantine_annotations.c.created_at)
+        .where(quarantine_annotations.c.failure_id == failure_id)
+        .order_by(quarantine_annotations.c.id)
+    )
+    record["annotations"] = [dict(note._mapping) for note in notes]
+    items = await connection.execute(
+        select(
+            reprocess_items.c.run_id,
+            reprocess_items.c.attempt,
+            reprocess_items.c.outcome,
+            reprocess_items.c.published_at,
+            reprocess_items.c.verified_at,
+        )
+        .where(reprocess_items.c.failure_id == failure_id)
+        .order_by(reprocess_items.c.attempt)
+    )
+    record["reprocessing"] = [dict(item._mapping) for item in items]
+    record["timeline"] = _timeline(record)
+    return record
+
+
+def _timeline(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """What happened to a quarantined record, in time order."""
+    events: list[dict[str, Any]] = [
+        {"at": record["first_failed_at"], "event": "first failure"},
+        {"at": record["last_failed_at"], "event": f"last failure (attempt {record['attempts']})"},
+        {"at": record["created_at"], "event": f"quarantined ({record['envelope'].get('errorCode')})"},
+    ]
+    events += [{"at": n["created_at"], "event": f"annotated by {n['author']}"} for n in record["annotations"]]
+    for item in record["reprocessing"]:
+        if item["published_at"]:
+            events.append({"at": item["published_at"], "event": f"reprocess #{item['attempt']} ({item['run_id']})"})
+        if item["verified_at"]:
+            events.append({"at": item["verified_at"], "event": f"reprocess #{item['attempt']}: {item['outcome']}"})
+    if record["resolved_at"]:
+        events.append({"at": record["resolved_at"], "event": f"resolved by {record['resolved_by']}"})
+    return sorted(events, key=lambda event: event["at"])
+
+
+async def annotate(connection: AsyncConnection, failure_id: str, author: str, note: str) -> bool:
+    """Append a note; False when there is no such record."""
+    found = (
+        await connection.execute(select(quarantine.c.failure_id).where(quarantine.c.failure_id == failure_id))
+    ).first()
+    if found is None:
+        return False
+    await connection.execute(insert(quarantine_annotations).values(failure_id=failure_id, author=author, note=note))
+    return True
+
+
+async def resolve(connection: AsyncConnection, failure_id: str, reason: str, author: str) -> str | None:
+    """Close an open record without reprocessing it; returns its previous status (None: no such record)."""
+    current = (
+        await connection.execute(
+            select(quarantine.c.status).where(quarantine.c.failure_id == failure_id).with_for_update()
+        )
+    ).scalar()
+    if current != "open":
+        return str(current) if current is not None else None
+    await connection.execute(
+        update(quarantine)
+        .where(quarantine.c.failure_id == failure_id)
+        .values(status="resolved", resolution=reason, resolved_by=author, resolved_at=func.now(), updated_at=func.now())
+    )
+    return "open"
 
 
 async def stats(connection: AsyncConnection) -> dict[str, Any]:
@@ -112,3 +180,35 @@ async def stats(connection: AsyncConnection) -> dict[str, Any]:
         "oldest_open_age_seconds": float(age) if age is not None else None,
         "by_code": groups,
     }
+
+
+async def mark_reprocessed(connection: AsyncConnection, failure_ids: Sequence[str]) -> None:
+    """Records whose reprocessed copy was applied: `reprocessed` (terminal)."""
+    if failure_ids:
+        await connection.execute(
+            update(quarantine)
+            .where(quarantine.c.failure_id.in_(failure_ids))
+            .values(status="reprocessed", updated_at=func.now())
+        )
+
+
+async def requarantine(
+    connection: AsyncConnection, failure_id: str, code: str, attempts: int, failed_at: datetime
+) -> None:
+    """A reprocessed record failed again: open again, with its repeat-failure count raised."""
+    await connection.execute(
+        update(quarantine)
+        .where(quarantine.c.failure_id == failure_id)
+        .values(
+            status="open",
+            error_code=code,
+            owner=quarantine.c.owner,
+            repeat_failures=quarantine.c.repeat_failures + 1,
+            attempts=quarantine.c.attempts + attempts,
+            last_failed_at=failed_at,
+            envelope=quarantine.c.envelope.op("||")(
+                func.jsonb_build_object("errorCode", code, "lastFailedAt", failed_at.isoformat())
+            ),
+            updated_at=func.now(),
+        )
+    )

@@ -123,8 +123,9 @@ quarantine = Table(
     Column("repeat_failures", Integer, nullable=False, server_default="0"),
     Column("first_failed_at", DateTime(timezone=True), nullable=False),
     Column("last_failed_at", DateTime(timezone=True), nullable=False),
-    Column("annotations", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     Column("resolution", Text),
+    Column("resolved_by", Text),
+    Column("resolved_at", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint("status IN ('open', 'resolved', 'reprocessing', 'reprocessed')", name="status"),
@@ -207,4 +208,48 @@ reconcile_runs = Table(
     Column("outcome", Text, nullable=False),
     Column("summary", JSONB, nullable=False),
     Index("ix_reconcile_runs_finished_at", "finished_at"),
+)
+
+# Notes on quarantined records; append-only (a trigger refuses UPDATE and DELETE).
+quarantine_annotations = Table(
+    "quarantine_annotations",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("failure_id", Text, nullable=False),
+    Column("author", Text, nullable=False),
+    Column("note", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_quarantine_annotations_failure_id", "failure_id"),
+)
+
+# The audit of controlled reprocessing: one row per run, one per item.
+reprocess_runs = Table(
+    "reprocess_runs",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("actor", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("selection", JSONB, nullable=False),
+    Column("options", JSONB, nullable=False),
+    Column("counts", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("outcome", Text, nullable=False),
+    Column("stop_reason", Text),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("finished_at", DateTime(timezone=True)),
+)
+
+reprocess_items = Table(
+    "reprocess_items",
+    metadata,
+    Column("run_id", Text, nullable=False),
+    Column("failure_id", Text, nullable=False),
+    Column("message_id", Text, nullable=False),
+    Column("stage", Text, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("detail", Text),
+    Column("published_at", DateTime(timezone=True)),
+    Column("verified_at", DateTime(timezone=True)),
+    PrimaryKeyConstraint("run_id", "failure_id"),
+    Index("ix_reprocess_items_failure_id", "failure_id"),
 )

@@ -16,7 +16,7 @@ import asyncio
 import random
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -80,6 +80,8 @@ class Pending:
     origin_timestamp_ms: int
     history: AttemptHistory | None = None
     in_tier: bool = False  # delivered from a retry tier (no blocking retries there)
+    reprocess: bool = False  # a quarantined record sent back by `order-service reprocess`
+    reopen: bool = False  # a reprocessed record whose inbox row says `quarantined`: moved, not inserted
     parked_id: int | None = None  # came out of the parked table
     due: float = 0.0  # loop time before which the record must not be attempted
     backpressure: bool = False  # waiting because a downstream asked to slow down: pause the partition
@@ -124,7 +126,7 @@ class Pending:
 class _Facts:
     """What the database says about a round's records before anything is decided."""
 
-    seen: set[str]
+    seen: dict[str, str]  # message id -> inbox status
     exists: set[str]
     steps: dict[str, int]
     keys: dict[str, ordering.KeyState]
@@ -144,6 +146,9 @@ class _Write:
     """Everything one round writes, in one transaction."""
 
     inbox_rows: list[InboxRow] = field(default_factory=list)
+    reopened: list[InboxRow] = field(default_factory=list)  # quarantined messages a reprocess applied
+    reprocessed: list[str] = field(default_factory=list)  # their failure ids
+    requarantined: list[tuple[Pending, ErrorCode]] = field(default_factory=list)
     created: list[model.Order] = field(default_factory=list)
     changed: list[model.Order] = field(default_factory=list)
     effects: list[model.Effect] = field(default_factory=list)
@@ -187,10 +192,18 @@ class Processor:
         self._topics = settings.topics
         self._consumer = settings.consumer_name
         self._failing: dict[str, int] = defaultdict(int)  # consecutive transient failures per downstream
+        # A reprocessed record gets the blocking retries only; if it fails again it goes back to quarantine.
+        self._reprocess_policy = replace(policy, tiers=())
 
     def pending(self, record: SourceRecord) -> Pending:
         """A fetched record as a Pending; a tier copy carries its origin and history in headers."""
         pending = Pending(record, decode(record.value), record.coordinates, record.timestamp_ms)
+        if record.topic == self._topics.reprocess:
+            origin = redelivery.origin_of(record)
+            if origin is not None:
+                pending.origin, pending.origin_timestamp_ms = origin
+                pending.reprocess = True
+            return pending
         copy = redelivery.parse(record) if record.topic.startswith(f"{self._topics.source}.retry.") else None
         if copy is not None:
             pending.origin = copy.origin
@@ -283,7 +296,8 @@ class Processor:
         return _Facts(seen, exists, steps, states)
 
     def _route(self, pending: Pending, facts: _Facts) -> ordering.Route:
-        if pending.key is None or pending.in_tier:
+        # A tier copy or a reprocessed record is the head of its key: it never waits behind its own key.
+        if pending.key is None or pending.in_tier or pending.reprocess:
             return ordering.Route.APPLY
         state = facts.keys.get(pending.key, ordering.KeyState())
         return ordering.route(
@@ -293,7 +307,11 @@ class Processor:
     def _is_duplicate(self, pending: Pending, facts: _Facts) -> bool:
         """Already terminal, or already handed to a retry tier by an earlier copy (a crash between the
         hand-off commit and the offset commit), or an old step of a record that moved on."""
-        if pending.message_id in facts.seen:
+        status = facts.seen.get(pending.message_id)
+        if pending.reprocess:
+            # A quarantined message may become processed once; one already processed stays a no-op.
+            return status in ("processed", "rejected")
+        if status is not None:
             return True
         step = facts.steps.get(pending.message_id)
         if step is None:
@@ -371,6 +389,16 @@ class Processor:
             inserted = await inbox.add(c, self._consumer, write.inbox_rows)
             if len(inserted) != len(write.inbox_rows):
                 raise _Conflict
+            reopened = await inbox.reopen(c, self._consumer, write.reopened)
+            if len(reopened) != len(write.reopened):
+                raise _Conflict
+            await quarantine.mark_reprocessed(c, write.reprocessed)
+            await parking.unblock_failures(c, self._consumer, write.reprocessed)
+            for again, failed_code in write.requarantined:
+                history = again.history or AttemptHistory.first(self._clock())
+                await quarantine.requarantine(
+                    c, again.origin.failure_id, failed_code.value, history.attempts, history.last_failed_at
+                )
             created = await orders.create(c, write.created)
             if len(created) != len(write.created):
                 raise _Conflict
@@ -414,6 +442,7 @@ class Processor:
                 self._leave(write, pending, Outcome.DUPLICATE, None)
                 continue
             seen_now.add(pending.message_id)
+            pending.reopen = pending.reprocess and facts.seen.get(pending.message_id) == "quarantined"
             if route is ordering.Route.PARK:
                 self._park(write, pending)
                 continue
@@ -429,7 +458,7 @@ class Processor:
                 if before is not None and ordering.is_stale(
                     self._settings.ordering, sequence_of(message), before.sequence
                 ):
-                    write.inbox_rows.append(self._inbox_row(pending, "processed", None))
+                    self._terminal(write, pending, "processed", None)
                     self._leave(write, pending, Outcome.STALE, None)
                     continue
                 customer = _customer_status(plan.statuses, message)
@@ -441,7 +470,7 @@ class Processor:
                 touched[message.order_id] = None
                 write.effects.extend(result.effects)
                 write.messages.extend(self._event(pending, event) for event in result.events)
-                write.inbox_rows.append(self._inbox_row(pending, "processed", None))
+                self._terminal(write, pending, "processed", None)
                 self._leave(write, pending, Outcome.PROCESSED, None)
         # An order created and changed in the same round is inserted once, in its final state.
         write.created = [state[order_id] for order_id in touched if order_id not in current]
@@ -455,6 +484,16 @@ class Processor:
         if pending.in_tier and outcome is not Outcome.DUPLICATE:
             write.finished.append(pending.message_id)
         write.outcomes.append((pending, outcome, code))
+
+    def _terminal(self, write: _Write, pending: Pending, status: str, code: ErrorCode | None) -> None:
+        """The inbox row of a record that reached `status`; a reprocessed quarantined record moves its row."""
+        row = self._inbox_row(pending, status, code)
+        if pending.reopen:
+            write.reopened.append(row)
+        else:
+            write.inbox_rows.append(row)
+        if pending.reprocess:
+            write.reprocessed.append(pending.origin.failure_id)
 
     def _inbox_row(self, pending: Pending, status: str, code: ErrorCode | None) -> InboxRow:
         origin = pending.origin
@@ -542,10 +581,17 @@ class Processor:
         }
         headers = {**event_headers(pending.message_id, "order.rejected", pending.record.trace_id), "error-code": code}
         write.messages.append(OutboxMessage.json(self._topics.rejected, pending.order_id, headers, document))
-        write.inbox_rows.append(self._inbox_row(pending, "rejected", code))
+        self._terminal(write, pending, "rejected", code)
         self._leave(write, pending, Outcome.REJECTED, code)
 
     def _quarantine(self, write: _Write, pending: Pending, code: ErrorCode) -> None:
+        if pending.reprocess:
+            # It failed again: back to the queue with a higher repeat count, nothing flows back on its own.
+            write.requarantined.append((pending, code))
+            if not pending.reopen:
+                write.inbox_rows.append(self._inbox_row(pending, "quarantined", code))
+            self._leave(write, pending, Outcome.QUARANTINED, code)
+            return
         now = self._clock()
         history = pending.history or AttemptHistory.first(now)
         envelope = failure_envelope(
@@ -608,7 +654,8 @@ class Processor:
             history = pending.history.failed_again(now) if pending.history else AttemptHistory.first(now)
             pending.history = history
             pending.last_code = failure.code
-            decision = classify(failure, history, self._policy, now, self._rng, in_tier=pending.in_tier)
+            policy = self._reprocess_policy if pending.reprocess else self._policy
+            decision = classify(failure, history, policy, now, self._rng, in_tier=pending.in_tier)
             log.info(
                 "record_failed",
                 message_id=pending.message_id,

@@ -196,7 +196,7 @@ async def test_two_consumer_processes_racing_on_one_message_id_apply_it_once(
     first = ServiceProcess("consume", settings, tmp_path / "first.log")
     second = ServiceProcess("consume", settings, tmp_path / "second.log")
     try:
-        owners = await eventually(lambda: _split_assignment(first, second), timeout=60)
+        owners = await eventually(lambda: _split_assignment(first, second, topics.source), timeout=60)
 
         # When one message id arrives on a partition of each
         record = ("E-1", placed("E-1"), {"message-id": "E-1.1/order.placed"})
@@ -255,19 +255,20 @@ async def _committed(bootstrap: str, group: str, topic: str, partition: int, off
     return committed is not None and committed.offset >= offset
 
 
-async def _split_assignment(first: ServiceProcess, second: ServiceProcess) -> tuple[int, int] | None:
+async def _split_assignment(first: ServiceProcess, second: ServiceProcess, topic: str) -> tuple[int, int] | None:
     """One partition owned by each process, once both hold a non-empty share of the topic."""
-    mine, theirs = _last_assignment(first.log()), _last_assignment(second.log())
+    mine, theirs = _last_assignment(first.log(), topic), _last_assignment(second.log(), topic)
     if mine and theirs and not mine & theirs and len(mine | theirs) == 3:
         return min(mine), min(theirs)
     return None
 
 
-def _last_assignment(log: str) -> set[int]:
+def _last_assignment(log: str, topic: str) -> set[int]:
     assigned: set[int] = set()
     for line in log.splitlines():
         if '"partitions_assigned"' in line:
-            assigned = {int(p.rsplit("/", 1)[1]) for p in json.loads(line)["partitions"]}
+            owned = (p.rsplit("/", 1) for p in json.loads(line)["partitions"])
+            assigned = {int(partition) for name, partition in owned if name == topic}
     return assigned
 
 

@@ -1,0 +1,321 @@
+"""Controlled reprocessing: a quarantined record goes back only through an audited, rate-limited run.
+
+A run selects records, skips those whose stored bytes no longer decode, optionally tries a deterministic
+sample first, publishes through the outbox to `<source>.reprocess` at a bounded rate (keeping the original
+message id and key), and verifies each item by its business state — inbox status, quarantine status and the
+order's effects — never by Kafka delivery. It stops, with the reason, when too many items fail again, when an
+item that was already applied gains an effect (an unexpected duplicate), or when the consumer falls behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+import structlog
+from aiolimiter import AsyncLimiter
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.config import Settings
+from service.domain.messages import DecodeFailure, decode
+from service.metrics import Metrics
+from service.stopping import sleep_unless_stopped
+from service.store import outbox
+from service.store import reprocess as store
+from service.store.outbox import OutboxMessage
+from service.store.reprocess import Candidate, ItemState
+from service.store.uow import UnitOfWork
+
+log = structlog.get_logger("order_service.reprocess")
+
+_OUR_HEADERS = {"message-id", "failure-id", "origin-timestamp", "reprocess-run-id", "reprocess-attempt"}
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which quarantined records a run takes."""
+
+    failure_ids: tuple[str, ...] = ()
+    error_code: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a run behaves."""
+
+    reason: str
+    actor: str
+    rate: float = 10.0
+    sample: int | None = None
+    dry_run: bool = False
+    max_failure_rate: float = 0.2
+    max_lag: int = 10_000
+    verify_timeout: float = 120.0
+
+
+@dataclass
+class Report:
+    """What a run did; printed as JSON with --json and stored in `reprocess_runs.counts`."""
+
+    run_id: str | None
+    selected: int
+    undecodable: list[str] = field(default_factory=list)
+    published: int = 0
+    reprocessed: int = 0
+    failed_again: int = 0
+    noop: int = 0
+    unverified: int = 0
+    outcome: str = "completed"
+    stop_reason: str | None = None
+    selection: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, Any]:
+        """The numbers for the audit row."""
+        return {key: value for key, value in asdict(self).items() if key not in {"selection", "run_id"}}
+
+
+class Progress(Protocol):
+    """Where a run reports progress: a rich bar on a terminal, plain lines otherwise."""
+
+    def start(self, stage: str, total: int) -> None:
+        """A stage begins."""
+
+    def advance(self, published: int, verified: int) -> None:
+        """Counts moved."""
+
+    def finish(self) -> None:
+        """The stage ended."""
+
+
+@dataclass
+class _Item:
+    candidate: Candidate
+    stage: str
+    attempt: int = 0
+    before: ItemState | None = None
+    published_at: float | None = None
+    outcome: str | None = None
+
+
+class Reprocessor:
+    """Runs one reprocess workflow."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: AsyncEngine,
+        metrics: Metrics,
+        lag: Callable[[], Awaitable[int]],
+    ) -> None:
+        self._settings = settings
+        self._engine = engine
+        self._metrics = metrics
+        self._lag = lag
+        self._consumer = settings.consumer_name
+
+    async def run(
+        self, selection: Selection, options: Options, progress: Progress, confirm: Callable[[str], bool]
+    ) -> Report:
+        """Select, check, (sample,) publish, verify; every step is audited unless it is a dry run."""
+        async with UnitOfWork(self._engine) as uow:
+            candidates = await store.select_candidates(
+                uow.connection,
+                failure_ids=selection.failure_ids,
+                error_code=selection.error_code,
+                since=selection.since,
+                until=selection.until,
+            )
+        report = Report(run_id=None, selected=len(candidates), selection=[c.failure_id for c in candidates])
+        usable = []
+        for candidate in candidates:
+            if isinstance(decode(candidate.payload), DecodeFailure):
+                report.undecodable.append(candidate.failure_id)
+            else:
+                usable.append(candidate)
+        if options.dry_run:
+            report.outcome = "dry_run"
+            return report
+        report.run_id = f"rp-{uuid.uuid4().hex[:12]}"
+        async with UnitOfWork(self._engine) as uow:
+            await store.start_run(
+                uow.connection,
+                report.run_id,
+                actor=options.actor,
+                reason=options.reason,
+                selection={**asdict(selection), "since": _iso(selection.since), "until": _iso(selection.until)},
+                options={k: v for k, v in asdict(options).items() if k not in {"reason", "actor"}},
+            )
+            await uow.commit()
+        sample, rest = _split(usable, options.sample)
+        stages = [("sample", sample), ("main", rest)] if sample else [("main", rest)]
+        for stage, items in stages:
+            if not items:
+                continue
+            reason = await self._stage(report, stage, items, options, progress)
+            if reason is not None:
+                report.outcome, report.stop_reason = "stopped", reason
+                break
+            if stage == "sample" and rest:
+                question = (
+                    f"sample of {len(sample)}: {report.reprocessed} reprocessed, {report.noop} already applied, "
+                    f"{report.failed_again} failed again. Reprocess the remaining {len(rest)}?"
+                )
+                if not confirm(question):
+                    report.outcome, report.stop_reason = "stopped", "not confirmed after the sample"
+                    break
+        async with UnitOfWork(self._engine) as uow:
+            await store.finish_run(uow.connection, report.run_id, report.outcome, report.stop_reason, report.counts())
+            await uow.commit()
+        log.info("reprocess_finished", run_id=report.run_id, outcome=report.outcome, stop_reason=report.stop_reason)
+        return report
+
+    async def _stage(
+        self, report: Report, stage: str, candidates: Sequence[Candidate], options: Options, progress: Progress
+    ) -> str | None:
+        """Publish and verify one stage; return a stop reason, or None."""
+        assert report.run_id is not None
+        items = [_Item(candidate, stage) for candidate in candidates]
+        # A token bucket of one token every 1/rate seconds: a steady rate, no initial burst.
+        limiter = AsyncLimiter(1, 1 / options.rate)
+        progress.start(stage, len(items))
+        try:
+            for item in items:
+                await limiter.acquire()
+                if (lag := await self._lag()) > options.max_lag:
+                    return f"consumer lag {lag} is over the threshold {options.max_lag}"
+                await self._publish(report.run_id, item)
+                report.published += 1
+                reason = await self._verify(report, items, options, final=False)
+                progress.advance(report.published, _verified(items))
+                if reason is not None:
+                    return reason
+            deadline = time.monotonic() + options.verify_timeout
+            while any(item.outcome is None for item in items) and time.monotonic() < deadline:
+                reason = await self._verify(report, items, options, final=False)
+                progress.advance(report.published, _verified(items))
+                if reason is not None:
+                    return reason
+                await sleep_unless_stopped(asyncio.Event(), 0.2)
+            return await self._verify(report, items, options, final=True)
+        finally:
+            progress.finish()
+
+    async def _publish(self, run_id: str, item: _Item) -> None:
+        candidate = item.candidate
+        async with UnitOfWork(self._engine) as uow:
+            c = uow.connection
+            item.before = await store.state_of(c, self._consumer, candidate)
+            item.attempt = await store.attempts_so_far(c, candidate.failure_id) + 1
+            headers = {name: value for name, value in candidate.source_headers if name not in _OUR_HEADERS}
+            headers |= {
+                "message-id": candidate.message_id,
+                "failure-id": candidate.failure_id,
+                "reprocess-run-id": run_id,
+                "reprocess-attempt": str(item.attempt),
+            }
+            stamp = _epoch_ms(candidate.envelope.get("source", {}).get("timestamp"))
+            if stamp is not None:
+                headers["origin-timestamp"] = str(stamp)
+            topic = self._settings.topics.reprocess
+            await outbox.add(c, [OutboxMessage(topic, candidate.order_key, headers, candidate.payload or b"")])
+            await store.add_item(
+                c,
+                run_id=run_id,
+                failure_id=candidate.failure_id,
+                message_id=candidate.message_id,
+                stage=item.stage,
+                attempt=item.attempt,
+                outcome="published",
+                published_at=datetime.now().astimezone(),
+            )
+            await uow.commit()
+        item.published_at = time.monotonic()
+
+    async def _verify(self, report: Report, items: list[_Item], options: Options, *, final: bool) -> str | None:
+        """Look at the business state of published items; decide those that are done; return a stop reason."""
+        open_items = [item for item in items if item.published_at is not None and item.outcome is None]
+        if not open_items:
+            return None
+        consumed = await self._lag() == 0
+        assert report.run_id is not None
+        async with UnitOfWork(self._engine) as uow:
+            c = uow.connection
+            for item in open_items:
+                after = await store.state_of(c, self._consumer, item.candidate)
+                outcome, detail = _judge(item.before, after, consumed)
+                if outcome is None and final:
+                    outcome, detail = "unverified", "no business change seen before the verification timeout"
+                if outcome is None:
+                    continue
+                item.outcome = outcome
+                await store.settle_item(c, report.run_id, item.candidate.failure_id, outcome, detail)
+                self._count(report, outcome)
+                if outcome == "unexpected_duplicate":
+                    await uow.commit()
+                    return f"unexpected duplicate: {item.candidate.failure_id} ({detail})"
+            await uow.commit()
+        verified = report.reprocessed + report.failed_again + report.noop
+        if verified and report.failed_again / verified > options.max_failure_rate:
+            rate = report.failed_again / verified
+            return f"failure rate {rate:.0%} is over the threshold {options.max_failure_rate:.0%}"
+        return None
+
+    def _count(self, report: Report, outcome: str) -> None:
+        if outcome == "reprocessed":
+            report.reprocessed += 1
+        elif outcome == "failed_again":
+            report.failed_again += 1
+        elif outcome == "noop":
+            report.noop += 1
+        elif outcome == "unverified":
+            report.unverified += 1
+        self._metrics.reprocess(outcome)
+
+
+def _judge(before: ItemState | None, after: ItemState, consumed: bool) -> tuple[str | None, str]:
+    """Compare an item's business state before publishing and now."""
+    assert before is not None
+    if after.repeat_failures > before.repeat_failures:
+        return "failed_again", f"quarantined again (repeat {after.repeat_failures})"
+    if before.inbox_status in ("processed", "rejected"):
+        if after.effects > before.effects:
+            return "unexpected_duplicate", f"effects grew from {before.effects} to {after.effects}"
+        # Nothing changes for a no-op: it is verified once the consumer has read everything published.
+        return ("noop", f"already {before.inbox_status}") if consumed else (None, "")
+    if after.inbox_status in ("processed", "rejected") and after.quarantine_status == "reprocessed":
+        return "reprocessed", f"inbox {after.inbox_status}, {after.effects} effects"
+    return None, ""
+
+
+def _verified(items: list[_Item]) -> int:
+    return sum(item.outcome is not None for item in items)
+
+
+def _split(items: list[Candidate], sample: int | None) -> tuple[list[Candidate], list[Candidate]]:
+    """A deterministic sample: the same selection always gives the same sample (ordered by a hash)."""
+    if not sample:
+        return [], items
+    ranked = sorted(items, key=lambda c: hashlib.sha256(c.failure_id.encode()).hexdigest())
+    chosen = {c.failure_id for c in ranked[:sample]}
+    return [c for c in items if c.failure_id in chosen], [c for c in items if c.failure_id not in chosen]
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment else None
+
+
+def _epoch_ms(text: Any) -> int | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return round(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        return None
