@@ -114,9 +114,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_together(self) -> Settings:
-        if self.effect_lease <= self.http_timeout:
-            timeout = format_duration(self.http_timeout)
-            raise ValueError(f"{ENV_PREFIX}EFFECT_LEASE: must be longer than ORDERS_HTTP_TIMEOUT ({timeout})")
+        if self.effect_lease <= 2 * self.http_timeout:
+            timeout = format_duration(2 * self.http_timeout)
+            raise ValueError(f"{ENV_PREFIX}EFFECT_LEASE: must be longer than twice ORDERS_HTTP_TIMEOUT ({timeout})")
         horizon = self.retry_policy().horizon
         margin = max(DEDUP_MARGIN, horizon / 10)
         if self.dedup_window < horizon + margin:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import structlog
@@ -30,6 +32,7 @@ from service.policy.effects import (
     NotSent,
     Refused,
     Sent,
+    Unknown,
     after_call,
 )
 from service.policy.envelope import event_headers
@@ -43,6 +46,7 @@ log = structlog.get_logger("order_service.effects")
 
 _IDLE_POLL_SECONDS = 0.2
 _CONCURRENCY = 16
+_CLAIM = _CONCURRENCY * 4
 
 
 async def record_outcome(
@@ -132,16 +136,20 @@ class EffectWorker:
     async def work_once(self) -> int:
         """Claim one batch, execute it, record the outcomes; return how many effects were attempted."""
         async with UnitOfWork(self._engine) as uow:
-            claimed = await effects.claim(
-                uow.connection, self._owner, self._settings.effect_lease, self._settings.relay_batch_size
-            )
+            claimed = await effects.claim(uow.connection, self._owner, self._settings.effect_lease, _CLAIM)
             await uow.commit()
         if not claimed:
             return 0
-        outcomes = await asyncio.gather(*(self._execute(effect) for effect in claimed))
+        # The lease is only as good as the clock: no call may start unless it can end before the lease does.
+        lease_ends = time.monotonic() + self._settings.effect_lease.total_seconds()
+        outcomes = await asyncio.gather(*(self._execute(effect, lease_ends) for effect in claimed))
         async with UnitOfWork(self._engine) as uow:
             for effect, outcome in zip(claimed, outcomes, strict=True):
-                decision = after_call(outcome, effect.attempts, self._policy, self._rng)
+                if outcome is None:
+                    # Not attempted: its lease would have run out mid-call. Hand it back untouched.
+                    decision = EffectDecision("pending", retry_in=timedelta(0))
+                else:
+                    decision = after_call(outcome, effect.attempts, self._policy, self._rng)
                 kept = await record_outcome(
                     uow.connection, self._settings.topics, effect, decision, from_state="in_flight", owner=self._owner
                 )
@@ -149,24 +157,35 @@ class EffectWorker:
             await uow.commit()
         return len(claimed)
 
-    async def _execute(self, effect: EffectRow) -> CallOutcome:
+    async def _execute(self, effect: EffectRow, lease_ends: float) -> CallOutcome | None:
         async with self._limit:
-            if effect.kind == "payment.refund" and effect.capture_state == "failed":
-                return Refused(ErrorCode.CAPTURE_FAILED)  # nothing was captured, so nothing to refund
-            if effect.kind.startswith("payment."):
-                if not self._payments.enabled:
-                    return NotSent(ErrorCode.DOWNSTREAM_UNREACHABLE)
-                return await self._payments.pay(effect.idempotency_key, effect.payload)
-            if not self._emails.enabled:
+            budget = self._settings.http_timeout.total_seconds()
+            if time.monotonic() + budget * 2 > lease_ends:
+                return None
+            try:
+                # httpx applies its timeout per phase; this bounds the whole exchange (look-up and send).
+                async with asyncio.timeout(budget * 2):
+                    return await self._call(effect)
+            except TimeoutError:
+                return Unknown(ErrorCode.DOWNSTREAM_TIMEOUT)
+
+    async def _call(self, effect: EffectRow) -> CallOutcome:
+        if effect.kind == "payment.refund" and effect.capture_state == "failed":
+            return Refused(ErrorCode.CAPTURE_FAILED)  # nothing was captured, so nothing to refund
+        if effect.kind.startswith("payment."):
+            if not self._payments.enabled:
                 return NotSent(ErrorCode.DOWNSTREAM_UNREACHABLE)
-            if effect.attempts > 1 or effect.reconcile_count > 0:
-                # An earlier attempt may have sent it: never send a second email for one ref.
-                found = await self._emails.find(effect.payload["ref"])
-                if isinstance(found, Found):
-                    return Sent(found.reference)
-                if isinstance(found, LookupFailed):
-                    return NotSent(found.code)  # cannot tell whether it was sent: ask again later, do not send
-            return await self._emails.send(effect.payload)
+            return await self._payments.pay(effect.idempotency_key, effect.payload)
+        if not self._emails.enabled:
+            return NotSent(ErrorCode.DOWNSTREAM_UNREACHABLE)
+        if effect.attempts > 1 or effect.reconcile_count > 0:
+            # An earlier attempt may have sent it: never send a second email for one ref.
+            found = await self._emails.find(effect.payload["ref"])
+            if isinstance(found, Found):
+                return Sent(found.reference)
+            if isinstance(found, LookupFailed):
+                return NotSent(found.code)  # cannot tell whether it was sent: ask again later, do not send
+        return await self._emails.send(effect.payload)
 
     def _report(self, effect: EffectRow, decision: EffectDecision, kept: bool) -> None:
         self._metrics.effect(decision.state)

@@ -34,6 +34,7 @@ from service.store.uow import UnitOfWork
 
 log = structlog.get_logger("order_service.reprocess")
 
+_MIN_JUDGED = 5
 _OUR_HEADERS = {"message-id", "failure-id", "origin-timestamp", "reprocess-run-id", "reprocess-attempt"}
 
 
@@ -263,7 +264,9 @@ class Reprocessor:
                     return f"unexpected duplicate: {item.candidate.failure_id} ({detail})"
             await uow.commit()
         verified = report.reprocessed + report.failed_again + report.noop
-        if verified and report.failed_again / verified > options.max_failure_rate:
+        # Judge the rate on enough items: a whole stage, or at least five (one early failure is not a trend).
+        enough = final or _verified(items) >= min(_MIN_JUDGED, len(items))
+        if enough and verified and report.failed_again / verified > options.max_failure_rate:
             rate = report.failed_again / verified
             return f"failure rate {rate:.0%} is over the threshold {options.max_failure_rate:.0%}"
         return None

@@ -291,7 +291,7 @@ def test_the_shortest_dedup_window_is_accepted_when_the_retry_horizon_fits_in_it
         ),
         (
             {"ORDERS_EFFECT_LEASE": "2s"},
-            "invalid configuration: ORDERS_EFFECT_LEASE: must be longer than ORDERS_HTTP_TIMEOUT (2s)",
+            "invalid configuration: ORDERS_EFFECT_LEASE: must be longer than twice ORDERS_HTTP_TIMEOUT (4s)",
         ),
     ],
 )

@@ -1,0 +1,538 @@
+"""The effects ledger on real Kafka, PostgreSQL and HTTP: the effect worker, the reconciler and the dedup window.
+
+Effects are created the way production creates them, by consuming order records. The provider is the
+fault-injecting downstream test server; every test asserts on what the provider holds (payments, emails,
+calls) as well as on the effect rows, the events and the counts. Outcomes are awaited by polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.config import Settings
+from service.containers import Container
+from service.testing.downstream import Downstream
+from tests.integration.test_cli import order_service
+from tests.integration.test_consumer import _committed, placed
+from tests.support import (
+    ROOT,
+    ServiceProcess,
+    Topics,
+    env_for,
+    eventually,
+    produce,
+    read_topic,
+    rows,
+    running,
+    scalar,
+    settings_for,
+)
+
+LOCK_MESSAGE = "reconcile: another reconcile run holds the lock; nothing to do"
+
+
+def shipped(order_id: str) -> dict[str, Any]:
+    return {"schema": "order.shipped.v1", "order_id": order_id, "carrier": "dhl", "tracking_number": "JD0001"}
+
+
+def cancelled(order_id: str) -> dict[str, Any]:
+    return {"schema": "order.cancelled.v1", "order_id": order_id, "reason": "changed my mind"}
+
+
+def effect_settings(
+    database_url: str, kafka: str, topics: Topics, downstream: Downstream, **overrides: Any
+) -> Settings:
+    """Every downstream call goes to the test server; short HTTP timeout and lease so tests stay fast."""
+    values: dict[str, Any] = {
+        "customers_url": downstream.url,
+        "payments_url": downstream.url,
+        "emails_url": downstream.url,
+        "http_timeout": "1s",
+        "effect_lease": "3s",
+    }
+    return settings_for(database_url, kafka, topics, **(values | overrides))
+
+
+@dataclass(frozen=True)
+class Run:
+    """What a finished `order-service reconcile` process left behind."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+
+async def start_reconcile(settings: Settings) -> asyncio.subprocess.Process:
+    """Start `order-service reconcile` as cron would; asynchronous so in-process loops keep running meanwhile."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "service",
+        "reconcile",
+        cwd=ROOT,
+        env=env_for(settings),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def finish(process: asyncio.subprocess.Process) -> Run:
+    stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
+    assert process.returncode is not None
+    return Run(process.returncode, stdout.decode(), stderr.decode())
+
+
+async def reconcile(settings: Settings) -> Run:
+    """One reconcile pass as a process; it must succeed and print exactly its one summary line."""
+    run = await finish(await start_reconcile(settings))
+    assert run.code == 0, run.stderr
+    assert len(run.stdout.splitlines()) == 1, run.stdout
+    assert run.stdout.startswith("reconcile: ")
+    return run
+
+
+async def effect(engine: AsyncEngine, key: str) -> dict[str, Any]:
+    [row] = await rows(engine, "SELECT * FROM effects WHERE idempotency_key = :key", key=key)
+    return row
+
+
+async def state_is(engine: AsyncEngine, key: str, state: str) -> bool:
+    return await scalar(engine, "SELECT state FROM effects WHERE idempotency_key = :key", key=key) == state
+
+
+async def called(downstream: Downstream, route: str, times: int, key: str | None = None) -> bool:
+    return downstream.calls(route, key) == times
+
+
+async def events_in_outbox(engine: AsyncEngine, topics: Topics, event_type: str) -> list[dict[str, Any]]:
+    payloads = await rows(engine, "SELECT payload FROM outbox WHERE topic = :topic", topic=topics.events)
+    return [event for event in (json.loads(row["payload"]) for row in payloads) if event["type"] == event_type]
+
+
+async def payment_status(engine: AsyncEngine, order_id: str) -> str | None:
+    sql = "SELECT details->>'payment_status' FROM orders WHERE order_id = :order_id"
+    return await scalar(engine, sql, order_id=order_id)
+
+
+async def test_a_worker_killed_during_a_capture_call_leaves_one_payment_after_restart_and_reconcile(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream, tmp_path: Path
+) -> None:
+    # a. The worker is killed (SIGKILL) while a capture call is in flight: after a restart of the worker and
+    # one reconcile (after the lease expired), the provider holds exactly one payment and the effect is sent.
+
+    # Given a placed order whose capture the provider applies but answers only after 10 s
+    key = "A-1/payment.capture"
+    downstream.delay_next("payments.post", seconds=10, key=key)
+    settings = effect_settings(database_url, kafka, topics, downstream, http_timeout="2s", effect_lease="5s")
+    await produce(kafka, topics.source, [("A-1", placed("A-1"), {})], partition=0)
+    async with running(settings, "consumer_loop"):
+        await eventually(lambda: state_is(engine, key, "pending"))
+
+    # When the worker process is killed while that call is in flight
+    doomed = ServiceProcess("effects", settings, tmp_path / "doomed.log")
+    await eventually(lambda: called(downstream, "payments.post", 1, key))
+    doomed.kill()
+    assert (await effect(engine, key))["state"] == "in_flight"
+
+    # And a new worker starts, and reconcile runs once the dead worker's lease has expired
+    restarted = ServiceProcess("effects", settings, tmp_path / "restarted.log")
+    try:
+        lease_expired = "SELECT lease_until < now() FROM effects WHERE idempotency_key = :key"
+        await eventually(lambda: scalar(engine, lease_expired, key=key))
+        run = await reconcile(settings)
+        await eventually(lambda: state_is(engine, key, "sent"))
+    finally:
+        assert restarted.terminate() == 0
+
+    # Then the provider holds one payment, the effect is sent with its id, and it was never paid twice
+    assert run.stdout.startswith("reconcile: 1 expired leases taken back; uncertain effects: 1 sent, ")
+    payments = downstream.payments()
+    assert list(payments) == [key]
+    row = await effect(engine, key)
+    assert (row["state"], row["provider_ref"], row["attempts"]) == ("sent", payments[key]["payment_id"], 1)
+    assert row["lease_owner"] is None
+    assert downstream.calls("payments.post", key) == 1
+    assert downstream.calls("payments.get", key) == 1
+    assert len(await events_in_outbox(engine, topics, "payment.captured")) == 1
+    assert await payment_status(engine, "A-1") == "captured"
+    assert await scalar(engine, "SELECT count(*) FROM reconcile_runs") == 1
+
+
+async def test_b_a_capture_that_timed_out_after_the_provider_recorded_it_is_reconciled_to_sent(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # b. The provider records a payment then times out (delay longer than ORDERS_HTTP_TIMEOUT): the effect
+    # becomes uncertain; reconcile makes it sent with the provider's payment id; one payment; one POST.
+
+    # Given a provider that records the capture but answers after 3 s, with an HTTP timeout of 1 s
+    key = "B-1/payment.capture"
+    downstream.delay_next("payments.post", seconds=3, key=key)
+    settings = effect_settings(database_url, kafka, topics, downstream)
+    await produce(kafka, topics.source, [("B-1", placed("B-1"), {})], partition=0)
+
+    async with running(settings, "consumer_loop", "effect_worker"):
+        # When the worker's call times out
+        await eventually(lambda: state_is(engine, key, "uncertain"))
+        uncertain = await effect(engine, key)
+        # And reconcile runs
+        run = await reconcile(settings)
+
+    # Then the effect was uncertain, and reconcile found the payment and marked it sent with its id
+    assert (uncertain["last_error_code"], uncertain["provider_ref"]) == ("DOWNSTREAM_TIMEOUT", None)
+    assert run.stdout.startswith("reconcile: 0 expired leases taken back; uncertain effects: 1 sent, ")
+    payments = downstream.payments()
+    assert list(payments) == [key]
+    row = await effect(engine, key)
+    assert (row["state"], row["provider_ref"], row["attempts"]) == ("sent", payments[key]["payment_id"], 1)
+    assert downstream.calls("payments.post", key) == 1
+    assert downstream.calls("payments.get", key) == 1
+    assert len(await events_in_outbox(engine, topics, "payment.captured")) == 1
+    assert await payment_status(engine, "B-1") == "captured"
+
+
+async def test_c_an_email_sent_before_a_timeout_is_found_by_its_ref_and_never_sent_again(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # c. The email provider sends then times out: reconcile finds the ref and marks sent (one email for the ref).
+
+    # Given a shipped order whose email the provider sends but acknowledges after 3 s (HTTP timeout 1 s)
+    ref = "C-1/email.shipped"
+    downstream.delay_next("emails.post", seconds=3, key=ref)
+    settings = effect_settings(database_url, kafka, topics, downstream)
+    await produce(kafka, topics.source, [("C-1", placed("C-1"), {}), ("C-1", shipped("C-1"), {})], partition=0)
+
+    async with running(settings, "consumer_loop", "effect_worker"):
+        # When the send times out, and reconcile runs
+        await eventually(lambda: state_is(engine, ref, "uncertain"))
+        run = await reconcile(settings)
+
+    # Then reconcile found the email by its ref: sent with its id, and exactly one email exists
+    assert "uncertain effects: 1 sent, 0 back to pending" in run.stdout
+    [email] = downstream.emails(ref)
+    row = await effect(engine, ref)
+    assert (row["state"], row["provider_ref"], row["attempts"]) == ("sent", email["email_id"], 1)
+    assert downstream.calls("emails.post", ref) == 1
+    assert downstream.calls("emails.get", ref) == 1
+
+
+async def test_c_an_email_cut_before_the_provider_sent_it_is_sent_exactly_once_after_reconcile(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # c. When the provider did NOT send (connection cut before applying → uncertain), reconcile sends it back
+    # to pending and the worker sends it exactly once.
+
+    # Given a shipped order whose email request is cut before the provider sent anything
+    ref = "C-2/email.shipped"
+    downstream.cut_next("emails.post", after_apply=False, key=ref)
+    settings = effect_settings(database_url, kafka, topics, downstream)
+    await produce(kafka, topics.source, [("C-2", placed("C-2"), {}), ("C-2", shipped("C-2"), {})], partition=0)
+
+    async with running(settings, "consumer_loop", "effect_worker"):
+        # When the worker cannot tell whether the email went out
+        await eventually(lambda: state_is(engine, ref, "uncertain"))
+        uncertain = await effect(engine, ref)
+        assert downstream.emails(ref) == []
+        # And reconcile runs, with the worker still running
+        run = await reconcile(settings)
+        await eventually(lambda: state_is(engine, ref, "sent"))
+
+    # Then reconcile found no email and sent the effect back; the worker checked again and sent it once
+    assert uncertain["last_error_code"] == "DOWNSTREAM_UNREACHABLE"
+    assert "uncertain effects: 0 sent, 1 back to pending" in run.stdout
+    [email] = downstream.emails(ref)
+    row = await effect(engine, ref)
+    assert (row["state"], row["provider_ref"]) == ("sent", email["email_id"])
+    assert (row["attempts"], row["reconcile_count"]) == (2, 1)
+    assert downstream.calls("emails.post", ref) == 2  # the cut one, then the one that was sent
+    assert downstream.calls("emails.get", ref) == 2  # reconcile's look-up, then the worker's before resending
+
+
+async def test_d_a_declined_capture_fails_the_effect_and_emits_one_payment_failed_event(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # d. A 402 decline: effect failed (PAYMENT_DECLINED), order payment_status failed, exactly one
+    # payment.failed event on <source>.events.
+
+    # Given an order whose card the provider declines
+    key = "D-1/payment.capture"
+    downstream.decline_order("D-1")
+    settings = effect_settings(database_url, kafka, topics, downstream)
+    await produce(kafka, topics.source, [("D-1", placed("D-1"), {})], partition=0)
+
+    # When the service runs with its relay
+    async with running(settings, "consumer_loop", "relay", "effect_worker"):
+        await eventually(lambda: state_is(engine, key, "failed"))
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL"))
+    events = [
+        (record.key.decode(), json.loads(record.value)) for record in await read_topic(kafka, topics.events, expect=2)
+    ]
+
+    # Then the effect failed at once with the decline, the order says so, and one payment.failed event is out
+    row = await effect(engine, key)
+    assert (row["state"], row["last_error_code"], row["attempts"], row["provider_ref"]) == (
+        "failed",
+        "PAYMENT_DECLINED",
+        1,
+        None,
+    )
+    assert await payment_status(engine, "D-1") == "failed"
+    assert downstream.payments() == {}
+    assert downstream.calls("payments.post", key) == 1
+    assert sorted(event["type"] for _, event in events) == ["order.accepted", "payment.failed"]
+    [(record_key, failed)] = [(k, event) for k, event in events if event["type"] == "payment.failed"]
+    assert record_key == "D-1"
+    assert failed == {
+        "type": "payment.failed",
+        "orderId": "D-1",
+        "effect": key,
+        "kind": "payment.capture",
+        "errorCode": "PAYMENT_DECLINED",
+    }
+
+
+async def test_e_of_two_reconcilers_started_together_one_does_the_work_and_the_other_exits_0_at_once(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # e. Two reconcilers started together: the second exits 0 printing the lock message; the first exits 0
+    # printing a summary and did the work; exactly one reconcile_runs row.
+
+    # Given an uncertain capture (the provider recorded it, then cut the connection)
+    key = "E-1/payment.capture"
+    downstream.cut_next("payments.post", after_apply=True, key=key)
+    settings = effect_settings(database_url, kafka, topics, downstream, http_timeout="5s", effect_lease="11s")
+    await produce(kafka, topics.source, [("E-1", placed("E-1"), {})], partition=0)
+    async with running(settings, "consumer_loop", "effect_worker"):
+        await eventually(lambda: state_is(engine, key, "uncertain"))
+    # And a provider look-up that takes 4 s, so the first reconciler holds its lock that long
+    downstream.delay_next("payments.get", seconds=4, key=key)
+
+    # When a first reconciler is inside its pass (it made its look-up call) and a second one starts
+    first = await start_reconcile(settings)
+    await eventually(lambda: called(downstream, "payments.get", 1))
+    second = await finish(await start_reconcile(settings))
+    first_still_running = first.returncode is None
+    first_run = await finish(first)
+
+    # Then the second gave up at once with exit 0 and the lock message, while the first was still working
+    assert (second.code, second.stdout.splitlines()) == (0, [LOCK_MESSAGE]), second.stderr
+    assert first_still_running
+    # And the first finished with exit 0 and its summary, having resolved the effect
+    assert first_run.code == 0, first_run.stderr
+    [summary] = first_run.stdout.splitlines()
+    assert summary.startswith("reconcile: 0 expired leases taken back; uncertain effects: 1 sent, ")
+    assert (await effect(engine, key))["provider_ref"] == downstream.payments()[key]["payment_id"]
+    assert await state_is(engine, key, "sent")
+    assert downstream.calls("payments.get", key) == 1
+    assert downstream.calls("payments.post", key) == 1
+    assert await rows(engine, "SELECT outcome, summary->>'resolved_sent' AS sent FROM reconcile_runs") == [
+        {"outcome": "complete", "sent": "1"}
+    ]
+
+
+async def test_f_the_purge_removes_only_expired_rows_and_a_fresh_message_is_still_a_duplicate(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # f. The purge removes only expired inbox rows (dedup window 1d); a duplicate of a fresh message is
+    # still recognised as a duplicate (one order, one effect).
+
+    # Given a dedup window of one day, a message processed now, and older inbox and outbox rows
+    settings = effect_settings(database_url, kafka, topics, downstream, dedup_window="1d")
+    record = ("F-1", placed("F-1"), {"message-id": "F-1.1/order.placed"})
+    await produce(kafka, topics.source, [record], partition=0)
+    async with running(settings, "consumer_loop"):
+        await eventually(lambda: _committed(kafka, settings.consumer_name, topics.source, 0, 1))
+    for message_id, hours_ago in (("old-1", 48), ("old-2", 25), ("recent", 23)):
+        await _insert_inbox_row(engine, settings, message_id, hours_ago)
+    for name, published_hours_ago in (("published-old", 48), ("published-recent", 23), ("unpublished", None)):
+        await _insert_outbox_row(engine, name, created_hours_ago=48, published_hours_ago=published_hours_ago)
+
+    # When reconcile runs
+    run = await reconcile(settings)
+
+    # Then only the inbox rows and the published outbox row older than the window are gone
+    assert "purged 2 inbox and 1 outbox rows" in run.stdout
+    assert await rows(engine, "SELECT message_id FROM inbox ORDER BY message_id") == [
+        {"message_id": "F-1.1/order.placed"},
+        {"message_id": "recent"},
+    ]
+    kept = await rows(engine, "SELECT key FROM outbox WHERE topic = 'purge-test' ORDER BY key")
+    assert kept == [{"key": "published-recent"}, {"key": "unpublished"}]
+    outbox_before = await scalar(engine, "SELECT count(*) FROM outbox")
+
+    # When the fresh message is delivered again
+    await produce(kafka, topics.source, [record], partition=0)
+    async with running(settings, "consumer_loop"):
+        await eventually(lambda: _committed(kafka, settings.consumer_name, topics.source, 0, 2))
+
+    # Then it is still recognised as a duplicate: one order, one effect, no new event
+    assert await scalar(engine, "SELECT count(*) FROM orders") == 1
+    assert await scalar(engine, "SELECT count(*) FROM effects") == 1
+    assert await scalar(engine, "SELECT count(*) FROM inbox WHERE message_id = 'F-1.1/order.placed'") == 1
+    assert await scalar(engine, "SELECT count(*) FROM outbox") == outbox_before
+    assert await scalar(engine, "SELECT summary->>'inbox_purged' FROM reconcile_runs") == "2"
+
+
+async def _insert_inbox_row(engine: AsyncEngine, settings: Settings, message_id: str, hours_ago: int) -> None:
+    async with engine.begin() as connection:
+        await connection.execute(
+            text(
+                """
+                INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset,
+                                   received_at, processed_at)
+                VALUES (:consumer, :message_id, 'processed', :topic, 0, 1000,
+                        now() - make_interval(hours => :hours), now() - make_interval(hours => :hours))
+                """
+            ),
+            {
+                "consumer": settings.consumer_name,
+                "message_id": message_id,
+                "topic": settings.source_topic,
+                "hours": hours_ago,
+            },
+        )
+
+
+async def _insert_outbox_row(
+    engine: AsyncEngine, key: str, *, created_hours_ago: int, published_hours_ago: int | None
+) -> None:
+    async with engine.begin() as connection:
+        await connection.execute(
+            text(
+                """
+                INSERT INTO outbox (topic, key, payload, created_at, published_at)
+                VALUES ('purge-test', :key, :payload, now() - make_interval(hours => :created),
+                        now() - make_interval(hours => CAST(:published AS integer)))
+                """
+            ),
+            {"key": key, "payload": b"{}", "created": created_hours_ago, "published": published_hours_ago},
+        )
+
+
+async def test_a_refund_is_called_only_after_its_capture_succeeded(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Also: a refund waits for its capture: placed + cancelled while the capture fails with 503 a few times;
+    # the refund's payments.post happens only after the capture's succeeded.
+
+    # Given an order placed and cancelled, whose capture the provider refuses twice with 503
+    capture, refund = "R-1/payment.capture", "R-1/payment.refund"
+    downstream.fail_next("payments.post", times=2, status=503, key=capture)
+    settings = effect_settings(database_url, kafka, topics, downstream)
+    await produce(kafka, topics.source, [("R-1", placed("R-1"), {}), ("R-1", cancelled("R-1"), {})], partition=0)
+
+    async with running(settings, "consumer_loop", "effect_worker"):
+        # When the capture is still being retried, the refund has not been tried at all
+        await eventually(lambda: called(downstream, "payments.post", 2, capture))
+        assert await rows(engine, "SELECT state, attempts FROM effects WHERE idempotency_key = :k", k=refund) == [
+            {"state": "pending", "attempts": 0}
+        ]
+        assert downstream.calls("payments.post", refund) == 0
+        # And once the capture succeeds, the refund follows
+        await eventually(lambda: state_is(engine, refund, "sent"))
+
+    # Then the refund was made once, after the capture: the provider numbered the capture first
+    payments = downstream.payments()
+    assert (payments[capture]["kind"], payments[refund]["kind"]) == ("capture", "refund")
+    assert _sequence(payments[capture]["payment_id"]) < _sequence(payments[refund]["payment_id"])
+    assert downstream.calls("payments.post", capture) == 3
+    assert downstream.calls("payments.post", refund) == 1
+    assert await rows(engine, "SELECT idempotency_key, state, attempts FROM effects ORDER BY idempotency_key") == [
+        {"idempotency_key": capture, "state": "sent", "attempts": 3},
+        {"idempotency_key": refund, "state": "sent", "attempts": 1},
+    ]
+    assert await payment_status(engine, "R-1") == "refunded"
+
+
+def _sequence(payment_id: str) -> int:
+    """The provider's running number of a payment id (`pay_7` → 7): the order it recorded payments in."""
+    return int(payment_id.removeprefix("pay_"))
+
+
+@pytest.mark.parametrize(
+    ("environment", "expected"),
+    [
+        ({"ORDERS_DEDUP_WINDOW": "19s"}, "between 20s and 7d"),
+        ({"ORDERS_DEDUP_WINDOW": "8d"}, "between 20s and 7d"),
+        ({"ORDERS_DEDUP_WINDOW": "20s"}, "shorter than the retry horizon"),
+    ],
+    ids=["below-20s", "above-7d", "shorter-than-the-default-tiers"],
+)
+def test_g_a_dedup_window_out_of_bounds_or_shorter_than_the_retry_horizon_stops_with_exit_2(
+    environment: dict[str, str], expected: str
+) -> None:
+    # g. ORDERS_DEDUP_WINDOW=19s and 8d → exit 2, one stderr line naming the variable and "between 20s and 7d";
+    # 20s with the default tiers → exit 2, one line "shorter than the retry horizon".
+
+    # Given a database nobody listens on: configuration is checked before anything connects
+    env = {"ORDERS_DATABASE_URL": "postgresql+asyncpg://postgres@127.0.0.1:9/nowhere", **environment}
+
+    # When an operator runs a command with that window
+    result = order_service("quarantine", "stats", "--json", env=env)
+
+    # Then it stops with exit code 2 and one line naming the variable and the problem
+    assert (result.returncode, result.stdout) == (2, "")
+    [line] = result.stderr.splitlines()
+    assert "ORDERS_DEDUP_WINDOW" in line
+    assert expected in line
+    assert "Traceback" not in result.stderr
+
+
+def test_g_a_20s_dedup_window_is_accepted_without_retry_tiers(database_url: str) -> None:
+    # g. 20s with ORDERS_RETRY_TIERS= (empty) → accepted.
+
+    # Given the shortest window, and no retry tiers (the retry horizon is the 5 s blocking budget)
+    env = {"ORDERS_DATABASE_URL": database_url, "ORDERS_DEDUP_WINDOW": "20s", "ORDERS_RETRY_TIERS": ""}
+
+    # When an operator runs a command
+    result = order_service("quarantine", "stats", "--json", env=env)
+
+    # Then the configuration is accepted and the command answers
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["open"] == 0
+
+
+async def test_no_ref_gets_a_second_email_when_claims_queue_behind_the_worker_and_reconcilers_run(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given 33 shipment emails, more than one worker calls at once, and an email provider that applies the
+    # first 32 sends but answers only after the HTTP timeout (so they become uncertain)
+    settings = effect_settings(
+        database_url, kafka, topics, downstream, payments_url="", http_timeout="1s", effect_lease="2500ms"
+    )
+    records = []
+    for n in range(33):
+        records += [(f"L-{n}", placed(f"L-{n}"), {}), (f"L-{n}", shipped(f"L-{n}"), {})]
+    await produce(kafka, topics.source, records, partition=0)
+    async with running(settings, "consumer_loop"):
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 33 FROM effects WHERE kind = 'email.shipped'"))
+    downstream.delay_next("emails.post", times=32, seconds=3)
+
+    # When two workers run and a reconciler passes again and again until every email is resolved
+    container = Container(settings=settings)
+    await container.init_resources()
+    try:
+        reconciler = await container.reconciler()
+
+        async def all_sent() -> bool:
+            await reconciler.run_once(10)
+            return bool(
+                await scalar(engine, "SELECT bool_and(state = 'sent') FROM effects WHERE kind = 'email.shipped'")
+            )
+
+        async with running(settings, "effect_worker"), running(settings, "effect_worker"):
+            await eventually(all_sent, timeout=60, interval=0.3)
+    finally:
+        await container.shutdown_resources()
+
+    # Then every ref has exactly one email: no call outlived its lease, no look-up raced a live call
+    refs = [email["ref"] for email in downstream.emails()]
+    assert sorted(refs) == sorted(f"L-{n}/email.shipped" for n in range(33))
