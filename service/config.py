@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, fi
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.durations import FORMAT_HINT, format_duration, parse_duration
+from service.policy.owners import parse_owners
 from service.policy.retry import Budget, RetryPolicy, build_policy
 
 ENV_PREFIX = "ORDERS_"
@@ -50,6 +51,7 @@ class Settings(BaseSettings):
     processing_timeout: Duration = timedelta(seconds=30)
     effect_lease: Duration = timedelta(seconds=30)
     effect_max_attempts: int = Field(default=8, ge=1, le=1000)
+    quarantine_owners: str = ""
     ordering: Literal["key", "versioned", "unordered"] = "key"
     dedup_window: Duration = timedelta(days=7)
     customers_url: str | None = None
@@ -86,6 +88,12 @@ class Settings(BaseSettings):
             except ValueError as error:
                 raise ValueError(f"{error}; allowed: comma-separated durations (30s,5m) or rocketmq") from None
         return ",".join(parts)
+
+    @field_validator("quarantine_owners")
+    @classmethod
+    def _check_owners(cls, value: str) -> str:
+        parse_owners(value)
+        return value
 
     @field_validator("dedup_window")
     @classmethod

@@ -1,6 +1,12 @@
-"""Who owns a quarantined record: a queue nobody owns is deferred data loss."""
+"""Who owns a quarantined record: a queue nobody owns is deferred data loss.
+
+Default: bad input belongs to the team that produced it (`order-producers`); exhausted retries belong to this
+service's on-call (`order-service-oncall`). `ORDERS_QUARANTINE_OWNERS=CODE=team,…` overrides per error code.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from service.domain.codes import ErrorCode, FailureKind
 
@@ -8,11 +14,20 @@ PRODUCERS = "order-producers"
 ONCALL = "order-service-oncall"
 
 
-def owner_for(code: ErrorCode) -> str:
-    """Bad input belongs to the team that produced it; exhausted retries belong to this service's on-call."""
-    return PRODUCERS if code in _PRODUCER_CODES else ONCALL
+def owner_for(code: ErrorCode, overrides: Mapping[str, str] | None = None) -> str:
+    """The owner of a quarantined record with this error code."""
+    if overrides and code.value in overrides:
+        return overrides[code.value]
+    return PRODUCERS if code.kind is FailureKind.INVALID and not code.value.endswith("_EXHAUSTED") else ONCALL
 
 
-_PRODUCER_CODES = frozenset(
-    code for code in ErrorCode if code.kind is FailureKind.INVALID and code.name.count("_EXHAUSTED") == 0
-)
+def parse_owners(text: str) -> dict[str, str]:
+    """Read `CODE=owner,CODE=owner`; raise ValueError naming what is wrong."""
+    owners: dict[str, str] = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        code, _, owner = part.partition("=")
+        code, owner = code.strip(), owner.strip()
+        if code not in ErrorCode.__members__ or not owner:
+            raise ValueError(f"{part!r} is not CODE=owner with a known error code")
+        owners[code] = owner
+    return owners

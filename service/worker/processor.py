@@ -36,7 +36,7 @@ from service.policy import ordering, redelivery
 from service.policy.backpressure import BackpressurePolicy, pause_for
 from service.policy.classify import Action, Failure, classify
 from service.policy.envelope import event_headers, failure_envelope, iso
-from service.policy.owners import owner_for
+from service.policy.owners import owner_for, parse_owners
 from service.policy.records import Coordinates, SourceRecord
 from service.policy.retry import AttemptHistory, RetryPolicy
 from service.stopping import sleep_unless_stopped
@@ -191,6 +191,7 @@ class Processor:
         self._tenants = frozenset(settings.known_tenants)
         self._topics = settings.topics
         self._consumer = settings.consumer_name
+        self._owners = parse_owners(settings.quarantine_owners)
         self._failing: dict[str, int] = defaultdict(int)  # consecutive transient failures per downstream
         # A reprocessed record gets the blocking retries only; if it fails again it goes back to quarantine.
         self._reprocess_policy = replace(policy, tiers=())
@@ -610,7 +611,7 @@ class Processor:
                 failure_id=envelope.failure_id,
                 message_id=pending.message_id,
                 error_code=code.value,
-                owner=owner_for(code),
+                owner=owner_for(code, self._owners),
                 order_key=key,
                 envelope=envelope.document,
                 payload=pending.record.value,

@@ -50,7 +50,8 @@ async def test_quarantine_list_show_and_stats_answer_in_json(
         SourceRecord(topics.source, 0, 0, 1_785_000_000_000, b"Q-1", b"nope", ((("message-id", b"Q-1.1/x")),)),
         SourceRecord(topics.source, 0, 1, 1_785_000_000_000, b"Q-2", b'{"schema": "order.x.v1"}', ()),
     ]
-    await quarantine_directly(settings_for(database_url, kafka, topics), records)
+    owners = "SCHEMA_UNSUPPORTED=schema-team"
+    await quarantine_directly(settings_for(database_url, kafka, topics, quarantine_owners=owners), records)
     env = {"ORDERS_DATABASE_URL": database_url}
 
     # When an operator lists, shows and summarises them
@@ -72,9 +73,9 @@ async def test_quarantine_list_show_and_stats_answer_in_json(
     assert with_payload["payload"] == "bm9wZQ=="  # base64 of b"nope"
     assert stats["open"] == 2
     assert stats["oldest_open_age_seconds"] >= 0
-    assert {(g["error_code"], g["open"]) for g in stats["by_code"]} == {
-        ("MALFORMED_PAYLOAD", 1),
-        ("SCHEMA_UNSUPPORTED", 1),
+    assert {(g["error_code"], g["owner"], g["open"]) for g in stats["by_code"]} == {
+        ("MALFORMED_PAYLOAD", "order-producers", 1),
+        ("SCHEMA_UNSUPPORTED", "schema-team", 1),
     }
     assert missing.returncode == 1
     assert "no quarantined record" in missing.stderr

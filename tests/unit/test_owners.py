@@ -1,0 +1,36 @@
+"""Every quarantined record has an owner: documented defaults, overridable per error code."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.domain.codes import ErrorCode
+from service.policy.owners import ONCALL, PRODUCERS, owner_for, parse_owners
+
+
+@pytest.mark.parametrize(
+    ("code", "owner"),
+    [
+        (ErrorCode.MALFORMED_PAYLOAD, PRODUCERS),
+        (ErrorCode.SCHEMA_UNSUPPORTED, PRODUCERS),
+        (ErrorCode.INVALID_FIELD, PRODUCERS),
+        (ErrorCode.RATE_LIMITED_EXHAUSTED, ONCALL),
+        (ErrorCode.UNEXPECTED_ERROR_EXHAUSTED, ONCALL),
+    ],
+)
+def test_bad_input_belongs_to_producers_and_exhausted_retries_to_the_on_call(code: ErrorCode, owner: str) -> None:
+    assert owner_for(code) == owner
+
+
+def test_an_override_names_the_owner_of_one_code_and_leaves_the_others() -> None:
+    overrides = parse_owners(" SCHEMA_UNSUPPORTED = schema-team , RATE_LIMITED_EXHAUSTED=payments-oncall")
+
+    assert owner_for(ErrorCode.SCHEMA_UNSUPPORTED, overrides) == "schema-team"
+    assert owner_for(ErrorCode.RATE_LIMITED_EXHAUSTED, overrides) == "payments-oncall"
+    assert owner_for(ErrorCode.MALFORMED_PAYLOAD, overrides) == PRODUCERS
+
+
+@pytest.mark.parametrize("text", ["NOPE=team", "SCHEMA_UNSUPPORTED=", "SCHEMA_UNSUPPORTED"])
+def test_an_override_with_an_unknown_code_or_no_owner_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="CODE=owner"):
+        parse_owners(text)
