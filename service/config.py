@@ -60,11 +60,11 @@ class Settings(BaseSettings):
     known_tenants: Annotated[tuple[str, ...], NoDecode] = ("acme", "globex", "initech")
     metrics_port: int = Field(default=9108, ge=0, le=65535)
     http_timeout: Duration = timedelta(seconds=2)
-    batch_size: int = Field(default=500, ge=1, le=10_000)
+    batch_size: int = Field(default=2000, ge=1, le=10_000)
     relay_batch_size: int = Field(default=500, ge=1, le=10_000)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Test instrumentation only (see service/faults.py): a named point where the process kills itself.
-    fault_crash_at: Literal["after-commit", "after-publish"] | None = None
+    fault_crash_at: Literal["after-commit", "mid-write", "after-publish"] | None = None
 
     @field_validator("known_tenants", mode="before")
     @classmethod

@@ -1,8 +1,9 @@
 """Crash points for the failure tests: the process kills itself (SIGKILL) at a named point.
 
 `ORDERS_FAULT_CRASH_AT=after-commit` makes a consumer die right after its business transaction committed
-and before the offset commit; `after-publish` makes a relay die after Kafka acknowledged and before the
-rows are marked published. Unset in production. A real SIGKILL, not an exception, so no `finally` runs.
+and before the offset commit; `mid-write` makes it die with a batch's transaction written but not committed;
+`after-publish` makes a relay die after Kafka acknowledged and before the rows are marked published.
+Unset in production. A real SIGKILL, not an exception, so no `finally` runs.
 """
 
 from __future__ import annotations

@@ -6,18 +6,17 @@ leaves its claim behind, and the reconciler takes it back when the lease has exp
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.domain.model import Effect
 from service.policy.effects import EffectDecision
-from service.store.tables import effects
 
 
 @dataclass(frozen=True)
@@ -37,11 +36,26 @@ async def add(connection: AsyncConnection, new: Sequence[Effect]) -> None:
     """Record effects as `pending`; an idempotency key that exists already keeps its row."""
     if not new:
         return
-    rows = [
-        {"idempotency_key": e.idempotency_key, "order_id": e.order_id, "kind": e.kind, "payload": e.payload}
-        for e in new
-    ]
-    await connection.execute(insert(effects).values(rows).on_conflict_do_nothing())
+    await connection.execute(
+        _ADD,
+        {
+            "keys": [e.idempotency_key for e in new],
+            "orders": [e.order_id for e in new],
+            "kinds": [e.kind for e in new],
+            "payloads": [json.dumps(e.payload) for e in new],
+        },
+    )
+
+
+_ADD = text(
+    """
+    INSERT INTO effects (idempotency_key, order_id, kind, payload)
+    SELECT k, o, kind, CAST(p AS jsonb)
+    FROM unnest(CAST(:keys AS text[]), CAST(:orders AS text[]), CAST(:kinds AS text[]), CAST(:payloads AS text[]))
+         AS v(k, o, kind, p)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    """
+)
 
 
 _CAPTURE_STATE = """

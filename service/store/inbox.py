@@ -6,11 +6,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select, text
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
-
-from service.store.tables import inbox
 
 
 @dataclass(frozen=True)
@@ -27,15 +24,53 @@ class InboxRow:
     received_at: datetime
 
 
+_KNOWN = text(
+    "SELECT message_id, status FROM inbox WHERE consumer_name = :consumer AND message_id = ANY(CAST(:ids AS text[]))"
+)
+
+# One statement per batch, whatever its size: arrays through unnest, not a VALUES list compiled per row.
+_ADD = text(
+    """
+    INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset,
+                       order_id, error_code, received_at)
+    SELECT :consumer, * FROM unnest(
+        CAST(:ids AS text[]), CAST(:statuses AS text[]), CAST(:topics AS text[]), CAST(:partitions AS int[]),
+        CAST(:offsets AS bigint[]), CAST(:orders AS text[]), CAST(:codes AS text[]), CAST(:received AS timestamptz[]))
+    ON CONFLICT (consumer_name, message_id) DO NOTHING
+    RETURNING message_id
+    """
+)
+
+
 async def known(connection: AsyncConnection, consumer: str, message_ids: Iterable[str]) -> dict[str, str]:
     """The status of each of these message ids that already has a terminal row (a redelivery, or a reprocess)."""
     ids = list(set(message_ids))
     if not ids:
         return {}
-    rows = await connection.execute(
-        select(inbox.c.message_id, inbox.c.status).where(inbox.c.consumer_name == consumer, inbox.c.message_id.in_(ids))
-    )
+    rows = await connection.execute(_KNOWN, {"consumer": consumer, "ids": ids})
     return {message_id: status for message_id, status in rows}
+
+
+async def add(connection: AsyncConnection, consumer: str, rows: Sequence[InboxRow]) -> set[str]:
+    """Insert terminal rows; return the ids actually inserted (a missing one lost a race to a concurrent
+    consumer, and the caller must not apply its business change)."""
+    if not rows:
+        return set()
+    result = await connection.execute(
+        _ADD,
+        {
+            "consumer": consumer,
+            "ids": [r.message_id for r in rows],
+            "statuses": [r.status for r in rows],
+            "topics": [r.source_topic for r in rows],
+            "partitions": [r.source_partition for r in rows],
+            "offsets": [r.source_offset for r in rows],
+            "orders": [r.order_id for r in rows],
+            "codes": [r.error_code for r in rows],
+            "received": [r.received_at for r in rows],
+        },
+    )
+    return set(result.scalars())
 
 
 async def reopen(connection: AsyncConnection, consumer: str, rows: Sequence[InboxRow]) -> set[str]:
@@ -63,19 +98,4 @@ async def reopen(connection: AsyncConnection, consumer: str, rows: Sequence[Inbo
             "codes": [row.error_code for row in rows],
         },
     )
-    return set(result.scalars())
-
-
-async def add(connection: AsyncConnection, consumer: str, rows: Sequence[InboxRow]) -> set[str]:
-    """Insert terminal rows; return the ids actually inserted (a missing one lost a race to a concurrent
-    consumer, and the caller must not apply its business change)."""
-    if not rows:
-        return set()
-    statement = (
-        insert(inbox)
-        .values([{"consumer_name": consumer, **row.__dict__} for row in rows])
-        .on_conflict_do_nothing(index_elements=[inbox.c.consumer_name, inbox.c.message_id])
-        .returning(inbox.c.message_id)
-    )
-    result = await connection.execute(statement)
     return set(result.scalars())

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.domain.model import Order, OrderStatus
-from service.store.tables import orders
 
 
 def _to_order(row: Any) -> Order:
@@ -26,25 +25,12 @@ def _to_order(row: Any) -> Order:
     )
 
 
-def _to_row(order: Order) -> dict[str, Any]:
-    return {
-        "order_id": order.order_id,
-        "tenant": order.tenant,
-        "customer_id": order.customer_id,
-        "status": order.status.value,
-        "amount_cents": order.amount_cents,
-        "currency": order.currency,
-        "sequence": order.sequence,
-        "details": order.details,
-    }
-
-
 async def existing(connection: AsyncConnection, order_ids: Iterable[str]) -> set[str]:
     """Which of these orders exist (no lock: a hint for which customers to look up)."""
     ids = list(set(order_ids))
     if not ids:
         return set()
-    result = await connection.execute(select(orders.c.order_id).where(orders.c.order_id.in_(ids)))
+    result = await connection.execute(_EXISTING, {"ids": ids})
     return set(result.scalars())
 
 
@@ -53,9 +39,7 @@ async def lock(connection: AsyncConnection, order_ids: Iterable[str]) -> dict[st
     ids = sorted(set(order_ids))  # a stable lock order keeps two batches from deadlocking
     if not ids:
         return {}
-    result = await connection.execute(
-        select(orders).where(orders.c.order_id.in_(ids)).order_by(orders.c.order_id).with_for_update()
-    )
+    result = await connection.execute(_LOCK, {"ids": ids})
     return {row.order_id: _to_order(row) for row in result}
 
 
@@ -63,24 +47,47 @@ async def create(connection: AsyncConnection, new: Sequence[Order]) -> set[str]:
     """Insert new orders; return the ids inserted (a missing one was created concurrently)."""
     if not new:
         return set()
-    statement = (
-        insert(orders).values([_to_row(order) for order in new]).on_conflict_do_nothing().returning(orders.c.order_id)
-    )
-    return set((await connection.execute(statement)).scalars())
+    return set((await connection.execute(_CREATE, _columns(new))).scalars())
 
 
 async def update(connection: AsyncConnection, changed: Sequence[Order]) -> None:
     """Write back orders that were locked by `lock`."""
-    if not changed:
-        return
-    statement = insert(orders).values([_to_row(order) for order in changed])
-    statement = statement.on_conflict_do_update(
-        index_elements=[orders.c.order_id],
-        set_={
-            "status": statement.excluded.status,
-            "sequence": statement.excluded.sequence,
-            "details": statement.excluded.details,
-            "updated_at": func.now(),
-        },
-    )
-    await connection.execute(statement)
+    if changed:
+        await connection.execute(_UPDATE, _columns(changed))
+
+
+def _columns(batch: Sequence[Order]) -> dict[str, list[Any]]:
+    return {
+        "ids": [o.order_id for o in batch],
+        "tenants": [o.tenant for o in batch],
+        "customers": [o.customer_id for o in batch],
+        "statuses": [o.status.value for o in batch],
+        "amounts": [o.amount_cents for o in batch],
+        "currencies": [o.currency for o in batch],
+        "sequences": [o.sequence for o in batch],
+        "details": [json.dumps(o.details) for o in batch],
+    }
+
+
+_EXISTING = text("SELECT order_id FROM orders WHERE order_id = ANY(CAST(:ids AS text[]))")
+_LOCK = text("SELECT * FROM orders WHERE order_id = ANY(CAST(:ids AS text[])) ORDER BY order_id FOR UPDATE")
+_UNNEST = """unnest(CAST(:ids AS text[]), CAST(:tenants AS text[]), CAST(:customers AS text[]),
+                    CAST(:statuses AS text[]), CAST(:amounts AS bigint[]), CAST(:currencies AS text[]),
+                    CAST(:sequences AS int[]), CAST(:details AS text[]))
+             AS v(order_id, tenant, customer_id, status, amount_cents, currency, sequence, details)"""
+_CREATE = text(
+    f"""
+    INSERT INTO orders (order_id, tenant, customer_id, status, amount_cents, currency, sequence, details)
+    SELECT order_id, tenant, customer_id, status, amount_cents, currency, sequence, CAST(details AS jsonb)
+    FROM {_UNNEST}
+    ON CONFLICT (order_id) DO NOTHING
+    RETURNING order_id
+    """
+)
+_UPDATE = text(
+    f"""
+    UPDATE orders SET status = v.status, sequence = v.sequence, details = CAST(v.details AS jsonb), updated_at = now()
+    FROM {_UNNEST}
+    WHERE orders.order_id = v.order_id
+    """
+)

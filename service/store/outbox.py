@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.store.tables import outbox
@@ -43,7 +42,25 @@ class ClaimedRow:
 async def add(connection: AsyncConnection, messages: Sequence[OutboxMessage]) -> None:
     """Add messages in the caller's transaction."""
     if messages:
-        await connection.execute(insert(outbox).values([message.__dict__ for message in messages]))
+        await connection.execute(
+            _ADD,
+            {
+                "topics": [m.topic for m in messages],
+                "keys": [m.key for m in messages],
+                "headers": [json.dumps(m.headers) for m in messages],
+                "payloads": [m.payload for m in messages],
+            },
+        )
+
+
+_ADD = text(
+    """
+    INSERT INTO outbox (topic, key, headers, payload)
+    SELECT t, k, CAST(h AS jsonb), p
+    FROM unnest(CAST(:topics AS text[]), CAST(:keys AS text[]), CAST(:headers AS text[]), CAST(:payloads AS bytea[]))
+         AS v(t, k, h, p)
+    """
+)
 
 
 async def claim(connection: AsyncConnection, limit: int) -> list[ClaimedRow]:

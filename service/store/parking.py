@@ -53,7 +53,11 @@ async def keys_with_parked(connection: AsyncConnection, consumer: str, keys: Ite
     if not wanted:
         return set()
     result = await connection.execute(
-        select(parked.c.order_key).where(parked.c.consumer_name == consumer, parked.c.order_key.in_(wanted)).distinct()
+        text(
+            "SELECT DISTINCT order_key FROM parked "
+            "WHERE consumer_name = :consumer AND order_key = ANY(CAST(:keys AS text[]))"
+        ),
+        {"consumer": consumer, "keys": wanted},
     )
     return set(result.scalars())
 
@@ -64,7 +68,11 @@ async def blocked(connection: AsyncConnection, consumer: str, keys: Iterable[str
     if not wanted:
         return set()
     result = await connection.execute(
-        select(key_blocks.c.order_key).where(key_blocks.c.consumer_name == consumer, key_blocks.c.order_key.in_(wanted))
+        text(
+            "SELECT order_key FROM key_blocks"
+            " WHERE consumer_name = :consumer AND order_key = ANY(CAST(:keys AS text[]))"
+        ),
+        {"consumer": consumer, "keys": wanted},
     )
     return set(result.scalars())
 

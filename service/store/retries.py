@@ -6,11 +6,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.store.tables import retries
+
+# Array parameters keep one cached statement for any number of ids (an IN list is compiled per size).
+_STEPS = text(
+    "SELECT message_id, tier_step FROM retries"
+    " WHERE consumer_name = :consumer AND message_id = ANY(CAST(:ids AS text[]))"
+)
+_HEADS = text(
+    "SELECT order_key, message_id FROM retries"
+    " WHERE consumer_name = :consumer AND order_key = ANY(CAST(:keys AS text[]))"
+)
 
 
 @dataclass(frozen=True)
@@ -33,11 +43,7 @@ async def steps(connection: AsyncConnection, consumer: str, message_ids: Iterabl
     ids = list(set(message_ids))
     if not ids:
         return {}
-    result = await connection.execute(
-        select(retries.c.message_id, retries.c.tier_step).where(
-            retries.c.consumer_name == consumer, retries.c.message_id.in_(ids)
-        )
-    )
+    result = await connection.execute(_STEPS, {"consumer": consumer, "ids": ids})
     return {message_id: step for message_id, step in result}
 
 
@@ -46,11 +52,7 @@ async def heads(connection: AsyncConnection, consumer: str, keys: Iterable[str])
     wanted = list(set(keys))
     if not wanted:
         return {}
-    result = await connection.execute(
-        select(retries.c.order_key, retries.c.message_id).where(
-            retries.c.consumer_name == consumer, retries.c.order_key.in_(wanted)
-        )
-    )
+    result = await connection.execute(_HEADS, {"consumer": consumer, "keys": wanted})
     return {key: message_id for key, message_id in result}
 
 

@@ -49,6 +49,7 @@ class ConsumerLoop:
         self._paused: set[TopicPartition] = set()
         self._uncommitted: dict[TopicPartition, int] = {}
         self._next_release = 0.0
+        self._committing: asyncio.Task[None] | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set, then finish the in-flight transaction, commit and return."""
@@ -61,7 +62,7 @@ class ConsumerLoop:
         try:
             while not stop.is_set():
                 if self._uncommitted:
-                    await self._commit(consumer)
+                    self._commit_soon(consumer)
                 batches = await consumer.getmany(timeout_ms=self._wait_ms(loop.time()), max_records=self._batch_size)
                 for partition, records in batches.items():
                     lane = self._lanes.setdefault((partition.topic, partition.partition), deque())
@@ -69,6 +70,8 @@ class ConsumerLoop:
                 await self._release_parked(loop.time())
                 await self._round(consumer, stop, loop.time())
         finally:
+            if self._committing is not None:
+                await self._committing
             if self._uncommitted:
                 await self._commit(consumer)
             await consumer.stop()
@@ -114,7 +117,7 @@ class ConsumerLoop:
                 else:
                     del self._lanes[key]
             if self._uncommitted:
-                await self._commit(consumer)
+                self._commit_soon(consumer)
         self._reconcile_pauses(consumer, asyncio.get_running_loop().time())
 
     def _reconcile_pauses(self, consumer: AIOKafkaConsumer, now: float) -> None:
@@ -159,6 +162,11 @@ class ConsumerLoop:
             self._lanes.setdefault(pending.lane, deque()).append(pending)
         if released:
             log.info("parked_released", records=len(released), keys=len({p.key for p in released}))
+
+    def _commit_soon(self, consumer: AIOKafkaConsumer) -> None:
+        """Commit offsets in the background while the next round runs; one commit in flight at a time."""
+        if self._committing is None or self._committing.done():
+            self._committing = asyncio.create_task(self._commit(consumer))
 
     async def _commit(self, consumer: AIOKafkaConsumer) -> None:
         """Commit what is terminal; on failure keep it and try again later (the inbox makes redelivery safe)."""

@@ -412,6 +412,7 @@ class Processor:
             await parking.block(c, self._consumer, write.blocks)
             await retries.upsert(c, self._consumer, write.retrying)
             await retries.finish(c, self._consumer, write.finished)
+            crash_point("mid-write", self._settings.fault_crash_at)
             await uow.commit()
         crash_point("after-commit", self._settings.fault_crash_at)
         for pending, outcome, code in write.outcomes:

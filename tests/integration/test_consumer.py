@@ -291,3 +291,28 @@ async def test_an_unreachable_database_is_waited_out_with_one_line_per_try_and_n
 
 async def _count_in_log(process: ServiceProcess, text: str, at_least: int) -> bool:
     return process.log().count(text) >= at_least
+
+
+async def test_a_consumer_killed_in_the_middle_of_a_batch_leaves_each_record_with_exactly_one_effect(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, tmp_path: Path
+) -> None:
+    # Given 300 orders over three partitions, applied in shared batches, and a consumer that dies (SIGKILL)
+    # with a batch written but not committed
+    records = [(f"M-{n}", placed(f"M-{n}"), {"message-id": f"M-{n}.1"}) for n in range(300)]
+    await produce(kafka, topics.source, records)
+    settings = settings_for(database_url, kafka, topics, batch_size=100)
+    doomed = ServiceProcess("consume", settings, tmp_path / "doomed.log", {"ORDERS_FAULT_CRASH_AT": "mid-write"})
+    assert doomed.wait() == -9
+    assert await scalar(engine, "SELECT count(*) FROM inbox") == 0
+
+    # When a healthy consumer takes over
+    healthy = ServiceProcess("consume", settings, tmp_path / "healthy.log")
+    try:
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 300 FROM inbox"), timeout=60)
+    finally:
+        assert healthy.terminate() == 0
+
+    # Then every record of the interrupted batch and the rest has exactly one order, one effect, one event
+    assert await scalar(engine, "SELECT count(*) FROM orders") == 300
+    assert await scalar(engine, "SELECT count(DISTINCT idempotency_key) = count(*) AND count(*) = 300 FROM effects")
+    assert await scalar(engine, "SELECT count(*) FROM outbox WHERE topic LIKE '%.events'") == 300
