@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.store.tables import outbox
@@ -63,6 +63,24 @@ _ADD = text(
 )
 
 
+_CLAIM = text(
+    """
+    SELECT id, topic, key, headers, payload FROM outbox
+    WHERE published_at IS NULL ORDER BY id LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+    """
+)
+# For each key, the oldest unpublished row this relay did not claim: it publishes that key only up to there.
+_BARRIERS = text(
+    """
+    SELECT key, min(id) FROM outbox
+    WHERE published_at IS NULL AND key = ANY(CAST(:keys AS text[])) AND id <> ALL(CAST(:claimed AS bigint[]))
+    GROUP BY key
+    """
+)
+_MARK = text("UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:ids AS bigint[]))")
+
+
 async def claim(connection: AsyncConnection, limit: int) -> list[ClaimedRow]:
     """Lock up to `limit` unpublished rows, skipping rows another relay holds, and keep per-key order.
 
@@ -70,26 +88,12 @@ async def claim(connection: AsyncConnection, limit: int) -> list[ClaimedRow]:
     A key's rows are kept only up to the first unpublished row of that key that this relay did not
     claim, so two relays never publish one key's messages out of order.
     """
-    result = await connection.execute(
-        select(outbox.c.id, outbox.c.topic, outbox.c.key, outbox.c.headers, outbox.c.payload)
-        .where(outbox.c.published_at.is_(None))
-        .order_by(outbox.c.id)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
+    result = await connection.execute(_CLAIM, {"limit": limit})
     rows = [ClaimedRow(r.id, r.topic, r.key, dict(r.headers), bytes(r.payload)) for r in result]
     keys = sorted({row.key for row in rows if row.key is not None})
     if not keys:
         return rows
-    barriers = await connection.execute(
-        select(outbox.c.key, func.min(outbox.c.id))
-        .where(
-            outbox.c.published_at.is_(None),
-            outbox.c.key.in_(keys),
-            outbox.c.id.not_in([row.id for row in rows]),
-        )
-        .group_by(outbox.c.key)
-    )
+    barriers = await connection.execute(_BARRIERS, {"keys": keys, "claimed": [row.id for row in rows]})
     barrier = {key: first_id for key, first_id in barriers}
     return [row for row in rows if row.key is None or row.id < barrier.get(row.key, row.id + 1)]
 
@@ -97,7 +101,7 @@ async def claim(connection: AsyncConnection, limit: int) -> list[ClaimedRow]:
 async def mark_published(connection: AsyncConnection, ids: Sequence[int]) -> None:
     """Mark rows published in the claiming transaction."""
     if ids:
-        await connection.execute(update(outbox).where(outbox.c.id.in_(ids)).values(published_at=func.now()))
+        await connection.execute(_MARK, {"ids": list(ids)})
 
 
 async def pending_count(connection: AsyncConnection) -> int:
