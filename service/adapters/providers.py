@@ -56,8 +56,8 @@ def _lookup_failure(response: httpx.Response) -> LookupFailed:
     return LookupFailed(code)
 
 
-class PaymentsClient:
-    """The idempotent payment provider: the same Idempotency-Key always returns the same payment."""
+class _Provider:
+    """A downstream reached over HTTP at a configurable base URL; unset disables its calls."""
 
     def __init__(self, http: httpx.AsyncClient, base_url: str | None) -> None:
         self._http = http
@@ -65,8 +65,12 @@ class PaymentsClient:
 
     @property
     def enabled(self) -> bool:
-        """False when ORDERS_PAYMENTS_URL is unset."""
+        """False when the provider's ORDERS_*_URL is unset."""
         return self._base_url is not None
+
+
+class PaymentsClient(_Provider):
+    """The idempotent payment provider: the same Idempotency-Key always returns the same payment."""
 
     async def pay(self, idempotency_key: str, body: dict[str, Any]) -> CallOutcome:
         """Capture or refund (`body["kind"]`), identified by the effect's idempotency key."""
@@ -94,17 +98,8 @@ class PaymentsClient:
             return LookupFailed(ErrorCode.UNEXPECTED_ERROR)
 
 
-class EmailsClient:
+class EmailsClient(_Provider):
     """The email provider; it is NOT idempotent, so a resend is only ever made after a look-up by ref."""
-
-    def __init__(self, http: httpx.AsyncClient, base_url: str | None) -> None:
-        self._http = http
-        self._base_url = base_url
-
-    @property
-    def enabled(self) -> bool:
-        """False when ORDERS_EMAILS_URL is unset."""
-        return self._base_url is not None
 
     async def send(self, body: dict[str, Any]) -> CallOutcome:
         """Send one email; `body["ref"]` identifies it for look-ups."""
