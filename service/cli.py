@@ -80,7 +80,8 @@ async def _serve(settings: Settings, *parts: str) -> None:
     container = Container(settings=settings)
     await container.init_resources()  # type: ignore[misc]
     try:
-        loops = [await _provide(container, part) for part in parts]
+        # Every long-running process also keeps the database-derived gauges fresh for its /metrics.
+        loops = [await _provide(container, part) for part in (*parts, "gauges")]
         health = await _provide(container, "health")
         await health.start()
         stop = asyncio.Event()

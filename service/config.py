@@ -59,6 +59,7 @@ class Settings(BaseSettings):
     emails_url: str | None = None
     known_tenants: Annotated[tuple[str, ...], NoDecode] = ("acme", "globex", "initech")
     metrics_port: int = Field(default=9108, ge=0, le=65535)
+    metrics_refresh: Duration = timedelta(seconds=10)
     http_timeout: Duration = timedelta(seconds=2)
     batch_size: int = Field(default=2000, ge=1, le=10_000)
     relay_batch_size: int = Field(default=500, ge=1, le=10_000)

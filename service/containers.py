@@ -6,7 +6,7 @@ import asyncio
 import functools
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import httpx
 from dependency_injector import containers, providers
@@ -26,6 +26,7 @@ from service.policy.retry import RetryPolicy
 from service.store.uow import create_engine
 from service.worker.consumer import ConsumerLoop
 from service.worker.effects import EffectWorker
+from service.worker.gauges import GaugeRefresher
 from service.worker.processor import Processor
 from service.worker.reconciler import Reconciler
 from service.worker.relay import Relay
@@ -48,6 +49,10 @@ async def _http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
 
 def _policy(settings: Settings) -> RetryPolicy:
     return settings.retry_policy()
+
+
+def _seconds(duration: timedelta) -> float:
+    return duration.total_seconds()
 
 
 def _utcnow() -> datetime:
@@ -140,11 +145,16 @@ class Container(containers.DeclarativeContainer):
         Reprocessor,
         settings=settings,
         engine=engine,
-        metrics=metrics,
         lag=providers.Callable(_reprocess_lag, settings),
     )
     relay = providers.Factory(
         Relay, settings=settings, engine=engine, metrics=metrics, make_producer=kafka_producer.provider
     )
     readiness = providers.Callable(functools.partial, _ready, engine, settings)
+    gauges = providers.Factory(
+        GaugeRefresher,
+        engine=engine,
+        metrics=metrics,
+        interval=providers.Callable(_seconds, settings.provided.metrics_refresh),
+    )
     health = providers.Singleton(HealthServer, metrics=metrics, ready=readiness, port=settings.provided.metrics_port)

@@ -6,68 +6,94 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class Metrics:
-    """The process's counters and gauges; names are part of the contract with dashboards and alerts."""
+    """The process's counters and gauges; names are part of the contract with dashboards and alerts.
+
+    Counters count what this process did. Gauges that describe shared state (quarantine, outbox, effects,
+    parked keys, reconciler runs) are read from PostgreSQL by `GaugeRefresher`, at most every 10 s.
+    """
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.records = Counter(
-            "orders_records",
-            "Records that reached a terminal state, by outcome.",
-            ["outcome"],
-            registry=self.registry,
-        )
+        r = self.registry
+        self.records = Counter("orders_records", "Records by outcome.", ["outcome"], registry=r)
         self.failures = Counter(
-            "orders_failures",
-            "Failed attempts and terminal failures, by error code.",
-            ["error_code"],
-            registry=self.registry,
+            "orders_failures", "Failed attempts, rejections and quarantines, by error code.", ["error_code"], registry=r
         )
-        self.published = Counter(
-            "orders_outbox_published", "Outbox rows published by the relay.", registry=self.registry
+        self.quarantined = Counter(
+            "orders_quarantined", "Records quarantined by this process, by error code.", ["error_code"], registry=r
         )
+        self.attempts = Counter(
+            "orders_retry_attempts",
+            "Failed attempts by where they happened: blocking, a retry tier (its delay), or reprocess.",
+            ["tier"],
+            registry=r,
+        )
+        self.published = Counter("orders_outbox_published", "Outbox rows published by the relay.", registry=r)
         self.batch_seconds = Histogram(
-            "orders_batch_duration_seconds",
-            "Time to take one fetched batch to terminal states.",
-            registry=self.registry,
+            "orders_processing_duration_seconds",
+            "Time to take one round of records to their next state (one transaction).",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
         )
         self.pauses = Counter(
             "orders_backpressure_pauses",
-            "Times fetching a partition was paused because a downstream asked to slow down.",
+            "Times a partition was paused because a downstream asked to slow down.",
             ["downstream"],
-            registry=self.registry,
+            registry=r,
         )
         self.effect_outcomes = Counter(
             "orders_effect_outcomes",
-            "Effect attempts and look-ups, by the state the effect moved to.",
+            "Effect calls and look-ups, by the state the effect moved to.",
             ["state"],
-            registry=self.registry,
+            registry=r,
         )
-        self.reprocess_items = Counter(
-            "orders_reprocess_items",
-            "Reprocessed items by verified outcome (reprocessed, failed_again, noop, unverified).",
-            ["outcome"],
-            registry=self.registry,
+        self.consumer_lag = Gauge(
+            "orders_consumer_lag", "Records not yet committed, per partition.", ["topic", "partition"], registry=r
         )
-        self.outbox_pending = Gauge("orders_outbox_pending", "Outbox rows not yet published.", registry=self.registry)
+        self.quarantine_open = Gauge(
+            "orders_quarantine_open", "Open quarantine records.", ["error_code", "owner"], registry=r
+        )
+        self.quarantine_oldest = Gauge(
+            "orders_quarantine_oldest_age_seconds", "Age of the oldest unresolved quarantine record.", registry=r
+        )
+        self.outbox_pending = Gauge("orders_outbox_pending", "Outbox rows not yet published.", registry=r)
+        self.outbox_oldest = Gauge(
+            "orders_outbox_oldest_age_seconds", "Age of the oldest unpublished outbox row.", registry=r
+        )
+        self.effects = Gauge("orders_effects", "Effects by state.", ["state"], registry=r)
+        self.uncertain_oldest = Gauge(
+            "orders_effects_uncertain_oldest_age_seconds", "Age of the oldest uncertain effect.", registry=r
+        )
+        self.parked_keys = Gauge("orders_parked_keys", "Keys held with parked records or a block.", registry=r)
+        self.parked_records = Gauge("orders_parked_records", "Records parked behind a held key.", registry=r)
+        self.retrying = Gauge("orders_retrying_records", "Records waiting in a retry tier.", registry=r)
+        self.reconcile_runs = Gauge(
+            "orders_reconcile_runs", "Reconciler passes recorded, by outcome.", ["outcome"], registry=r
+        )
+        self.reconcile_last = Gauge(
+            "orders_reconcile_last_run_timestamp_seconds", "When the last reconciler pass finished.", registry=r
+        )
+        self.reprocess_items = Gauge(
+            "orders_reprocess_items", "Reprocessed items by verified outcome (all runs).", ["outcome"], registry=r
+        )
 
     def pause(self, downstream: str) -> None:
         """Count one backpressure pause."""
         self.pauses.labels(downstream=downstream).inc()
-
-    def reprocess(self, outcome: str) -> None:
-        """Count one verified reprocess item by outcome."""
-        self.reprocess_items.labels(outcome=outcome).inc()
 
     def effect(self, state: str) -> None:
         """Count one effect outcome by the state it moved to."""
         self.effect_outcomes.labels(state=state).inc()
 
     def record(self, outcome: str, error_code: str | None) -> None:
-        """Count one terminal record; quarantines and rejections also count under their code."""
+        """Count one record outcome; rejections and quarantines also count under their code."""
         self.records.labels(outcome=outcome).inc()
-        if error_code is not None:
+        if error_code is not None and outcome in ("rejected", "quarantined"):
             self.failures.labels(error_code=error_code).inc()
+        if outcome == "quarantined" and error_code is not None:
+            self.quarantined.labels(error_code=error_code).inc()
 
-    def failure(self, error_code: str) -> None:
-        """Count one failed attempt."""
+    def failure(self, error_code: str, tier: str) -> None:
+        """Count one failed attempt, and where it happened."""
         self.failures.labels(error_code=error_code).inc()
+        self.attempts.labels(tier=tier).inc()

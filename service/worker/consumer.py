@@ -50,6 +50,8 @@ class ConsumerLoop:
         self._uncommitted: dict[TopicPartition, int] = {}
         self._next_release = 0.0
         self._committing: asyncio.Task[None] | None = None
+        self._committed: dict[TopicPartition, int] = {}
+        self._next_lag_report = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set, then finish the in-flight transaction, commit and return."""
@@ -69,6 +71,7 @@ class ConsumerLoop:
                     lane.extend(self._processor.pending(record) for record in map(to_source, records))
                 await self._release_parked(loop.time())
                 await self._round(consumer, stop, loop.time())
+                self._report_lag(consumer, loop.time())
         finally:
             if self._committing is not None:
                 await self._committing
@@ -83,6 +86,7 @@ class ConsumerLoop:
             self._lanes.pop((partition.topic, partition.partition), None)
             self._paused.discard(partition)
             self._uncommitted.pop(partition, None)
+            self._committed.pop(partition, None)
 
     def _due(self, now: float) -> list[Pending]:
         """Records that may be attempted now: due, and with no earlier record of their key still waiting."""
@@ -148,6 +152,23 @@ class ConsumerLoop:
         waits = [p.due - now for lane in self._lanes.values() for p in lane if p.due > now]
         return max(0, int(min([_MAX_WAIT_SECONDS, *waits]) * 1000))
 
+    def _report_lag(self, consumer: AIOKafkaConsumer, now: float) -> None:
+        """Lag per partition: the broker's high watermark minus our committed offset (once a second)."""
+        if now < self._next_lag_report:
+            return
+        self._next_lag_report = now + 1.0
+        for partition in consumer.assignment():
+            high = consumer.highwater(partition)
+            if high is None:
+                continue
+            done = self._committed.get(partition)
+            if done is None:
+                lane = self._lanes.get((partition.topic, partition.partition))
+                done = lane[0].record.offset if lane else high
+            self._metrics.consumer_lag.labels(topic=partition.topic, partition=str(partition.partition)).set(
+                max(0, high - done)
+            )
+
     async def _release_parked(self, now: float) -> None:
         """Load parked records of keys that are free again into lanes of their own (ORDERS_ORDERING=key)."""
         if now < self._next_release:
@@ -177,6 +198,7 @@ class ConsumerLoop:
             log.warning("offset_commit_failed", error=type(error).__name__)
             return
         for partition, offset in offsets.items():
+            self._committed[partition] = offset
             if self._uncommitted.get(partition) == offset:
                 del self._uncommitted[partition]
 

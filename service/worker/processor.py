@@ -638,7 +638,7 @@ class Processor:
             failure = failures.get(pending)
             if failure is None:
                 continue
-            self._metrics.failure(failure.code.value)
+            self._metrics.failure(failure.code.value, _tier_of(pending))
             if failure.downstream and failure.code.kind is FailureKind.TRANSIENT:
                 self._failing[failure.downstream] += 1
             pause = pause_for(failure, self._failing[failure.downstream or ""], self._backpressure)
@@ -702,6 +702,15 @@ class Processor:
                 await uow.commit()
         except InfrastructureUnavailable:
             log.warning("database_unavailable", what="pause log")
+
+
+def _tier_of(pending: Pending) -> str:
+    """Where an attempt happened: `blocking` (first delivery), a retry tier's delay, or `reprocess`."""
+    if pending.reprocess:
+        return "reprocess"
+    if pending.in_tier:
+        return pending.record.topic.rsplit(".", 1)[-1]
+    return "blocking"
 
 
 def _customer_status(statuses: dict[str, model.CustomerStatus], message: OrderMessage) -> model.CustomerStatus:

@@ -24,7 +24,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
 from service.domain.messages import DecodeFailure, decode
-from service.metrics import Metrics
 from service.stopping import sleep_unless_stopped
 from service.store import outbox
 from service.store import reprocess as store
@@ -113,12 +112,10 @@ class Reprocessor:
         self,
         settings: Settings,
         engine: AsyncEngine,
-        metrics: Metrics,
         lag: Callable[[], Awaitable[int]],
     ) -> None:
         self._settings = settings
         self._engine = engine
-        self._metrics = metrics
         self._lag = lag
         self._consumer = settings.consumer_name
 
@@ -280,7 +277,6 @@ class Reprocessor:
             report.noop += 1
         elif outcome == "unverified":
             report.unverified += 1
-        self._metrics.reprocess(outcome)
 
 
 def _judge(before: ItemState | None, after: ItemState, consumed: bool) -> tuple[str | None, str]:
