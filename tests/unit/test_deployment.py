@@ -123,3 +123,61 @@ def test_the_image_runs_the_cli_with_migrations_inside() -> None:
     for needed in ("service", "migrations", "alembic.ini", "pyproject.toml"):
         assert needed in dockerfile
         assert (ROOT / needed).exists()
+
+
+def _exposed_names() -> set[str]:
+    """Every sample name the service's registry can expose (counters as *_total, histograms as *_bucket, ...)."""
+    from service.metrics import Metrics
+
+    names = set()
+    for family in Metrics().registry.collect():
+        names.add(family.name)
+        names |= {family.name + suffix for suffix in ("_total", "_bucket", "_sum", "_count", "_created")}
+    return names
+
+
+def test_the_contract_metric_names_exist() -> None:
+    assert {
+        "orders_records_total",
+        "orders_failures_total",
+        "orders_quarantine_open",
+        "orders_quarantine_oldest_age_seconds",
+        "orders_outbox_pending",
+        "orders_outbox_oldest_age_seconds",
+        "orders_effects",
+        "orders_consumer_lag",
+    } <= _exposed_names()
+
+
+def test_alerts_and_the_dashboard_use_only_metrics_the_service_exposes() -> None:
+    text = (ROOT / "deploy/prometheus/alerts.yml").read_text()
+    text += (ROOT / "deploy/grafana/dashboards/order-service.json").read_text()
+    used = set(re.findall(r"\borders_[a-z_]+", text))
+    assert used, "alerts and dashboard query order-service metrics"
+    assert used <= _exposed_names(), used - _exposed_names()
+
+
+def test_every_alert_links_to_a_runbook_section_that_exists() -> None:
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())["groups"][0]["rules"]
+    runbook = (ROOT / "docs/runbook.md").read_text().lower()
+    anchors = {
+        re.sub(r"[^a-z0-9 -]", "", line.lstrip("#").strip()).replace(" ", "-")
+        for line in runbook.splitlines()
+        if line.startswith("#")
+    }
+    assert len(rules) == 6
+    for rule in rules:
+        link = rule["annotations"]["runbook_url"]
+        assert link.startswith("docs/runbook.md#"), rule["alert"]
+        assert link.split("#", 1)[1] in anchors, link
+
+
+def test_prometheus_and_grafana_are_provisioned_from_files_in_the_repository(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name in ("prometheus", "grafana"):
+        for volume in services[name]["volumes"]:
+            assert (ROOT / volume.split(":")[0]).exists(), volume
+    scrape = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    targets = scrape["scrape_configs"][0]["static_configs"][0]["targets"]
+    assert {target.split(":")[0] for target in targets} == {"consume", "relay", "effects"}
+    assert all(target.endswith(":9108") for target in targets)
