@@ -27,18 +27,24 @@ _QUERIES = {
         "SELECT extract(epoch FROM now() - min(first_failed_at)) FROM quarantine WHERE status = 'open'"
     ),
     "outbox": ("SELECT count(*), extract(epoch FROM now() - min(created_at)) FROM outbox WHERE published_at IS NULL"),
-    "effects": "SELECT state, count(*) FROM effects GROUP BY 1",
+    # `sent` only grows with history, so it is not counted here (its rate is orders_effect_outcomes_total);
+    # the unfinished states are a short range of the (state, next_attempt_at) index.
+    "effects": "SELECT state, count(*) FROM effects WHERE state IN ('pending', 'in_flight', 'uncertain') GROUP BY 1",
+    "effects_failed": "SELECT count(*) FROM effects WHERE state = 'failed'",
     "uncertain_oldest": "SELECT extract(epoch FROM now() - min(updated_at)) FROM effects WHERE state = 'uncertain'",
     "parked": (
         "SELECT (SELECT count(*) FROM parked),"
         " (SELECT count(*) FROM (SELECT order_key FROM parked UNION SELECT order_key FROM key_blocks) AS held),"
         " (SELECT count(*) FROM retries)"
     ),
-    "reconcile": "SELECT outcome, count(*), extract(epoch FROM max(finished_at)) FROM reconcile_runs GROUP BY 1",
+    "reconcile": (
+        "SELECT outcome, count(*), extract(epoch FROM max(finished_at)) FROM reconcile_runs"
+        " WHERE finished_at > now() - interval '1 day' GROUP BY 1"
+    ),
     "reprocess": "SELECT outcome, count(*) FROM reprocess_items GROUP BY 1",
 }
 
-_EFFECT_STATES = ("pending", "in_flight", "sent", "uncertain", "failed")
+_EFFECT_STATES = ("pending", "in_flight", "uncertain")
 
 
 class GaugeRefresher:
@@ -78,6 +84,8 @@ class GaugeRefresher:
             states = dict.fromkeys(_EFFECT_STATES, 0.0) | {state: _number(n) for state, n in await rows("effects")}
             for state, count in states.items():
                 m.effects.labels(state=state).set(count)
+            [(failed,)] = await rows("effects_failed")
+            m.effects.labels(state="failed").set(_number(failed))
             [(uncertain,)] = await rows("uncertain_oldest")
             m.uncertain_oldest.set(_number(uncertain))
             [(parked, keys, retrying)] = await rows("parked")
