@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 _MAX_MESSAGE_ID = 300
@@ -51,7 +52,7 @@ class SourceRecord:
                     return None
         return None
 
-    @property
+    @cached_property
     def key_text(self) -> str | None:
         """The key as text (the order id), None when missing or not UTF-8."""
         if self.key is None:
@@ -61,7 +62,7 @@ class SourceRecord:
         except UnicodeDecodeError:
             return None
 
-    @property
+    @cached_property
     def message_id(self) -> str:
         """The producer's `message-id` header, else the coordinates: two records with one id have one effect."""
         given = self.header("message-id")
@@ -69,7 +70,7 @@ class SourceRecord:
             return given.strip()
         return self.coordinates.failure_id
 
-    @property
+    @cached_property
     def trace_id(self) -> str | None:
         """The W3C trace id from `traceparent`, only when well formed (it ends up in envelopes and logs)."""
         parent = self.header("traceparent")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -33,9 +34,40 @@ class QuarantineRow:
 
 async def add(connection: AsyncConnection, consumer: str, rows: Sequence[QuarantineRow]) -> None:
     """Insert rows; a failure id quarantined already keeps its row (a redelivery after a crash)."""
-    if rows:
-        values = [{"consumer_name": consumer, **row.__dict__} for row in rows]
-        await connection.execute(insert(quarantine).values(values).on_conflict_do_nothing())
+    if not rows:
+        return
+    await connection.execute(
+        _ADD,
+        {
+            "consumer": consumer,
+            "ids": [r.failure_id for r in rows],
+            "messages": [r.message_id for r in rows],
+            "codes": [r.error_code for r in rows],
+            "owners": [r.owner for r in rows],
+            "keys": [r.order_key for r in rows],
+            "envelopes": [json.dumps(r.envelope) for r in rows],
+            "payloads": [r.payload for r in rows],
+            "headers": [json.dumps(r.source_headers) for r in rows],
+            "attempts": [r.attempts for r in rows],
+            "firsts": [r.first_failed_at for r in rows],
+            "lasts": [r.last_failed_at for r in rows],
+        },
+    )
+
+
+_ADD = text(
+    """
+    INSERT INTO quarantine (consumer_name, failure_id, message_id, error_code, owner, order_key, envelope, payload,
+                            source_headers, attempts, first_failed_at, last_failed_at)
+    SELECT :consumer, f, m, c, o, k, CAST(e AS jsonb), p, CAST(h AS jsonb), a, ff, lf
+    FROM unnest(CAST(:ids AS text[]), CAST(:messages AS text[]), CAST(:codes AS text[]), CAST(:owners AS text[]),
+                CAST(:keys AS text[]), CAST(:envelopes AS text[]), CAST(:payloads AS bytea[]),
+                CAST(:headers AS text[]), CAST(:attempts AS int[]), CAST(:firsts AS timestamptz[]),
+                CAST(:lasts AS timestamptz[]))
+         AS v(f, m, c, o, k, e, p, h, a, ff, lf)
+    ON CONFLICT (failure_id) DO NOTHING
+    """
+)
 
 
 _SUMMARY = (
