@@ -7,10 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
-
-from service.store.tables import outbox
 
 
 @dataclass(frozen=True)
@@ -102,9 +100,3 @@ async def mark_published(connection: AsyncConnection, ids: Sequence[int]) -> Non
     """Mark rows published in the claiming transaction."""
     if ids:
         await connection.execute(_MARK, {"ids": list(ids)})
-
-
-async def pending_count(connection: AsyncConnection) -> int:
-    """How many rows wait to be published."""
-    result = await connection.execute(select(func.count()).select_from(outbox).where(outbox.c.published_at.is_(None)))
-    return int(result.scalar_one())

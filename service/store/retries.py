@@ -6,7 +6,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, func, select, text
+from sqlalchemy import delete, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -77,11 +77,3 @@ async def finish(connection: AsyncConnection, consumer: str, message_ids: Sequen
         await connection.execute(
             delete(retries).where(retries.c.consumer_name == consumer, retries.c.message_id.in_(message_ids))
         )
-
-
-async def count(connection: AsyncConnection, consumer: str) -> int:
-    """How many records wait in retry tiers."""
-    result = await connection.execute(
-        select(func.count()).select_from(retries).where(retries.c.consumer_name == consumer)
-    )
-    return int(result.scalar_one())
