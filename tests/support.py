@@ -268,3 +268,31 @@ async def quarantine_directly(settings: Settings, records: list[SourceRecord]) -
         assert left == set(pending), "every record is invalid input: quarantined in one round"
     finally:
         await container.shutdown_resources()
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A finished CLI process."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+async def cli(settings: Settings, *args: str, check: bool = True) -> Finished:
+    """Run the CLI as a process without blocking this event loop (the service runs in it meanwhile)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "service",
+        *args,
+        cwd=ROOT,
+        env=env_for(settings),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=180)
+    result = Finished(process.returncode or 0, out.decode(), err.decode())
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result

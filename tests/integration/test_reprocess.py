@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -13,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.config import Settings
 from service.testing.downstream import Downstream
 from tests.integration.test_consumer import placed
-from tests.support import ROOT, Topics, env_for, eventually, produce, read_topic, rows, running, scalar
+from tests.support import Topics, cli, eventually, produce, read_topic, rows, running, scalar
 from tests.support import settings_for as base_settings
 
 
@@ -27,34 +24,6 @@ def settings_for(database_url: str, kafka: str, topics: Topics, downstream: Down
         "max_elapsed": "2s",
     }
     return base_settings(database_url, kafka, topics, **(values | extra))
-
-
-@dataclass(frozen=True)
-class Finished:
-    """A finished CLI process."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-async def order_service(settings: Settings, *args: str, check: bool = True) -> Finished:
-    """Run the CLI as a process without blocking this event loop (the service runs in it meanwhile)."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "service",
-        *args,
-        cwd=ROOT,
-        env=env_for(settings),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(process.communicate(), timeout=180)
-    result = Finished(process.returncode or 0, out.decode(), err.decode())
-    if check:
-        assert result.returncode == 0, result.stdout + result.stderr
-    return result
 
 
 async def _quarantined_orders(engine: AsyncEngine, kafka: str, topics: Topics, downstream: Downstream, n: int) -> None:
@@ -79,12 +48,10 @@ async def test_reprocessing_one_sample_twice_has_one_business_effect_and_the_sec
 
         # When the same two records are reprocessed twice
         first = json.loads(
-            (
-                await order_service(settings, "reprocess", *selection, "--reason", "directory fixed", "--yes", "--json")
-            ).stdout
+            (await cli(settings, "reprocess", *selection, "--reason", "directory fixed", "--yes", "--json")).stdout
         )
         second = json.loads(
-            (await order_service(settings, "reprocess", *selection, "--reason", "again", "--yes", "--json")).stdout
+            (await cli(settings, "reprocess", *selection, "--reason", "again", "--yes", "--json")).stdout
         )
 
     # Then the first run applied each once, and the second found each already applied
@@ -122,7 +89,7 @@ async def test_a_sample_against_a_consumer_that_still_fails_stops_on_the_failure
         await eventually(lambda: scalar(engine, "SELECT count(*) = 4 FROM quarantine"), timeout=60)
 
         # When a sample of two is reprocessed
-        result = await order_service(
+        result = await cli(
             settings,
             "reprocess",
             "--error-code",
@@ -163,7 +130,7 @@ async def test_the_publish_rate_stays_within_the_limit(
         # When they are reprocessed at 5 records per second
         report = json.loads(
             (
-                await order_service(
+                await cli(
                     settings,
                     "reprocess",
                     "--error-code",
@@ -201,14 +168,12 @@ async def test_the_audit_is_complete_and_a_dry_run_writes_nothing(
         outbox_before = await scalar(engine, "SELECT count(*) FROM outbox")
 
         # When an operator first looks with a dry run, then runs it
-        dry = await order_service(
-            settings, "reprocess", "--since", "2000-01-01T00:00:00Z", "--reason", "look", "--dry-run"
-        )
+        dry = await cli(settings, "reprocess", "--since", "2000-01-01T00:00:00Z", "--reason", "look", "--dry-run")
         dry_rows = await scalar(engine, "SELECT count(*) FROM reprocess_runs")
         dry_outbox = await scalar(engine, "SELECT count(*) FROM outbox")
         real = json.loads(
             (
-                await order_service(
+                await cli(
                     settings,
                     "reprocess",
                     "--since",
@@ -262,7 +227,7 @@ async def test_records_of_a_key_released_by_reprocessing_keep_their_order(
 
         # When the directory is back and the head is reprocessed
         downstream.clear_faults()
-        await order_service(settings, "reprocess", "--failure-id", f"{topics.source}/1/0", "--reason", "fixed", "--yes")
+        await cli(settings, "reprocess", "--failure-id", f"{topics.source}/1/0", "--reason", "fixed", "--yes")
         await eventually(lambda: scalar(engine, "SELECT count(*) = 2 FROM inbox WHERE status = 'processed'"))
 
     # Then the head was applied first and the parked shipment after it: K is shipped, nothing is held
@@ -286,16 +251,12 @@ async def test_annotations_are_append_only_and_resolve_closes_a_record_and_frees
     failure_id = f"{topics.source}/0/0"
 
     # When an operator annotates it twice and resolves it
-    await order_service(settings, "quarantine", "annotate", failure_id, "--note", "producer bug #42", "--author", "bob")
-    await order_service(settings, "quarantine", "annotate", failure_id, "--note", "fixed upstream", "--author", "eve")
-    await order_service(
-        settings, "quarantine", "resolve", failure_id, "--reason", "dropped by agreement", "--author", "eve"
-    )
-    again = await order_service(settings, "quarantine", "resolve", failure_id, "--reason", "twice", check=False)
-    shown = json.loads((await order_service(settings, "quarantine", "show", failure_id, "--json")).stdout)
-    tampering = await order_service(
-        settings, "quarantine", "annotate", "nope/0/0", "--note", "x", "--author", "y", check=False
-    )
+    await cli(settings, "quarantine", "annotate", failure_id, "--note", "producer bug #42", "--author", "bob")
+    await cli(settings, "quarantine", "annotate", failure_id, "--note", "fixed upstream", "--author", "eve")
+    await cli(settings, "quarantine", "resolve", failure_id, "--reason", "dropped by agreement", "--author", "eve")
+    again = await cli(settings, "quarantine", "resolve", failure_id, "--reason", "twice", check=False)
+    shown = json.loads((await cli(settings, "quarantine", "show", failure_id, "--json")).stdout)
+    tampering = await cli(settings, "quarantine", "annotate", "nope/0/0", "--note", "x", "--author", "y", check=False)
 
     # Then the notes are kept in order, the record is resolved once, and its timeline tells the story
     assert [(n["author"], n["note"]) for n in shown["annotations"]] == [

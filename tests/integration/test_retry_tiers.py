@@ -6,8 +6,6 @@ Tier delays are shortened by configuration (1s, 2s); outcomes are awaited by pol
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.config import Settings
 from service.testing.downstream import Downstream
 from tests.integration.test_consumer import _committed, placed
-from tests.support import ROOT, ServiceProcess, Topics, env_for, eventually, produce, read_topic, rows, running, scalar
+from tests.support import ServiceProcess, Topics, cli, eventually, produce, read_topic, rows, running, scalar
 from tests.support import settings_for as base_settings
 
 
@@ -136,14 +134,14 @@ async def test_a_quarantined_head_keeps_its_key_parked_until_an_operator_release
         # When the head is quarantined
         await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM quarantine"), timeout=60)
         # Then K stays parked, and `parked list` says why
-        listed = json.loads(_cli(settings, "parked", "list", "--json").stdout)
+        listed = json.loads((await cli(settings, "parked", "list", "--json")).stdout)
         assert [(item["order_key"], item["parked"], item["blocked_by"]) for item in listed] == [
             ("K", 1, f"{topics.source}/2/0")
         ]
         assert await scalar(engine, "SELECT count(*) FROM inbox WHERE message_id = 'K.2/cancel'") == 0
 
         # When an operator releases the key
-        released = _cli(settings, "parked", "release", "K", "--json")
+        released = await cli(settings, "parked", "release", "K", "--json")
         assert json.loads(released.stdout) == {"key": "K", "released": True}
 
         # Then the parked record is applied (its order never existed, so it is rejected), and K is free
@@ -286,17 +284,3 @@ def _retry_intervals(log: str, message_id: str) -> list[float]:
             if event["message_id"] == message_id and wait is not None:
                 waits.append(wait)
     return waits
-
-
-def _cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [sys.executable, "-m", "service", *args],
-        cwd=ROOT,
-        env=env_for(settings),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return result
