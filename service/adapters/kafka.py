@@ -25,7 +25,8 @@ def to_source(record: ConsumerRecord[bytes, bytes]) -> SourceRecord:
         timestamp_ms=record.timestamp,
         key=record.key,
         value=record.value,
-        headers=tuple((name, bytes(value or b"")) for name, value in record.headers),
+        # A header without a value arrives as None; most records carry none at all.
+        headers=tuple((name, value or b"") for name, value in record.headers) if record.headers else (),
     )
 
 

@@ -6,12 +6,12 @@ leaves its claim behind, and the reconciler takes it back when the lease has exp
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import orjson
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -42,7 +42,7 @@ async def add(connection: AsyncConnection, new: Sequence[Effect]) -> None:
             "keys": [e.idempotency_key for e in new],
             "orders": [e.order_id for e in new],
             "kinds": [e.kind for e in new],
-            "payloads": [json.dumps(e.payload) for e in new],
+            "payloads": [orjson.dumps(e.payload).decode() for e in new],
         },
     )
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import orjson
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -65,7 +65,7 @@ def _columns(batch: Sequence[Order]) -> dict[str, list[Any]]:
         "amounts": [o.amount_cents for o in batch],
         "currencies": [o.currency for o in batch],
         "sequences": [o.sequence for o in batch],
-        "details": [json.dumps(o.details) for o in batch],
+        "details": [orjson.dumps(o.details).decode() for o in batch],
     }
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -23,7 +23,7 @@ class OutboxMessage:
     @staticmethod
     def json(topic: str, key: str | None, headers: dict[str, str], document: dict[str, Any]) -> OutboxMessage:
         """A message whose value is a compact JSON document."""
-        return OutboxMessage(topic, key, headers, json.dumps(document, separators=(",", ":")).encode())
+        return OutboxMessage(topic, key, headers, orjson.dumps(document))
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ async def add(connection: AsyncConnection, messages: Sequence[OutboxMessage]) ->
             {
                 "topics": [m.topic for m in messages],
                 "keys": [m.key for m in messages],
-                "headers": [json.dumps(m.headers) for m in messages],
+                "headers": [orjson.dumps(m.headers).decode() for m in messages],
                 "payloads": [m.payload for m in messages],
             },
         )

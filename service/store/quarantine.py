@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import orjson
 from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -45,9 +45,9 @@ async def add(connection: AsyncConnection, consumer: str, rows: Sequence[Quarant
             "codes": [r.error_code for r in rows],
             "owners": [r.owner for r in rows],
             "keys": [r.order_key for r in rows],
-            "envelopes": [json.dumps(r.envelope) for r in rows],
+            "envelopes": [orjson.dumps(r.envelope).decode() for r in rows],
             "payloads": [r.payload for r in rows],
-            "headers": [json.dumps(r.source_headers) for r in rows],
+            "headers": [orjson.dumps(r.source_headers).decode() for r in rows],
             "attempts": [r.attempts for r in rows],
             "firsts": [r.first_failed_at for r in rows],
             "lasts": [r.last_failed_at for r in rows],
