@@ -8,7 +8,8 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
 from dataclasses import asdict
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -76,26 +77,40 @@ def _run(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> T:
     return asyncio.run(runner())
 
 
-async def _serve(settings: Settings, *parts: str) -> None:
+@asynccontextmanager
+async def _assembled(settings: Settings) -> AsyncIterator[Container]:
+    """The container with its resources (engine, HTTP client) open for the block, closed after it."""
     container = Container(settings=settings)
     await container.init_resources()  # type: ignore[misc]
     try:
-        # Every long-running process also keeps the database-derived gauges fresh for its /metrics.
-        loops = [await _provide(container, part) for part in (*parts, "gauges")]
-        health = await _provide(container, "health")
-        await health.start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        try:
-            async with asyncio.TaskGroup() as group:
-                for part in loops:
-                    group.create_task(part.run(stop))
-        finally:
-            await health.stop()
+        yield container
     finally:
         await container.shutdown_resources()  # type: ignore[misc]
+
+
+async def _use(settings: Settings, name: str, work: Callable[[Any], Awaitable[T]]) -> T:
+    """Build one provider and run `work` with it, resources open."""
+    async with _assembled(settings) as container:
+        return await work(await _provide(container, name))
+
+
+def _serve(settings: Settings, *parts: str) -> None:
+    """Run long-running loops until SIGTERM/SIGINT, with /metrics, /healthz and /readyz."""
+
+    async def serve(stop: asyncio.Event) -> None:
+        async with _assembled(settings) as container:
+            # Every long-running process also keeps the database-derived gauges fresh for its /metrics.
+            loops = [await _provide(container, part) for part in (*parts, "gauges")]
+            health = await _provide(container, "health")
+            await health.start()
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for part in loops:
+                        group.create_task(part.run(stop))
+            finally:
+                await health.stop()
+
+    _run(serve)
 
 
 async def _provide(container: Container, name: str) -> Any:
@@ -126,28 +141,28 @@ def migrate() -> None:
 def consume() -> None:
     """Consume the source topic until SIGTERM/SIGINT, then finish in-flight work, commit and exit 0."""
     settings = _settings()
-    asyncio.run(_serve(settings, "consumer_loop"))
+    _serve(settings, "consumer_loop")
 
 
 @app.command()
 def relay() -> None:
     """Publish outbox rows to Kafka until stopped."""
     settings = _settings()
-    asyncio.run(_serve(settings, "relay"))
+    _serve(settings, "relay")
 
 
 @app.command()
 def effects() -> None:
     """Execute pending external effects (payments, emails) until stopped."""
     settings = _settings()
-    asyncio.run(_serve(settings, "effect_worker"))
+    _serve(settings, "effect_worker")
 
 
 @app.command()
 def run() -> None:
     """Consume, relay and execute effects in one process (one metrics port for all)."""
     settings = _settings()
-    asyncio.run(_serve(settings, "consumer_loop", "relay", "effect_worker"))
+    _serve(settings, "consumer_loop", "relay", "effect_worker")
 
 
 @app.command()
@@ -159,17 +174,8 @@ def reconcile(
     """One pass for cron: resolve uncertain and stale effects, purge expired inbox rows. Exit 0 unless it failed."""
     settings = _settings()
 
-    async def once(_: asyncio.Event) -> Any:
-        container = Container(settings=settings)
-        await container.init_resources()  # type: ignore[misc]
-        try:
-            reconciler = await _provide(container, "reconciler")
-            return await reconciler.run_once(max_seconds)
-        finally:
-            await container.shutdown_resources()  # type: ignore[misc]
-
     try:
-        summary = _run(once)
+        summary = _run(lambda _: _use(settings, "reconciler", lambda reconciler: reconciler.run_once(max_seconds)))
     except InfrastructureUnavailable:
         typer.echo("reconcile: failed: database unavailable", err=True)
         raise typer.Exit(1) from None
@@ -181,16 +187,15 @@ def reconcile(
 
 async def _read(settings: Settings, query: Callable[[Any], Awaitable[T]], *, commit: bool = False) -> T:
     """Run one unit of work for a CLI command; only commands that change something pass `commit=True`."""
-    container = Container(settings=settings)
-    engine = await _provide(container, "engine")
-    try:
+
+    async def work(engine: Any) -> T:
         async with UnitOfWork(engine) as uow:
             result = await query(uow.connection)
             if commit:
                 await uow.commit()
             return result
-    finally:
-        await container.shutdown_resources()  # type: ignore[misc]
+
+    return await _use(settings, "engine", work)
 
 
 def _jsonable(value: Any) -> Any:
@@ -448,16 +453,9 @@ def reprocess(
             return False
         return typer.confirm(question, err=True)
 
-    async def work(_: asyncio.Event) -> Any:
-        container = Container(settings=settings)
-        await container.init_resources()  # type: ignore[misc]
-        try:
-            runner = await _provide(container, "reprocessor")
-            return await runner.run(selection, options, progress, confirm)
-        finally:
-            await container.shutdown_resources()  # type: ignore[misc]
-
-    report = _run(work)
+    report = _run(
+        lambda _: _use(settings, "reprocessor", lambda runner: runner.run(selection, options, progress, confirm))
+    )
     if as_json:
         _print_json(asdict(report))
     else:
