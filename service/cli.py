@@ -24,6 +24,7 @@ from service.config import ConfigurationError, Settings, load_settings
 from service.containers import Container
 from service.durations import parse_duration
 from service.errors import InfrastructureUnavailable
+from service.runtime import tune_garbage_collector
 from service.store import parking, quarantine
 from service.store.uow import UnitOfWork
 from service.worker.reprocess import Options, Selection
@@ -103,6 +104,7 @@ def _serve(settings: Settings, *parts: str) -> None:
             loops = [await _provide(container, part) for part in (*parts, "gauges")]
             health = await _provide(container, "health")
             await health.start()
+            tune_garbage_collector()
             try:
                 async with asyncio.TaskGroup() as group:
                     for part in loops:

@@ -85,13 +85,13 @@ class Metrics:
         """Count one effect outcome by the state it moved to."""
         self.effect_outcomes.labels(state=state).inc()
 
-    def record(self, outcome: str, error_code: str | None) -> None:
-        """Count one record outcome; rejections and quarantines also count under their code."""
-        self.records.labels(outcome=outcome).inc()
+    def record(self, outcome: str, error_code: str | None, count: int = 1) -> None:
+        """Count `count` records of one outcome; rejections and quarantines also count under their code."""
+        self.records.labels(outcome=outcome).inc(count)
         if error_code is not None and outcome in ("rejected", "quarantined"):
-            self.failures.labels(error_code=error_code).inc()
+            self.failures.labels(error_code=error_code).inc(count)
         if outcome == "quarantined" and error_code is not None:
-            self.quarantined.labels(error_code=error_code).inc()
+            self.quarantined.labels(error_code=error_code).inc(count)
 
     def failure(self, error_code: str, tier: str) -> None:
         """Count one failed attempt, and where it happened."""

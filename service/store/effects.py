@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import orjson
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.domain.model import Effect
 from service.policy.effects import EffectDecision
+from service.store.recordset import recordset
 
 
 @dataclass(frozen=True)
@@ -34,25 +34,19 @@ class EffectRow:
 
 async def add(connection: AsyncConnection, new: Sequence[Effect]) -> None:
     """Record effects as `pending`; an idempotency key that exists already keeps its row."""
-    if not new:
-        return
-    await connection.execute(
-        _ADD,
-        {
-            "keys": [e.idempotency_key for e in new],
-            "orders": [e.order_id for e in new],
-            "kinds": [e.kind for e in new],
-            "payloads": [orjson.dumps(e.payload).decode() for e in new],
-        },
-    )
+    if new:
+        rows = [
+            {"idempotency_key": e.idempotency_key, "order_id": e.order_id, "kind": e.kind, "payload": e.payload}
+            for e in new
+        ]
+        await connection.execute(_ADD, {"rows": recordset(rows)})
 
 
 _ADD = text(
     """
     INSERT INTO effects (idempotency_key, order_id, kind, payload)
-    SELECT k, o, kind, CAST(p AS jsonb)
-    FROM unnest(CAST(:keys AS text[]), CAST(:orders AS text[]), CAST(:kinds AS text[]), CAST(:payloads AS text[]))
-         AS v(k, o, kind, p)
+    SELECT idempotency_key, order_id, kind, payload
+    FROM json_to_recordset(CAST(:rows AS json)) AS v(idempotency_key text, order_id text, kind text, payload jsonb)
     ON CONFLICT (idempotency_key) DO NOTHING
     """
 )

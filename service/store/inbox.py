@@ -9,8 +9,10 @@ from datetime import datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.store.recordset import recordset
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)
 class InboxRow:
     """A terminal record, ready to insert."""
 
@@ -28,16 +30,18 @@ _KNOWN = text(
     "SELECT message_id, status FROM inbox WHERE consumer_name = :consumer AND message_id = ANY(CAST(:ids AS text[]))"
 )
 
-# One statement per batch, whatever its size: arrays through unnest, not a VALUES list compiled per row.
+# One statement per batch, whatever its size: a recordset, not a VALUES list compiled per row.
 _ADD = text(
     """
-    INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset,
-                       order_id, error_code, received_at)
-    SELECT :consumer, * FROM unnest(
-        CAST(:ids AS text[]), CAST(:statuses AS text[]), CAST(:topics AS text[]), CAST(:partitions AS int[]),
-        CAST(:offsets AS bigint[]), CAST(:orders AS text[]), CAST(:codes AS text[]), CAST(:received AS timestamptz[]))
-    ON CONFLICT (consumer_name, message_id) DO NOTHING
-    RETURNING message_id
+    WITH inserted AS (
+        INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset,
+                           order_id, error_code, received_at)
+        SELECT :consumer, * FROM json_to_recordset(CAST(:rows AS json)) AS v(
+            message_id text, status text, source_topic text, source_partition int, source_offset bigint,
+            order_id text, error_code text, received_at timestamptz)
+        ON CONFLICT (consumer_name, message_id) DO NOTHING
+        RETURNING 1)
+    SELECT count(*) FROM inserted
     """
 )
 
@@ -51,26 +55,13 @@ async def known(connection: AsyncConnection, consumer: str, message_ids: Iterabl
     return {message_id: status for message_id, status in rows}
 
 
-async def add(connection: AsyncConnection, consumer: str, rows: Sequence[InboxRow]) -> set[str]:
-    """Insert terminal rows; return the ids actually inserted (a missing one lost a race to a concurrent
-    consumer, and the caller must not apply its business change)."""
+async def add(connection: AsyncConnection, consumer: str, rows: Sequence[InboxRow]) -> int:
+    """Insert terminal rows; return how many were inserted (fewer than given: a concurrent consumer won a race
+    for one of them, and the caller must not apply its business change)."""
     if not rows:
-        return set()
-    result = await connection.execute(
-        _ADD,
-        {
-            "consumer": consumer,
-            "ids": [r.message_id for r in rows],
-            "statuses": [r.status for r in rows],
-            "topics": [r.source_topic for r in rows],
-            "partitions": [r.source_partition for r in rows],
-            "offsets": [r.source_offset for r in rows],
-            "orders": [r.order_id for r in rows],
-            "codes": [r.error_code for r in rows],
-            "received": [r.received_at for r in rows],
-        },
-    )
-    return set(result.scalars())
+        return 0
+    result = await connection.execute(_ADD, {"consumer": consumer, "rows": recordset(rows)})
+    return int(result.scalar_one())
 
 
 async def reopen(connection: AsyncConnection, consumer: str, rows: Sequence[InboxRow]) -> set[str]:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import orjson
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.domain.model import Order, OrderStatus
+from service.store.recordset import recordset
 
 
 def _to_order(row: Any) -> Order:
@@ -43,51 +43,39 @@ async def lock(connection: AsyncConnection, order_ids: Iterable[str]) -> dict[st
     return {row.order_id: _to_order(row) for row in result}
 
 
-async def create(connection: AsyncConnection, new: Sequence[Order]) -> set[str]:
-    """Insert new orders; return the ids inserted (a missing one was created concurrently)."""
+async def create(connection: AsyncConnection, new: Sequence[Order]) -> int:
+    """Insert new orders; return how many were inserted (fewer than given: one was created concurrently)."""
     if not new:
-        return set()
-    return set((await connection.execute(_CREATE, _columns(new))).scalars())
+        return 0
+    return int((await connection.execute(_CREATE, {"rows": recordset(new)})).scalar_one())
 
 
 async def update(connection: AsyncConnection, changed: Sequence[Order]) -> None:
     """Write back orders that were locked by `lock`."""
     if changed:
-        await connection.execute(_UPDATE, _columns(changed))
-
-
-def _columns(batch: Sequence[Order]) -> dict[str, list[Any]]:
-    return {
-        "ids": [o.order_id for o in batch],
-        "tenants": [o.tenant for o in batch],
-        "customers": [o.customer_id for o in batch],
-        "statuses": [o.status.value for o in batch],
-        "amounts": [o.amount_cents for o in batch],
-        "currencies": [o.currency for o in batch],
-        "sequences": [o.sequence for o in batch],
-        "details": [orjson.dumps(o.details).decode() for o in batch],
-    }
+        await connection.execute(_UPDATE, {"rows": recordset(changed)})
 
 
 _EXISTING = text("SELECT order_id FROM orders WHERE order_id = ANY(CAST(:ids AS text[]))")
 _LOCK = text("SELECT * FROM orders WHERE order_id = ANY(CAST(:ids AS text[])) ORDER BY order_id FOR UPDATE")
-_UNNEST = """unnest(CAST(:ids AS text[]), CAST(:tenants AS text[]), CAST(:customers AS text[]),
-                    CAST(:statuses AS text[]), CAST(:amounts AS bigint[]), CAST(:currencies AS text[]),
-                    CAST(:sequences AS int[]), CAST(:details AS text[]))
-             AS v(order_id, tenant, customer_id, status, amount_cents, currency, sequence, details)"""
+# The fields of `Order`, as a recordset (service/store/recordset.py).
+_ROWS = """json_to_recordset(CAST(:rows AS json)) AS v(
+               order_id text, tenant text, customer_id text, status text, amount_cents bigint, currency text,
+               sequence int, details jsonb)"""
 _CREATE = text(
     f"""
-    INSERT INTO orders (order_id, tenant, customer_id, status, amount_cents, currency, sequence, details)
-    SELECT order_id, tenant, customer_id, status, amount_cents, currency, sequence, CAST(details AS jsonb)
-    FROM {_UNNEST}
-    ON CONFLICT (order_id) DO NOTHING
-    RETURNING order_id
+    WITH inserted AS (
+        INSERT INTO orders (order_id, tenant, customer_id, status, amount_cents, currency, sequence, details)
+        SELECT order_id, tenant, customer_id, status, amount_cents, currency, sequence, details FROM {_ROWS}
+        ON CONFLICT (order_id) DO NOTHING
+        RETURNING 1)
+    SELECT count(*) FROM inserted
     """
 )
 _UPDATE = text(
     f"""
-    UPDATE orders SET status = v.status, sequence = v.sequence, details = CAST(v.details AS jsonb), updated_at = now()
-    FROM {_UNNEST}
+    UPDATE orders SET status = v.status, sequence = v.sequence, details = v.details, updated_at = now()
+    FROM {_ROWS}
     WHERE orders.order_id = v.order_id
     """
 )

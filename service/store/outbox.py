@@ -10,6 +10,8 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.store.recordset import recordset
+
 
 @dataclass(frozen=True)
 class OutboxMessage:
@@ -40,23 +42,14 @@ class ClaimedRow:
 async def add(connection: AsyncConnection, messages: Sequence[OutboxMessage]) -> None:
     """Add messages in the caller's transaction."""
     if messages:
-        await connection.execute(
-            _ADD,
-            {
-                "topics": [m.topic for m in messages],
-                "keys": [m.key for m in messages],
-                "headers": [orjson.dumps(m.headers).decode() for m in messages],
-                "payloads": [m.payload for m in messages],
-            },
-        )
+        await connection.execute(_ADD, {"rows": recordset(messages)})
 
 
 _ADD = text(
     """
     INSERT INTO outbox (topic, key, headers, payload)
-    SELECT t, k, CAST(h AS jsonb), p
-    FROM unnest(CAST(:topics AS text[]), CAST(:keys AS text[]), CAST(:headers AS text[]), CAST(:payloads AS bytea[]))
-         AS v(t, k, h, p)
+    SELECT topic, key, headers, payload
+    FROM json_to_recordset(CAST(:rows AS json)) AS v(topic text, key text, headers jsonb, payload bytea)
     """
 )
 

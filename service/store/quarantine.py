@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import orjson
 from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.store.recordset import recordset
 from service.store.tables import quarantine, quarantine_annotations, reprocess_items
 
 
@@ -34,37 +34,17 @@ class QuarantineRow:
 
 async def add(connection: AsyncConnection, consumer: str, rows: Sequence[QuarantineRow]) -> None:
     """Insert rows; a failure id quarantined already keeps its row (a redelivery after a crash)."""
-    if not rows:
-        return
-    await connection.execute(
-        _ADD,
-        {
-            "consumer": consumer,
-            "ids": [r.failure_id for r in rows],
-            "messages": [r.message_id for r in rows],
-            "codes": [r.error_code for r in rows],
-            "owners": [r.owner for r in rows],
-            "keys": [r.order_key for r in rows],
-            "envelopes": [orjson.dumps(r.envelope).decode() for r in rows],
-            "payloads": [r.payload for r in rows],
-            "headers": [orjson.dumps(r.source_headers).decode() for r in rows],
-            "attempts": [r.attempts for r in rows],
-            "firsts": [r.first_failed_at for r in rows],
-            "lasts": [r.last_failed_at for r in rows],
-        },
-    )
+    if rows:
+        await connection.execute(_ADD, {"consumer": consumer, "rows": recordset(rows)})
 
 
 _ADD = text(
     """
     INSERT INTO quarantine (consumer_name, failure_id, message_id, error_code, owner, order_key, envelope, payload,
                             source_headers, attempts, first_failed_at, last_failed_at)
-    SELECT :consumer, f, m, c, o, k, CAST(e AS jsonb), p, CAST(h AS jsonb), a, ff, lf
-    FROM unnest(CAST(:ids AS text[]), CAST(:messages AS text[]), CAST(:codes AS text[]), CAST(:owners AS text[]),
-                CAST(:keys AS text[]), CAST(:envelopes AS text[]), CAST(:payloads AS bytea[]),
-                CAST(:headers AS text[]), CAST(:attempts AS int[]), CAST(:firsts AS timestamptz[]),
-                CAST(:lasts AS timestamptz[]))
-         AS v(f, m, c, o, k, e, p, h, a, ff, lf)
+    SELECT :consumer, * FROM json_to_recordset(CAST(:rows AS json)) AS v(
+        failure_id text, message_id text, error_code text, owner text, order_key text, envelope jsonb,
+        payload bytea, source_headers jsonb, attempts int, first_failed_at timestamptz, last_failed_at timestamptz)
     ON CONFLICT (failure_id) DO NOTHING
     """
 )

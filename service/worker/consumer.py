@@ -26,11 +26,18 @@ log = structlog.get_logger("order_service.consumer")
 
 Lane = tuple[str, int]
 _MAX_WAIT_SECONDS = 0.5
+_FETCH_WAIT_MS = 500
+_ROUND_BATCHES = 4  # a round attempts up to this many fetch batches; a lane holds as many before it pauses
 _RELEASE_EVERY_SECONDS = 0.5
 
 
 class ConsumerLoop:
-    """Fetches into lanes, hands due records to the processor, pauses waiting lanes, commits offsets."""
+    """Fetches into lanes, hands due records to the processor, pauses waiting lanes, commits offsets.
+
+    Two tasks share the lanes: the fetcher fetches and decodes the next records while a round's database work
+    is in flight, and the round loop attempts what is due. The lanes are bounded (a full lane pauses its
+    partition), so memory stays flat with any backlog.
+    """
 
     def __init__(
         self,
@@ -45,13 +52,17 @@ class ConsumerLoop:
         self._make_consumer = make_consumer
         self._topics = topics
         self._batch_size = batch_size
+        self._round_size = batch_size * _ROUND_BATCHES
+        self._in_flight_limit = self._round_size * 2
         self._lanes: dict[Lane, deque[Pending]] = {}
+        self._backpressured: dict[Lane, set[Pending]] = {}  # records waiting because a downstream said so
         self._paused: set[TopicPartition] = set()
         self._uncommitted: dict[TopicPartition, int] = {}
         self._next_release = 0.0
         self._committing: asyncio.Task[None] | None = None
         self._committed: dict[TopicPartition, int] = {}
         self._next_lag_report = 0.0
+        self._arrived = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set, then finish the in-flight transaction, commit and return."""
@@ -61,74 +72,124 @@ class ConsumerLoop:
             return
         log.info("consumer_started", topics=self._topics)
         loop = asyncio.get_running_loop()
+        fetching = asyncio.create_task(self._fetch(consumer, stop))
         try:
-            while not stop.is_set():
+            while not stop.is_set() and not fetching.done():
                 if self._uncommitted:
                     self._commit_soon(consumer)
-                batches = await consumer.getmany(timeout_ms=self._wait_ms(loop.time()), max_records=self._batch_size)
-                for partition, records in batches.items():
-                    lane = self._lanes.setdefault((partition.topic, partition.partition), deque())
-                    lane.extend(self._processor.pending(record) for record in map(to_source, records))
                 await self._release_parked(loop.time())
-                await self._round(consumer, stop, loop.time())
+                attempted = await self._round(consumer, stop, loop.time())
+                # Reported after a round, never between a fetch and the round that takes its records.
                 self._report_lag(consumer, loop.time())
+                if not attempted:
+                    await self._wait(stop, loop.time())
         finally:
+            fetching.cancel()
+            await asyncio.gather(fetching, return_exceptions=True)
             if self._committing is not None:
                 await self._committing
             if self._uncommitted:
                 await self._commit(consumer)
             await consumer.stop()
             log.info("consumer_stopped")
+        if not fetching.cancelled() and fetching.exception() is not None:
+            raise fetching.exception()  # type: ignore[misc]
+
+    async def _fetch(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
+        """Fetch and decode into lanes, while the round loop writes: a full lane pauses its partition."""
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            batches = await consumer.getmany(timeout_ms=_FETCH_WAIT_MS, max_records=self._batch_size)
+            if not batches:
+                continue
+            pending = self._processor.pending
+            for partition, records in batches.items():
+                lane = self._lanes.setdefault((partition.topic, partition.partition), deque())
+                lane.extend([pending(to_source(record)) for record in records])
+            self._reconcile_pauses(consumer, loop.time())
+            self._arrived.set()
+
+    async def _wait(self, stop: asyncio.Event, now: float) -> None:
+        """Nothing is due: wait for fetched records, the next due time or half a second, whichever is first."""
+        waits = [p.due - now for lane in self._lanes.values() for p in lane if p.due > now]
+        timeout = min([_MAX_WAIT_SECONDS, *waits])
+        self._arrived.clear()
+        stopping = asyncio.ensure_future(stop.wait())
+        arrived = asyncio.ensure_future(self._arrived.wait())
+        try:
+            await asyncio.wait((stopping, arrived), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            arrived.cancel()
 
     def forget(self, partitions: list[TopicPartition]) -> None:
         """Drop the lanes of revoked partitions: their records were not terminal; the next owner gets them."""
         for partition in partitions:
-            self._lanes.pop((partition.topic, partition.partition), None)
+            key = (partition.topic, partition.partition)
+            self._lanes.pop(key, None)
+            self._backpressured.pop(key, None)
             self._paused.discard(partition)
             self._uncommitted.pop(partition, None)
             self._committed.pop(partition, None)
 
     def _due(self, now: float) -> list[Pending]:
-        """Records that may be attempted now: due, and with no earlier record of their key still waiting."""
-        due = []
+        """Up to a round's worth of records that may be attempted now: due, and with no earlier record of
+        their key still waiting."""
+        due: list[Pending] = []
+        limit = self._round_size
         for lane in self._lanes.values():
             waiting: set[tuple[str, int, str]] = set()
             for pending in lane:
-                if pending.thread in waiting:
-                    continue
                 if pending.due > now:
                     waiting.add(pending.thread)
-                    continue
-                due.append(pending)
+                elif not waiting or pending.thread not in waiting:
+                    due.append(pending)
+                    if len(due) >= limit:
+                        return due
         return due
 
-    async def _round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, now: float) -> None:
+    async def _round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, now: float) -> bool:
+        """Attempt what is due; False when nothing was."""
         due = self._due(now)
-        if due:
-            with self._metrics.batch_seconds.time():
-                left = await self._processor.attempt(due[: self._batch_size * 4], stop)
-            for key, lane in list(self._lanes.items()):
-                remaining = deque(p for p in lane if p not in left)
-                if len(remaining) == len(lane):
-                    continue
-                if key[1] >= 0:
-                    # Commit up to the first record that is not terminal yet, never past it.
-                    partition = TopicPartition(*key)
-                    upto = remaining[0].record.offset if remaining else lane[-1].record.offset + 1
-                    self._uncommitted[partition] = max(self._uncommitted.get(partition, 0), upto)
-                if remaining:
-                    self._lanes[key] = remaining
-                else:
-                    del self._lanes[key]
-            if self._uncommitted:
-                self._commit_soon(consumer)
+        if not due:
+            self._reconcile_pauses(consumer, now)
+            return False
+        with self._metrics.batch_seconds.time():
+            left = await self._processor.attempt(due, stop)
+        # The fetcher may have appended to the lanes meanwhile, or a rebalance dropped some: walk them as they are.
+        for pending in due:
+            if pending.backpressure and pending not in left:
+                self._backpressured.setdefault(pending.lane, set()).add(pending)
+            elif pending.lane in self._backpressured:
+                self._backpressured[pending.lane].discard(pending)
+        for key in {pending.lane for pending in left}:
+            lane = self._lanes.get(key)
+            if lane is None:
+                continue
+            remaining = deque(p for p in lane if p not in left)
+            if key[1] >= 0:
+                # Commit up to the first record that is not terminal yet, never past it.
+                partition = TopicPartition(*key)
+                upto = remaining[0].record.offset if remaining else lane[-1].record.offset + 1
+                self._uncommitted[partition] = max(self._uncommitted.get(partition, 0), upto)
+            if remaining:
+                self._lanes[key] = remaining
+            else:
+                del self._lanes[key]
+        if self._uncommitted:
+            self._commit_soon(consumer)
         self._reconcile_pauses(consumer, asyncio.get_running_loop().time())
+        return True
 
     def _reconcile_pauses(self, consumer: AIOKafkaConsumer, now: float) -> None:
         """Pause exactly the partitions that must not fetch now; resume the others."""
-        wanted = {
-            TopicPartition(*key) for key, lane in self._lanes.items() if key[1] >= 0 and self._hold(key, lane, now)
-        }
+        if sum(map(len, self._lanes.values())) >= self._in_flight_limit:
+            # Enough is fetched: one round in flight and the next one decoded. Memory stays flat.
+            wanted = set(consumer.assignment())
+        else:
+            wanted = {
+                TopicPartition(*key) for key, lane in self._lanes.items() if key[1] >= 0 and self._hold(key, lane, now)
+            }
         pause, resume = wanted - self._paused, self._paused - wanted
         if pause:
             consumer.pause(*pause)
@@ -139,28 +200,21 @@ class ConsumerLoop:
     def _hold(self, key: Lane, lane: deque[Pending], now: float) -> bool:
         """A partition stops fetching while a downstream asked us to slow down (backpressure), while the head
         of a retry tier is not due (records behind it are due later still), or while its lane is full."""
-        if any(p.backpressure and p.due > now for p in lane):
+        if any(p.due > now for p in self._backpressured.get(key, ())):
             return True
         if ".retry." in key[0] and lane and lane[0].due > now:
             return True
-        return len(lane) >= self._batch_size * 4
-
-    def _wait_ms(self, now: float) -> int:
-        """How long the next fetch may wait: never past the next due record, never past half a second."""
-        if self._due(now):
-            return 0
-        waits = [p.due - now for lane in self._lanes.values() for p in lane if p.due > now]
-        return max(0, int(min([_MAX_WAIT_SECONDS, *waits]) * 1000))
+        return len(lane) >= self._round_size
 
     def _report_lag(self, consumer: AIOKafkaConsumer, now: float) -> None:
         """Lag per partition: the broker's high watermark minus our committed offset (once a second)."""
         if now < self._next_lag_report:
             return
-        self._next_lag_report = now + 1.0
         for partition in consumer.assignment():
             high = consumer.highwater(partition)
             if high is None:
-                continue
+                continue  # nothing fetched from it yet: report it as soon as something is
+            self._next_lag_report = now + 1.0
             done = self._committed.get(partition)
             if done is None:
                 lane = self._lanes.get((partition.topic, partition.partition))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -70,56 +70,52 @@ class Outcome(StrEnum):
     HELD = "held"
 
 
-@dataclass(eq=False)  # identity semantics: two deliveries of one message are two pending records
+@dataclass(eq=False, slots=True)  # identity semantics: two deliveries of one message are two pending records
 class Pending:
-    """A fetched (or unparked) record on its way to a terminal state."""
+    """A fetched (or unparked) record on its way to a terminal state.
+
+    Its identities (message id, order id, ordering key, lane, thread) are computed once, when it is made: a
+    round asks for them many times per record.
+    """
 
     record: SourceRecord
     decoded: OrderMessage | DecodeFailure
     origin: Coordinates
     origin_timestamp_ms: int
+    parked_id: int | None = None  # came out of the parked table
     history: AttemptHistory | None = None
     in_tier: bool = False  # delivered from a retry tier (no blocking retries there)
     reprocess: bool = False  # a quarantined record sent back by `order-service reprocess`
     reopen: bool = False  # a reprocessed record whose inbox row says `quarantined`: moved, not inserted
-    parked_id: int | None = None  # came out of the parked table
     due: float = 0.0  # loop time before which the record must not be attempted
     backpressure: bool = False  # waiting because a downstream asked to slow down: pause the partition
     verdict: ErrorCode | None = None  # budget spent: quarantine with this code on the next write
     next_tier: timedelta | None = None  # hand over to the retry tier with this delay on the next write
     last_code: ErrorCode | None = None
+    message_id: str = field(init=False)  # the record's idempotency identity
+    failed: bool = field(init=False)  # the bytes did not decode into a message
+    order_id: str | None = field(init=False)  # the order the record is about, when it decoded
+    key: str | None = field(init=False)  # the ordering key: the record key, else the order id
+    lane: tuple[str, int] = field(init=False)  # applied in order: a partition, or the parked records of one key
+    thread: tuple[str, int, str] = field(init=False)  # what must stay in order: a key within a lane
 
-    @property
-    def message_id(self) -> str:
-        """The record's idempotency identity."""
-        return self.record.message_id
-
-    @property
-    def order_id(self) -> str | None:
-        """The order the record is about, when it decoded."""
-        return None if isinstance(self.decoded, DecodeFailure) else self.decoded.order_id
-
-    @property
-    def key(self) -> str | None:
-        """The ordering key: the record key, else the order id."""
-        return self.record.key_text or self.order_id
+    def __post_init__(self) -> None:
+        record = self.record
+        self.message_id = record.message_id
+        self.failed = isinstance(self.decoded, DecodeFailure)
+        self.order_id = None if self.failed else self.decoded.order_id  # type: ignore[union-attr]
+        self.key = record.key_text or self.order_id
+        if self.parked_id is not None:
+            self.lane = (f"{PARKED_TOPIC}/{self.key}", -1)
+        else:
+            self.lane = (record.topic, record.partition)
+        # A record without a key is a thread of its own.
+        self.thread = (*self.lane, self.key if self.key is not None else f"#{record.offset}")
 
     @property
     def schema_name(self) -> str | None:
         """The payload schema, when readable."""
         return self.decoded.schema_name
-
-    @property
-    def thread(self) -> tuple[str, int, str]:
-        """What must stay in order: a key within a lane (a record without a key is a thread of its own)."""
-        return (*self.lane, self.key if self.key is not None else f"#{self.record.offset}")
-
-    @property
-    def lane(self) -> tuple[str, int]:
-        """Records of one lane are applied in order: a partition, or the parked records of one key."""
-        if self.parked_id is not None:
-            return (f"{PARKED_TOPIC}/{self.key}", -1)
-        return (self.record.topic, self.record.partition)
 
 
 @dataclass(frozen=True)
@@ -227,9 +223,7 @@ class Processor:
             value=parked.value,
             headers=tuple((name, value.encode()) for name, value in parked.headers),
         )
-        pending = Pending(record, decode(record.value), record.coordinates, record.timestamp_ms)
-        pending.parked_id = stored.id
-        return pending
+        return Pending(record, decode(record.value), record.coordinates, record.timestamp_ms, stored.id)
 
     async def releasable(self, busy: set[str], keys: int = 50, per_key: int = 100) -> list[Pending]:
         """Parked records of keys that are free again, oldest first; `busy` keys are already in memory."""
@@ -324,6 +318,10 @@ class Processor:
     ) -> tuple[dict[str, model.CustomerStatus], dict[Pending, Failure]]:
         """Ask the customer directory about the customers of new orders, concurrently, once per customer."""
         wanted: dict[str, list[Pending]] = defaultdict(list)
+        failures: dict[Pending, Failure] = {}
+        statuses: dict[str, model.CustomerStatus] = {}
+        if not self._customers.enabled:
+            return statuses, failures
         for pending in candidates:
             message = pending.decoded
             if (
@@ -335,9 +333,7 @@ class Processor:
                 and message.tenant in self._tenants
             ):
                 wanted[message.customer_id].append(pending)
-        failures: dict[Pending, Failure] = {}
-        statuses: dict[str, model.CustomerStatus] = {}
-        if not wanted or not self._customers.enabled:
+        if not wanted:
             return statuses, failures
         limit = asyncio.Semaphore(_CUSTOMER_LOOKUP_CONCURRENCY)
         timeout = self._settings.processing_timeout.total_seconds()
@@ -388,7 +384,7 @@ class Processor:
             current = await orders.lock(c, filter(None, applied))
             write = self._plan(ready, plan, current)
             inserted = await inbox.add(c, self._consumer, write.inbox_rows)
-            if len(inserted) != len(write.inbox_rows):
+            if inserted != len(write.inbox_rows):
                 raise _Conflict
             reopened = await inbox.reopen(c, self._consumer, write.reopened)
             if len(reopened) != len(write.reopened):
@@ -401,7 +397,7 @@ class Processor:
                     c, again.origin.failure_id, failed_code.value, history.attempts, history.last_failed_at
                 )
             created = await orders.create(c, write.created)
-            if len(created) != len(write.created):
+            if created != len(write.created):
                 raise _Conflict
             await orders.update(c, write.changed)
             await effects.add(c, write.effects)
@@ -415,8 +411,9 @@ class Processor:
             crash_point("mid-write", self._settings.fault_crash_at)
             await uow.commit()
         crash_point("after-commit", self._settings.fault_crash_at)
+        counts: Counter[tuple[Outcome, ErrorCode | None]] = Counter()
         for pending, outcome, code in write.outcomes:
-            self._metrics.record(outcome.value, code.value if code else None)
+            counts[outcome, code] += 1
             if outcome is not Outcome.PROCESSED:
                 log.info(
                     f"record_{outcome.value}",
@@ -426,6 +423,8 @@ class Processor:
                     key=pending.key if outcome in (Outcome.PARKED, Outcome.HELD) else None,
                     trace_id=pending.record.trace_id,
                 )
+        for (outcome, code), count in counts.items():
+            self._metrics.record(outcome.value, code.value if code else None, count)
         return {pending for pending, _, _ in write.outcomes}
 
     def _plan(self, ready: list[Pending], plan: _Plan, current: dict[str, model.Order]) -> _Write:
