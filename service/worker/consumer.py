@@ -27,7 +27,8 @@ log = structlog.get_logger("order_service.consumer")
 Lane = tuple[str, int]
 _MAX_WAIT_SECONDS = 0.5
 _FETCH_WAIT_MS = 500
-_ROUND_BATCHES = 4  # a round attempts up to this many fetch batches; a lane holds as many before it pauses
+_ROUND_BATCHES = 2  # a round attempts up to this many fetch batches; a lane holds as many before it pauses
+_ROUNDS_IN_FLIGHT = 2  # one round plans while the other's transaction runs
 _RELEASE_EVERY_SECONDS = 0.5
 
 
@@ -53,7 +54,7 @@ class ConsumerLoop:
         self._topics = topics
         self._batch_size = batch_size
         self._round_size = batch_size * _ROUND_BATCHES
-        self._in_flight_limit = self._round_size * 2
+        self._in_flight_limit = self._round_size * (_ROUNDS_IN_FLIGHT + 1)  # the rounds, and one more decoded
         self._lanes: dict[Lane, deque[Pending]] = {}
         self._backpressured: dict[Lane, set[Pending]] = {}  # records waiting because a downstream said so
         self._paused: set[TopicPartition] = set()
@@ -63,9 +64,12 @@ class ConsumerLoop:
         self._committed: dict[TopicPartition, int] = {}
         self._next_lag_report = 0.0
         self._arrived = asyncio.Event()
+        self._rounds: dict[asyncio.Task[None], set[str | None]] = {}  # round -> message ids, orders and keys
+        self._error: Exception | None = None
+        self._done: dict[Lane, int] = {}  # per partition: the offset after the highest record that left
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Consume until `stop` is set, then finish the in-flight transaction, commit and return."""
+        """Consume until `stop` is set, then finish the in-flight transactions, commit and return."""
         consumer = self._make_consumer()
         consumer.subscribe(self._topics, listener=_Rebalance(self))
         if not await start_with_backoff(consumer.start, stop, "consumer"):
@@ -75,28 +79,35 @@ class ConsumerLoop:
         fetching = asyncio.create_task(self._fetch(consumer, stop))
         try:
             while not stop.is_set() and not fetching.done():
+                self._raise_from_failed_rounds()
                 if self._uncommitted:
                     self._commit_soon(consumer)
                 await self._release_parked(loop.time())
-                attempted = await self._round(consumer, stop, loop.time())
-                # Reported after a round, never between a fetch and the round that takes its records.
-                self._report_lag(consumer, loop.time())
-                if not attempted:
-                    await self._wait(stop, loop.time())
+                now = loop.time()
+                if len(self._rounds) < _ROUNDS_IN_FLIGHT:
+                    due = self._due(now)
+                    if due:
+                        self._start_round(consumer, stop, due)
+                        continue
+                    if not self._rounds:
+                        self._reconcile_pauses(consumer, now)
+                        self._report_lag(consumer, now)
+                await self._wait(stop, now)
         finally:
             fetching.cancel()
-            await asyncio.gather(fetching, return_exceptions=True)
+            await asyncio.gather(fetching, *self._rounds.keys(), return_exceptions=True)
             if self._committing is not None:
                 await self._committing
             if self._uncommitted:
                 await self._commit(consumer)
             await consumer.stop()
             log.info("consumer_stopped")
+        self._raise_from_failed_rounds()
         if not fetching.cancelled() and fetching.exception() is not None:
             raise fetching.exception()  # type: ignore[misc]
 
     async def _fetch(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
-        """Fetch and decode into lanes, while the round loop writes: a full lane pauses its partition."""
+        """Fetch and decode into lanes while rounds write; a full lane, or enough in flight, pauses fetching."""
         loop = asyncio.get_running_loop()
         while not stop.is_set():
             batches = await consumer.getmany(timeout_ms=_FETCH_WAIT_MS, max_records=self._batch_size)
@@ -110,8 +121,8 @@ class ConsumerLoop:
             self._arrived.set()
 
     async def _wait(self, stop: asyncio.Event, now: float) -> None:
-        """Nothing is due: wait for fetched records, the next due time or half a second, whichever is first."""
-        waits = [p.due - now for lane in self._lanes.values() for p in lane if p.due > now]
+        """Wait for fetched records, a finished round, the next due time or half a second, whichever is first."""
+        waits = [p.due - now for lane in self._lanes.values() for p in lane if p.due > now and not p.in_flight]
         timeout = min([_MAX_WAIT_SECONDS, *waits])
         self._arrived.clear()
         stopping = asyncio.ensure_future(stop.wait())
@@ -128,19 +139,24 @@ class ConsumerLoop:
             key = (partition.topic, partition.partition)
             self._lanes.pop(key, None)
             self._backpressured.pop(key, None)
+            self._done.pop(key, None)
             self._paused.discard(partition)
             self._uncommitted.pop(partition, None)
             self._committed.pop(partition, None)
 
     def _due(self, now: float) -> list[Pending]:
-        """Up to a round's worth of records that may be attempted now: due, and with no earlier record of
-        their key still waiting."""
+        """Up to a round's worth of records that may be attempted now: due, not in a round already, with no
+        earlier record of their key still waiting, and sharing no message id, order or key with a record
+        that a round in flight is writing (so two rounds never touch the same rows)."""
         due: list[Pending] = []
         limit = self._round_size
+        busy = list(self._rounds.values())
         for lane in self._lanes.values():
             waiting: set[tuple[str, int, str]] = set()
             for pending in lane:
-                if pending.due > now:
+                if pending.in_flight:
+                    continue  # records behind it that share its key are held by `_shares_ids`
+                if pending.due > now or (busy and _shares_ids(pending, busy)):
                     waiting.add(pending.thread)
                 elif not waiting or pending.thread not in waiting:
                     due.append(pending)
@@ -148,29 +164,48 @@ class ConsumerLoop:
                         return due
         return due
 
-    async def _round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, now: float) -> bool:
-        """Attempt what is due; False when nothing was."""
-        due = self._due(now)
-        if not due:
-            self._reconcile_pauses(consumer, now)
-            return False
-        with self._metrics.batch_seconds.time():
-            left = await self._processor.attempt(due, stop)
+    def _start_round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, due: list[Pending]) -> None:
+        """Attempt `due` in a task of its own: the next round is planned while this one's transaction runs."""
+        for pending in due:
+            pending.in_flight = True
+        ids = {p.message_id for p in due} | {p.order_id for p in due} | {p.key for p in due}
+        ids.discard(None)
+        self._rounds[asyncio.create_task(self._round(consumer, stop, due))] = ids
+
+    async def _round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, due: list[Pending]) -> None:
+        try:
+            with self._metrics.batch_seconds.time():
+                left = await self._processor.attempt(due, stop)
+        except Exception as error:
+            self._error = error
+            return
+        finally:
+            for pending in due:
+                pending.in_flight = False
+            self._rounds.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+            self._arrived.set()
         # The fetcher may have appended to the lanes meanwhile, or a rebalance dropped some: walk them as they are.
         for pending in due:
             if pending.backpressure and pending not in left:
                 self._backpressured.setdefault(pending.lane, set()).add(pending)
             elif pending.lane in self._backpressured:
                 self._backpressured[pending.lane].discard(pending)
+        # Rounds finish in any order, so records may leave a lane from its middle or its end: remember the
+        # highest offset that left each partition.
+        for pending in left:
+            if pending.record.partition >= 0 and pending.parked_id is None:
+                key = pending.lane
+                self._done[key] = max(self._done.get(key, 0), pending.record.offset + 1)
         for key in {pending.lane for pending in left}:
             lane = self._lanes.get(key)
             if lane is None:
                 continue
             remaining = deque(p for p in lane if p not in left)
             if key[1] >= 0:
-                # Commit up to the first record that is not terminal yet, never past it.
+                # Commit up to the first record that is not terminal yet (or still in a round), never past it;
+                # when none is left, up to the highest record that left.
                 partition = TopicPartition(*key)
-                upto = remaining[0].record.offset if remaining else lane[-1].record.offset + 1
+                upto = remaining[0].record.offset if remaining else self._done[key]
                 self._uncommitted[partition] = max(self._uncommitted.get(partition, 0), upto)
             if remaining:
                 self._lanes[key] = remaining
@@ -178,8 +213,14 @@ class ConsumerLoop:
                 del self._lanes[key]
         if self._uncommitted:
             self._commit_soon(consumer)
-        self._reconcile_pauses(consumer, asyncio.get_running_loop().time())
-        return True
+        now = asyncio.get_running_loop().time()
+        self._reconcile_pauses(consumer, now)
+        self._report_lag(consumer, now)
+
+    def _raise_from_failed_rounds(self) -> None:
+        """A round that raised (a bug, not a record failure) stops the consumer, as it would in-line."""
+        if self._error is not None:
+            raise self._error
 
     def _reconcile_pauses(self, consumer: AIOKafkaConsumer, now: float) -> None:
         """Pause exactly the partitions that must not fetch now; resume the others."""
@@ -255,6 +296,11 @@ class ConsumerLoop:
             self._committed[partition] = offset
             if self._uncommitted.get(partition) == offset:
                 del self._uncommitted[partition]
+
+
+def _shares_ids(pending: Pending, busy: list[set[str | None]]) -> bool:
+    """Whether a round in flight writes a record with the same message id, order or key."""
+    return any(pending.message_id in ids or pending.order_id in ids or pending.key in ids for ids in busy)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]

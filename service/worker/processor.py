@@ -92,6 +92,7 @@ class Pending:
     verdict: ErrorCode | None = None  # budget spent: quarantine with this code on the next write
     next_tier: timedelta | None = None  # hand over to the retry tier with this delay on the next write
     last_code: ErrorCode | None = None
+    in_flight: bool = False  # a round is attempting it now
     message_id: str = field(init=False)  # the record's idempotency identity
     failed: bool = field(init=False)  # the bytes did not decode into a message
     order_id: str | None = field(init=False)  # the order the record is about, when it decoded

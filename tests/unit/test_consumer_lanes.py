@@ -1,0 +1,93 @@
+"""The consumer loop's lane bookkeeping when rounds overlap: offsets never pass a record that is not terminal,
+and reach the end once every record left, whatever order the rounds finish in. A fake processor decides when
+each round finishes; a fake Kafka client records commits and pauses."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+from aiokafka import TopicPartition
+
+from service.domain.messages import decode
+from service.metrics import Metrics
+from service.policy.records import SourceRecord
+from service.worker.consumer import ConsumerLoop
+from service.worker.processor import Pending
+
+TOPIC = "orders"
+PARTITION = TopicPartition(TOPIC, 0)
+
+
+class _Processor:
+    """Holds each round until the test releases it, then reports every record of it as terminal."""
+
+    def __init__(self) -> None:
+        self.rounds: list[tuple[list[Pending], asyncio.Event]] = []
+
+    async def attempt(self, due: list[Pending], stop: asyncio.Event) -> set[Pending]:
+        release = asyncio.Event()
+        self.rounds.append((due, release))
+        await release.wait()
+        return set(due)
+
+
+class _Consumer:
+    def __init__(self) -> None:
+        self.commits: list[dict[TopicPartition, int]] = []
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.commits.append(dict(offsets))
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        pass
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        pass
+
+    def assignment(self) -> set[TopicPartition]:
+        return {PARTITION}
+
+    def highwater(self, partition: TopicPartition) -> int | None:
+        return None
+
+
+def _pending(offset: int, key: str) -> Pending:
+    record = SourceRecord(TOPIC, 0, offset, 0, key.encode(), b"{}", ((("message-id", f"{key}.1".encode())),))
+    return Pending(record, decode(record.value), record.coordinates, 0)
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_later_round_that_finishes_first_commits_nothing_past_the_earlier_one_then_everything() -> None:
+    processor = _Processor()
+    consumer: Any = _Consumer()
+    loop = ConsumerLoop(processor, Metrics(), lambda: consumer, [TOPIC], batch_size=2)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    # Given six records of six keys in one lane, taken by two overlapping rounds of four and two
+    loop._lanes[(TOPIC, 0)] = deque(_pending(n, f"K{n}") for n in range(6))
+    loop._start_round(consumer, stop, loop._due(0.0))
+    loop._start_round(consumer, stop, loop._due(0.0))
+    await _settle()
+    (first, release_first), (second, release_second) = processor.rounds
+    assert [p.record.offset for p in first] == [0, 1, 2, 3]
+    assert [p.record.offset for p in second] == [4, 5]
+
+    # When the later round finishes first
+    release_second.set()
+    await _settle()
+
+    # Then the offset stays before the first record of the earlier round
+    assert consumer.commits[-1] == {PARTITION: 0}
+
+    # And when the earlier round finishes, the offset moves past the last record (not only past the first round)
+    release_first.set()
+    await _settle()
+    if loop._uncommitted:
+        await loop._commit(consumer)
+    assert consumer.commits[-1] == {PARTITION: 6}
+    assert not loop._lanes
