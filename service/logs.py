@@ -10,6 +10,7 @@ import logging
 import sys
 from typing import Any
 
+import orjson
 import structlog
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -19,6 +20,11 @@ def _drop_stack_traces(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]
     event.pop("exc_info", None)
     event.pop("stack_info", None)
     return event
+
+
+def _dumps(event: dict[str, Any], **options: Any) -> str:
+    """One JSON line, by orjson (several times faster than json.dumps; a round logs one line per duplicate)."""
+    return orjson.dumps(event, default=options.get("default")).decode()
 
 
 def configure(level: str) -> None:
@@ -32,7 +38,7 @@ def configure(level: str) -> None:
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     shared.append(structlog.processors.format_exc_info if debug else _drop_stack_traces)
-    renderer = structlog.processors.JSONRenderer()
+    renderer = structlog.processors.JSONRenderer(serializer=_dumps)
     structlog.configure(
         processors=[
             structlog.stdlib.filter_by_level,

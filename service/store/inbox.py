@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from service.store.recordset import recordset
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass  # neither frozen (slow to build) nor slotted (slow for orjson): one is built per record
 class InboxRow:
     """A terminal record, ready to insert."""
 

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from service.store.recordset import recordset
 
 
-@dataclass(frozen=True)
+@dataclass  # neither frozen (slow to build) nor slotted (slow for orjson): one is built per event
 class OutboxMessage:
     """One message to publish."""
 

@@ -55,6 +55,7 @@ Clock = Callable[[], datetime]
 _CUSTOMER_LOOKUP_CONCURRENCY = 16
 _MAX_CONFLICT_ROUNDS = 5
 PARKED_TOPIC = "(parked)"
+_FREE_KEY = ordering.KeyState()  # a key with no retry head, block or parked records
 
 
 class Outcome(StrEnum):
@@ -295,7 +296,7 @@ class Processor:
         # A tier copy or a reprocessed record is the head of its key: it never waits behind its own key.
         if pending.key is None or pending.in_tier or pending.reprocess:
             return ordering.Route.APPLY
-        state = facts.keys.get(pending.key, ordering.KeyState())
+        state = facts.keys.get(pending.key, _FREE_KEY)
         return ordering.route(
             self._settings.ordering, state, message_id=pending.message_id, from_parked=pending.parked_id is not None
         )
