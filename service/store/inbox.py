@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -26,10 +26,6 @@ class InboxRow:
     received_at: datetime
 
 
-_KNOWN = text(
-    "SELECT message_id, status FROM inbox WHERE consumer_name = :consumer AND message_id = ANY(CAST(:ids AS text[]))"
-)
-
 # One statement per batch, whatever its size: a recordset, not a VALUES list compiled per row.
 _ADD = text(
     """
@@ -44,15 +40,6 @@ _ADD = text(
     SELECT count(*) FROM inserted
     """
 )
-
-
-async def known(connection: AsyncConnection, consumer: str, message_ids: Iterable[str]) -> dict[str, str]:
-    """The status of each of these message ids that already has a terminal row (a redelivery, or a reprocess)."""
-    ids = list(set(message_ids))
-    if not ids:
-        return {}
-    rows = await connection.execute(_KNOWN, {"consumer": consumer, "ids": ids})
-    return {message_id: status for message_id, status in rows}
 
 
 async def add(connection: AsyncConnection, consumer: str, rows: Sequence[InboxRow]) -> int:

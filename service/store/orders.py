@@ -25,15 +25,6 @@ def _to_order(row: Any) -> Order:
     )
 
 
-async def existing(connection: AsyncConnection, order_ids: Iterable[str]) -> set[str]:
-    """Which of these orders exist (no lock: a hint for which customers to look up)."""
-    ids = list(set(order_ids))
-    if not ids:
-        return set()
-    result = await connection.execute(_EXISTING, {"ids": ids})
-    return set(result.scalars())
-
-
 async def lock(connection: AsyncConnection, order_ids: Iterable[str]) -> dict[str, Order]:
     """Load and lock the existing orders; updates of one order serialise on this lock."""
     ids = sorted(set(order_ids))  # a stable lock order keeps two batches from deadlocking
@@ -56,7 +47,6 @@ async def update(connection: AsyncConnection, changed: Sequence[Order]) -> None:
         await connection.execute(_UPDATE, {"rows": recordset(changed)})
 
 
-_EXISTING = text("SELECT order_id FROM orders WHERE order_id = ANY(CAST(:ids AS text[]))")
 _LOCK = text("SELECT * FROM orders WHERE order_id = ANY(CAST(:ids AS text[])) ORDER BY order_id FOR UPDATE")
 # The fields of `Order`, as a recordset (service/store/recordset.py).
 _ROWS = """json_to_recordset(CAST(:rows AS json)) AS v(

@@ -47,36 +47,6 @@ async def unpark(connection: AsyncConnection, ids: Sequence[int]) -> None:
         await connection.execute(delete(parked).where(parked.c.id.in_(ids)))
 
 
-async def keys_with_parked(connection: AsyncConnection, consumer: str, keys: Iterable[str]) -> set[str]:
-    """Which of these keys have parked records."""
-    wanted = list(set(keys))
-    if not wanted:
-        return set()
-    result = await connection.execute(
-        text(
-            "SELECT DISTINCT order_key FROM parked "
-            "WHERE consumer_name = :consumer AND order_key = ANY(CAST(:keys AS text[]))"
-        ),
-        {"consumer": consumer, "keys": wanted},
-    )
-    return set(result.scalars())
-
-
-async def blocked(connection: AsyncConnection, consumer: str, keys: Iterable[str]) -> set[str]:
-    """Which of these keys are blocked by a quarantined head."""
-    wanted = list(set(keys))
-    if not wanted:
-        return set()
-    result = await connection.execute(
-        text(
-            "SELECT order_key FROM key_blocks"
-            " WHERE consumer_name = :consumer AND order_key = ANY(CAST(:keys AS text[]))"
-        ),
-        {"consumer": consumer, "keys": wanted},
-    )
-    return set(result.scalars())
-
-
 async def block(connection: AsyncConnection, consumer: str, blocks: Sequence[tuple[str, str]]) -> None:
     """Block keys whose head was quarantined: (key, failure id)."""
     if blocks:

@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, text
+from sqlalchemy import delete
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.store.tables import retries
-
-# Array parameters keep one cached statement for any number of ids (an IN list is compiled per size).
-_STEPS = text(
-    "SELECT message_id, tier_step FROM retries"
-    " WHERE consumer_name = :consumer AND message_id = ANY(CAST(:ids AS text[]))"
-)
-_HEADS = text(
-    "SELECT order_key, message_id FROM retries"
-    " WHERE consumer_name = :consumer AND order_key = ANY(CAST(:keys AS text[]))"
-)
 
 
 @dataclass(frozen=True)
@@ -36,24 +26,6 @@ class RetryRow:
     last_failed_at: datetime
     due_at: datetime
     error_code: str
-
-
-async def steps(connection: AsyncConnection, consumer: str, message_ids: Iterable[str]) -> dict[str, int]:
-    """The current tier step of each of these message ids that is in a retry tier."""
-    ids = list(set(message_ids))
-    if not ids:
-        return {}
-    result = await connection.execute(_STEPS, {"consumer": consumer, "ids": ids})
-    return {message_id: step for message_id, step in result}
-
-
-async def heads(connection: AsyncConnection, consumer: str, keys: Iterable[str]) -> dict[str, str]:
-    """For each of these keys with a record in a retry tier, that record's message id."""
-    wanted = list(set(keys))
-    if not wanted:
-        return {}
-    result = await connection.execute(_HEADS, {"consumer": consumer, "keys": wanted})
-    return {key: message_id for key, message_id in result}
 
 
 async def upsert(connection: AsyncConnection, consumer: str, rows: Sequence[RetryRow]) -> None:

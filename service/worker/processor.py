@@ -40,7 +40,7 @@ from service.policy.owners import owner_for, parse_owners
 from service.policy.records import Coordinates, SourceRecord
 from service.policy.retry import AttemptHistory, RetryPolicy
 from service.stopping import sleep_unless_stopped
-from service.store import effects, inbox, orders, outbox, parking, quarantine, retries
+from service.store import effects, inbox, lookups, orders, outbox, parking, quarantine, retries
 from service.store.inbox import InboxRow
 from service.store.outbox import OutboxMessage
 from service.store.parking import ParkedRecord, StoredParked
@@ -278,19 +278,17 @@ class Processor:
 
     async def _facts(self, due: list[Pending]) -> _Facts:
         keys = {p.key for p in due if p.key} if self._settings.ordering == "key" else set()
+        # Which orders exist only matters for whom to ask the customer directory.
+        order_ids = {p.order_id for p in due if p.order_id} if self._customers.enabled else set()
         async with UnitOfWork(self._engine) as uow:
-            c = uow.connection
-            seen = await inbox.known(c, self._consumer, (p.message_id for p in due))
-            exists = await orders.existing(c, filter(None, (p.order_id for p in due)))
-            steps = await retries.steps(c, self._consumer, (p.message_id for p in due))
-            heads = await retries.heads(c, self._consumer, keys)
-            blocked = await parking.blocked(c, self._consumer, keys)
-            with_parked = await parking.keys_with_parked(c, self._consumer, keys)
+            known = await lookups.known(
+                uow.connection, self._consumer, {p.message_id for p in due}, orders=order_ids, keys=keys
+            )
         states = {
-            key: ordering.KeyState(heads.get(key), key in blocked, key in with_parked)
-            for key in heads.keys() | blocked | with_parked
+            key: ordering.KeyState(known.heads.get(key), key in known.blocked, key in known.parked)
+            for key in known.heads.keys() | known.blocked | known.parked
         }
-        return _Facts(seen, exists, steps, states)
+        return _Facts(known.seen, known.orders, known.steps, states)
 
     def _route(self, pending: Pending, facts: _Facts) -> ordering.Route:
         # A tier copy or a reprocessed record is the head of its key: it never waits behind its own key.

@@ -1,0 +1,79 @@
+"""What a round must know before it decides, read by ONE statement over every table it consults.
+
+A round of a few thousand records asks the inbox (terminal already?), the retry table (in a tier, at which
+step?), under key ordering the retry heads, key blocks and parked records of its keys, and, when the customer
+directory is asked, which orders exist. One statement is one round trip and one encoding of each id array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+
+@dataclass
+class Known:
+    """The database's answer for one round."""
+
+    seen: dict[str, str] = field(default_factory=dict)  # message id -> inbox status
+    steps: dict[str, int] = field(default_factory=dict)  # message id -> its step in the retry tiers
+    orders: set[str] = field(default_factory=set)  # orders that exist
+    heads: dict[str, str] = field(default_factory=dict)  # key -> the message id of its record in a retry tier
+    blocked: set[str] = field(default_factory=set)  # keys held by a quarantined head
+    parked: set[str] = field(default_factory=set)  # keys with parked records
+
+
+_LOOKUP = text(
+    """
+    SELECT 'seen' AS kind, message_id AS name, status AS value FROM inbox
+     WHERE consumer_name = :consumer AND message_id = ANY(CAST(:ids AS text[]))
+    UNION ALL
+    SELECT 'step', message_id, CAST(tier_step AS text) FROM retries
+     WHERE consumer_name = :consumer AND message_id = ANY(CAST(:ids AS text[]))
+    UNION ALL
+    SELECT 'order', order_id, NULL FROM orders WHERE order_id = ANY(CAST(:orders AS text[]))
+    UNION ALL
+    SELECT 'head', order_key, message_id FROM retries
+     WHERE consumer_name = :consumer AND order_key = ANY(CAST(:keys AS text[]))
+    UNION ALL
+    SELECT 'blocked', order_key, NULL FROM key_blocks
+     WHERE consumer_name = :consumer AND order_key = ANY(CAST(:keys AS text[]))
+    UNION ALL
+    SELECT DISTINCT 'parked', order_key, NULL FROM parked
+     WHERE consumer_name = :consumer AND order_key = ANY(CAST(:keys AS text[]))
+    """
+)
+
+
+async def known(
+    connection: AsyncConnection,
+    consumer: str,
+    message_ids: Collection[str],
+    *,
+    orders: Collection[str] = (),
+    keys: Collection[str] = (),
+) -> Known:
+    """Look up these message ids, and the orders and keys asked for (none when empty)."""
+    answer = Known()
+    if not message_ids:
+        return answer
+    result = await connection.execute(
+        _LOOKUP, {"consumer": consumer, "ids": list(message_ids), "orders": list(orders), "keys": list(keys)}
+    )
+    for kind, name, value in result:
+        if kind == "seen":
+            answer.seen[name] = value
+        elif kind == "step":
+            answer.steps[name] = int(value)
+        elif kind == "order":
+            answer.orders.add(name)
+        elif kind == "head":
+            answer.heads[name] = value
+        elif kind == "blocked":
+            answer.blocked.add(name)
+        else:
+            answer.parked.add(name)
+    return answer
