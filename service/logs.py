@@ -27,33 +27,40 @@ def _dumps(event: dict[str, Any], **options: Any) -> str:
     return orjson.dumps(event, default=options.get("default")).decode()
 
 
+class _NamedWriteLogger(structlog.WriteLogger):
+    """Writes lines to stderr and knows its name (`get_logger("order_service.consumer")`), for `logger`."""
+
+    def __init__(self, name: str = "", *_: Any) -> None:
+        super().__init__(sys.stderr)
+        self.name = name
+
+
 def configure(level: str) -> None:
     """Route structlog and stdlib logging to one JSON line per event on stderr."""
     numeric = _LEVELS[level]
     debug = numeric <= logging.DEBUG
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
-        structlog.stdlib.add_log_level,
+        structlog.processors.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     shared.append(structlog.processors.format_exc_info if debug else _drop_stack_traces)
     renderer = structlog.processors.JSONRenderer(serializer=_dumps)
+    # Our own events skip the stdlib logging machinery (a consumer logs one line per duplicate or failure, and
+    # that machinery cost more than the rest of the line); the libraries' stdlib records go through a handler
+    # that renders them the same way.
     structlog.configure(
-        processors=[
-            structlog.stdlib.filter_by_level,
-            *shared,
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
-        ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
+        processors=[*shared, renderer],
+        logger_factory=_NamedWriteLogger,
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
-            foreign_pre_chain=shared,
+            foreign_pre_chain=[structlog.stdlib.add_log_level, *shared[1:]],
         )
     )
     root = logging.getLogger()

@@ -54,7 +54,7 @@ class ConsumerLoop:
         self._topics = topics
         self._batch_size = batch_size
         self._round_size = batch_size * _ROUND_BATCHES
-        self._in_flight_limit = self._round_size * (_ROUNDS_IN_FLIGHT + 1)  # the rounds, and one more decoded
+        self._in_flight_limit = self._round_size * _ROUNDS_IN_FLIGHT  # fetched and not terminal, at most
         self._lanes: dict[Lane, deque[Pending]] = {}
         self._backpressured: dict[Lane, set[Pending]] = {}  # records waiting because a downstream said so
         self._paused: set[TopicPartition] = set()
