@@ -190,18 +190,24 @@ class ConsumerLoop:
                 self._backpressured.setdefault(pending.lane, set()).add(pending)
             elif pending.lane in self._backpressured:
                 self._backpressured[pending.lane].discard(pending)
-        # Rounds finish in any order, so records may leave a lane from its middle or its end: remember the
-        # highest offset that left each partition.
-        for pending in left:
-            if pending.record.partition >= 0 and pending.parked_id is None:
-                key = pending.lane
-                self._done[key] = max(self._done.get(key, 0), pending.record.offset + 1)
+        # Rounds finish in any order, so records may leave a lane from its middle or its end: remember the highest
+        # offset that left each partition. Only records still in the lane count: after a rebalance the lane may
+        # be a new one, refetched from the committed offset, and this round's records are not in it.
         for key in {pending.lane for pending in left}:
             lane = self._lanes.get(key)
             if lane is None:
                 continue
-            remaining = deque(p for p in lane if p not in left)
+            remaining: deque[Pending] = deque()
+            top = -1
+            for pending in lane:
+                if pending in left:
+                    top = max(top, pending.record.offset)
+                else:
+                    remaining.append(pending)
+            if top < 0:
+                continue
             if key[1] >= 0:
+                self._done[key] = max(self._done.get(key, 0), top + 1)
                 # Commit up to the first record that is not terminal yet (or still in a round), never past it;
                 # when none is left, up to the highest record that left.
                 partition = TopicPartition(*key)

@@ -25,12 +25,13 @@ class _Processor:
 
     def __init__(self) -> None:
         self.rounds: list[tuple[list[Pending], asyncio.Event]] = []
+        self.failing: set[int] = set()  # offsets whose records are not terminal after their round
 
     async def attempt(self, due: list[Pending], stop: asyncio.Event) -> set[Pending]:
         release = asyncio.Event()
         self.rounds.append((due, release))
         await release.wait()
-        return set(due)
+        return {p for p in due if p.record.offset not in self.failing}
 
 
 class _Consumer:
@@ -91,3 +92,32 @@ async def test_a_later_round_that_finishes_first_commits_nothing_past_the_earlie
         await loop._commit(consumer)
     assert consumer.commits[-1] == {PARTITION: 6}
     assert not loop._lanes
+
+
+async def test_a_round_that_finishes_after_its_partition_was_revoked_and_assigned_again_moves_no_offset() -> None:
+    processor = _Processor()
+    consumer: Any = _Consumer()
+    loop = ConsumerLoop(processor, Metrics(), lambda: consumer, [TOPIC], batch_size=2)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    # Given a round of four records in flight, of which the third will fail (not terminal)
+    processor.failing = {2}
+    loop._lanes[(TOPIC, 0)] = deque(_pending(n, f"K{n}") for n in range(4))
+    loop._start_round(consumer, stop, loop._due(0.0))
+    await _settle()
+    ((_, release_old),) = processor.rounds
+
+    # When the partition is revoked and assigned back, and the first two records are fetched again
+    loop.forget([PARTITION])
+    loop._lanes[(TOPIC, 0)] = deque(_pending(n, f"K{n}") for n in range(2))
+    release_old.set()
+    await _settle()
+    loop._start_round(consumer, stop, loop._due(0.0))
+    await _settle()
+    _, (_, release_new) = processor.rounds
+    release_new.set()
+    await _settle()
+    if loop._uncommitted:
+        await loop._commit(consumer)
+
+    # Then the offset stops at the record that was never terminal, not past the old round's last record
+    assert consumer.commits[-1] == {PARTITION: 2}
