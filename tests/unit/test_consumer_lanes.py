@@ -121,3 +121,20 @@ async def test_a_round_that_finishes_after_its_partition_was_revoked_and_assigne
 
     # Then the offset stops at the record that was never terminal, not past the old round's last record
     assert consumer.commits[-1] == {PARTITION: 2}
+
+
+async def test_records_of_a_key_that_a_round_in_flight_writes_wait_for_it() -> None:
+    processor = _Processor()
+    consumer: Any = _Consumer()
+    loop = ConsumerLoop(processor, Metrics(), lambda: consumer, [TOPIC], batch_size=1)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    # Given a round in flight with the records of keys A and B
+    loop._lanes[(TOPIC, 0)] = deque([_pending(0, "A"), _pending(1, "B")])
+    loop._start_round(consumer, stop, loop._due(0.0))
+    await _settle()
+
+    # When more records arrive: another of key A, then one of key C, then a second one of key A
+    loop._lanes[(TOPIC, 0)].extend([_pending(2, "A"), _pending(3, "C"), _pending(4, "A")])
+
+    # Then only key C may go into a second round while the first is in flight
+    assert [p.record.offset for p in loop._due(0.0)] == [3]
