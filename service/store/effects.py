@@ -16,7 +16,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.domain.model import Effect
 from service.policy.effects import EffectDecision
-from service.store.recordset import recordset
 
 
 @dataclass(frozen=True)
@@ -32,24 +31,23 @@ class EffectRow:
     capture_state: str | None  # for a refund: the state of the order's capture
 
 
-async def add(connection: AsyncConnection, new: Sequence[Effect]) -> None:
-    """Record effects as `pending`; an idempotency key that exists already keeps its row."""
-    if new:
-        rows = [
-            {"idempotency_key": e.idempotency_key, "order_id": e.order_id, "kind": e.kind, "payload": e.payload}
-            for e in new
-        ]
-        await connection.execute(_ADD, {"rows": recordset(rows)})
+def rows(new: Sequence[Effect]) -> list[dict[str, Any]]:
+    """New effects as recordset rows for `ADD_ROWS`."""
+    return [
+        {"idempotency_key": e.idempotency_key, "order_id": e.order_id, "kind": e.kind, "payload": e.payload}
+        for e in new
+    ]
 
 
-_ADD = text(
-    """
+# Records effects as `pending`, part of a round's one write statement (service/store/batch.py); an idempotency
+# key that exists already keeps its row.
+ADD_ROWS = """
     INSERT INTO effects (idempotency_key, order_id, kind, payload)
     SELECT idempotency_key, order_id, kind, payload
-    FROM json_to_recordset(CAST(:rows AS json)) AS v(idempotency_key text, order_id text, kind text, payload jsonb)
+    FROM json_to_recordset(CAST(:effect_rows AS json)) AS v(
+        idempotency_key text, order_id text, kind text, payload jsonb)
     ON CONFLICT (idempotency_key) DO NOTHING
-    """
-)
+    RETURNING 1"""
 
 
 _CAPTURE_STATE = """

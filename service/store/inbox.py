@@ -9,8 +9,6 @@ from datetime import datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.store.recordset import recordset
-
 
 @dataclass  # neither frozen (slow to build) nor slotted (slow for orjson): one is built per record
 class InboxRow:
@@ -26,29 +24,16 @@ class InboxRow:
     received_at: datetime
 
 
-# One statement per batch, whatever its size: a recordset, not a VALUES list compiled per row.
-_ADD = text(
-    """
-    WITH inserted AS (
-        INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset,
-                           order_id, error_code, received_at)
-        SELECT :consumer, * FROM json_to_recordset(CAST(:rows AS json)) AS v(
-            message_id text, status text, source_topic text, source_partition int, source_offset bigint,
-            order_id text, error_code text, received_at timestamptz)
-        ON CONFLICT (consumer_name, message_id) DO NOTHING
-        RETURNING 1)
-    SELECT count(*) FROM inserted
-    """
-)
-
-
-async def add(connection: AsyncConnection, consumer: str, rows: Sequence[InboxRow]) -> int:
-    """Insert terminal rows; return how many were inserted (fewer than given: a concurrent consumer won a race
-    for one of them, and the caller must not apply its business change)."""
-    if not rows:
-        return 0
-    result = await connection.execute(_ADD, {"consumer": consumer, "rows": recordset(rows)})
-    return int(result.scalar_one())
+# The rows of a round (a recordset of `InboxRow`, service/store/recordset.py), part of the round's one write
+# statement (service/store/batch.py); a message id that is there already keeps its row and is not counted.
+ADD_ROWS = """
+    INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset,
+                       order_id, error_code, received_at)
+    SELECT :consumer, * FROM json_to_recordset(CAST(:inbox_rows AS json)) AS v(
+        message_id text, status text, source_topic text, source_partition int, source_offset bigint,
+        order_id text, error_code text, received_at timestamptz)
+    ON CONFLICT (consumer_name, message_id) DO NOTHING
+    RETURNING 1"""
 
 
 async def reopen(connection: AsyncConnection, consumer: str, rows: Sequence[InboxRow]) -> set[str]:

@@ -42,16 +42,16 @@ class ClaimedRow:
 async def add(connection: AsyncConnection, messages: Sequence[OutboxMessage]) -> None:
     """Add messages in the caller's transaction."""
     if messages:
-        await connection.execute(_ADD, {"rows": recordset(messages)})
+        await connection.execute(_ADD, {"outbox_rows": recordset(messages)})
 
 
-_ADD = text(
-    """
+# Also part of a round's one write statement (service/store/batch.py).
+ADD_ROWS = """
     INSERT INTO outbox (topic, key, headers, payload)
     SELECT topic, key, headers, payload
-    FROM json_to_recordset(CAST(:rows AS json)) AS v(topic text, key text, headers jsonb, payload bytea)
-    """
-)
+    FROM json_to_recordset(CAST(:outbox_rows AS json)) AS v(topic text, key text, headers jsonb, payload bytea)
+    RETURNING 1"""
+_ADD = text(ADD_ROWS)
 
 
 _CLAIM = text(

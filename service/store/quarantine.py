@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.store.recordset import recordset
 from service.store.tables import quarantine, quarantine_annotations, reprocess_items
 
 
@@ -32,22 +31,16 @@ class QuarantineRow:
     last_failed_at: datetime
 
 
-async def add(connection: AsyncConnection, consumer: str, rows: Sequence[QuarantineRow]) -> None:
-    """Insert rows; a failure id quarantined already keeps its row (a redelivery after a crash)."""
-    if rows:
-        await connection.execute(_ADD, {"consumer": consumer, "rows": recordset(rows)})
-
-
-_ADD = text(
-    """
+# Quarantines a round's records, part of its one write statement (service/store/batch.py); a failure id
+# quarantined already keeps its row (a redelivery after a crash).
+ADD_ROWS = """
     INSERT INTO quarantine (consumer_name, failure_id, message_id, error_code, owner, order_key, envelope, payload,
                             source_headers, attempts, first_failed_at, last_failed_at)
-    SELECT :consumer, * FROM json_to_recordset(CAST(:rows AS json)) AS v(
+    SELECT :consumer, * FROM json_to_recordset(CAST(:quarantine_rows AS json)) AS v(
         failure_id text, message_id text, error_code text, owner text, order_key text, envelope jsonb,
         payload bytea, source_headers jsonb, attempts int, first_failed_at timestamptz, last_failed_at timestamptz)
     ON CONFLICT (failure_id) DO NOTHING
-    """
-)
+    RETURNING 1"""
 
 
 _SUMMARY = (

@@ -40,7 +40,7 @@ from service.policy.owners import owner_for, parse_owners
 from service.policy.records import Coordinates, SourceRecord
 from service.policy.retry import AttemptHistory, RetryPolicy
 from service.stopping import sleep_unless_stopped
-from service.store import effects, inbox, lookups, orders, outbox, parking, quarantine, retries
+from service.store import batch, inbox, lookups, orders, parking, quarantine, retries
 from service.store.inbox import InboxRow
 from service.store.outbox import OutboxMessage
 from service.store.parking import ParkedRecord, StoredParked
@@ -383,9 +383,6 @@ class Processor:
             applied = (p.order_id for p in ready if plan.routes[p] is ordering.Route.APPLY)
             current = await orders.lock(c, filter(None, applied))
             write = self._plan(ready, plan, current)
-            inserted = await inbox.add(c, self._consumer, write.inbox_rows)
-            if inserted != len(write.inbox_rows):
-                raise _Conflict
             reopened = await inbox.reopen(c, self._consumer, write.reopened)
             if len(reopened) != len(write.reopened):
                 raise _Conflict
@@ -396,13 +393,18 @@ class Processor:
                 await quarantine.requarantine(
                     c, again.origin.failure_id, failed_code.value, history.attempts, history.last_failed_at
                 )
-            created = await orders.create(c, write.created)
-            if created != len(write.created):
+            written = await batch.write(
+                c,
+                self._consumer,
+                inbox_rows=write.inbox_rows,
+                created=write.created,
+                changed=write.changed,
+                new_effects=write.effects,
+                quarantined=write.quarantined,
+                messages=write.messages,
+            )
+            if written.inbox_rows != len(write.inbox_rows) or written.orders_created != len(write.created):
                 raise _Conflict
-            await orders.update(c, write.changed)
-            await effects.add(c, write.effects)
-            await quarantine.add(c, self._consumer, write.quarantined)
-            await outbox.add(c, write.messages)
             await parking.park(c, self._consumer, write.parked)
             await parking.unpark(c, write.unparked)
             await parking.block(c, self._consumer, write.blocks)
