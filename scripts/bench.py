@@ -402,9 +402,9 @@ class Bench:
         finally:
             await consumer.stop()
 
-    async def raw_db(self, topic: str, records: int) -> Drain:
+    async def raw_db(self, topic: str, records: int, what: str = "raw") -> Drain:
         """The PostgreSQL limit: the service's rows for each record, 1,000 records per transaction."""
-        dsn, _ = await self.new_database("raw")
+        dsn, _ = await self.new_database(what)
         connection = await asyncpg.connect(dsn)
         try:
             seconds = 0.0
@@ -420,10 +420,10 @@ class Bench:
             await connection.close()
         return Drain(records, seconds, count == Mix.of(records).unique)
 
-    async def peer(self, topic: str, records: int) -> Drain:
+    async def peer(self, topic: str, records: int, what: str = "peer") -> Drain:
         """The FastStream peer in its own process, on the first `records` records of the data."""
-        dsn, url = await self.new_database("peer")
-        group = f"bench-peer-{self.stamp}"
+        dsn, url = await self.new_database(what)
+        group = f"bench-{what}-{self.stamp}"
         args = [sys.executable, __file__, "peer", "--bootstrap", self.bootstrap, "--topic", topic]
         args += ["--group", group, "--database-url", url]
         return await self.drain(dsn, topic, records, group, [lambda: self.spawn("peer", args, service_env())])
@@ -705,14 +705,20 @@ async def measure(bench: Bench, results: Results) -> None:
     progress(f"produced {sent:,} records to {source}", sent / seconds)
     results.raw_consume = await bench.raw_consume(source, sizes.records)
     progress("raw aiokafka consume", results.raw_consume.rps)
-    results.raw_db = await bench.raw_db(source, sizes.records)
-    progress("raw asyncpg write", results.raw_db.rps)
+    # The limit, the peer and the service are each measured twice, interleaved, and the better run counts: on a
+    # shared machine a run can be slowed by 20 % by whatever else runs at that moment.
+    results.raw_db = best(
+        await bench.raw_db(source, sizes.records, "raw"), await bench.raw_db(source, sizes.records, "raw2")
+    )
+    progress("raw asyncpg write (best of two)", results.raw_db.rps)
     sample = await bench.new_topic("peer", derived=False)
     await bench.produce(sample, map(record_at, range(sizes.peer)))
-    results.peer = await bench.peer(sample, sizes.peer)
-    progress(f"FastStream peer on the first {sizes.peer:,} records", results.peer.rps)
-    results.service = await bench.service(source, sizes.records, "svc")
-    progress("order-service consume, 1 process", results.service.rps)
+    first_peer = await bench.peer(sample, sizes.peer, "peer")
+    first_service = await bench.service(source, sizes.records, "svc")
+    results.peer = best(first_peer, await bench.peer(sample, sizes.peer, "peer2"))
+    progress(f"FastStream peer on the first {sizes.peer:,} records (best of two)", results.peer.rps)
+    results.service = best(first_service, await bench.service(source, sizes.records, "svc1b"))
+    progress("order-service consume, 1 process (best of two)", results.service.rps)
     results.service_2proc = await bench.service(source, sizes.records, "svc2", processes=2)
     progress("order-service consume, 2 processes", results.service_2proc.rps)
     results.latency_ms, results.latency_terminal = await bench.latency()
@@ -725,6 +731,12 @@ async def measure(bench: Bench, results: Results) -> None:
     progress(f"drained a {sizes.backlog:,} backlog, peak RSS {results.backlog.peak_rss_mb:.0f} MB", results.backlog.rps)
     results.prefill_seconds, results.big_inbox = await bench.big_inbox(source, sizes.records)
     progress(f"with {sizes.prefill:,} inbox rows (prefilled in {results.prefill_seconds:.0f} s)", results.big_inbox.rps)
+
+
+def best(first: Drain, second: Drain) -> Drain:
+    """The faster of two runs of one system; terminal only if both were."""
+    faster = first if first.rps >= second.rps else second
+    return replace(faster, terminal=first.terminal and second.terminal)
 
 
 def progress(what: str, rps: float | None = None) -> None:
