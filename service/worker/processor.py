@@ -27,7 +27,7 @@ from service.adapters.customers import CustomersClient
 from service.config import Settings
 from service.domain import model
 from service.domain.codes import ErrorCode, FailureKind
-from service.domain.messages import DecodeFailure, OrderMessage, OrderPlacedV1, decode, sequence_of
+from service.domain.messages import DecodeFailure, OrderMessage, OrderPlacedV1, OrderPlacedV2, decode, sequence_of
 from service.durations import format_duration
 from service.errors import InfrastructureUnavailable, RecordFailure
 from service.faults import crash_point
@@ -56,6 +56,7 @@ _CUSTOMER_LOOKUP_CONCURRENCY = 16
 _MAX_CONFLICT_ROUNDS = 5
 PARKED_TOPIC = "(parked)"
 _FREE_KEY = ordering.KeyState()  # a key with no retry head, block or parked records
+_PLACEMENTS = frozenset({OrderPlacedV1, OrderPlacedV2})  # messages that create their order
 
 
 class Outcome(StrEnum):
@@ -278,8 +279,8 @@ class Processor:
 
     async def _facts(self, due: list[Pending]) -> _Facts:
         keys = {p.key for p in due if p.key} if self._settings.ordering == "key" else set()
-        # Which orders exist only matters for whom to ask the customer directory.
-        order_ids = {p.order_id for p in due if p.order_id} if self._customers.enabled else set()
+        # Which orders exist decides whom to ask the customer directory and which orders the write must lock.
+        order_ids = {p.order_id for p in due if p.order_id}
         async with UnitOfWork(self._engine) as uow:
             known = await lookups.known(
                 uow.connection, self._consumer, {p.message_id for p in due}, orders=order_ids, keys=keys
@@ -298,6 +299,14 @@ class Processor:
         return ordering.route(
             self._settings.ordering, state, message_id=pending.message_id, from_parked=pending.parked_id is not None
         )
+
+    def _reads(self, pending: Pending, plan: _Plan) -> bool:
+        """Whether the write must read and lock the record's order. Not for a duplicate, and not for a new order
+        the look-up found absent: if a concurrent consumer creates it meanwhile, the round's insert count says
+        so and the round is redone, now with the order locked."""
+        if self._is_duplicate(pending, plan.facts):
+            return False
+        return type(pending.decoded) not in _PLACEMENTS or pending.order_id in plan.facts.exists
 
     def _is_duplicate(self, pending: Pending, facts: _Facts) -> bool:
         """Already terminal, or already handed to a retry tier by an earlier copy (a crash between the
@@ -380,8 +389,8 @@ class Processor:
         """Apply the ready records in one transaction and commit it."""
         async with UnitOfWork(self._engine) as uow:
             c = uow.connection
-            applied = (p.order_id for p in ready if plan.routes[p] is ordering.Route.APPLY)
-            current = await orders.lock(c, filter(None, applied))
+            wanted = (p.order_id for p in ready if plan.routes[p] is ordering.Route.APPLY and self._reads(p, plan))
+            current = await orders.lock(c, filter(None, wanted))
             write = self._plan(ready, plan, current)
             reopened = await inbox.reopen(c, self._consumer, write.reopened)
             if len(reopened) != len(write.reopened):
