@@ -494,9 +494,23 @@ class Bench:
             prefill_seconds = time.monotonic() - started
         finally:
             await connection.close()
-        consumer = f"bench-big-{self.stamp}"
-        drain = await self.drain(dsn, topic, records, consumer, [self.consume("big", url, topic, consumer)])
-        return prefill_seconds, drain
+        # Like service_rps, the better of two runs: the second on a copy of the prefilled database.
+        name = dsn.rsplit("/", 1)[1]
+        copy = f"bench_big2_{self.stamp}"
+        admin = await asyncpg.connect(self.admin_url)
+        try:
+            await admin.execute(f'CREATE DATABASE "{copy}" TEMPLATE "{name}"')
+        finally:
+            await admin.close()
+        self.databases.append(copy)
+        runs = []
+        for what, database in (("big", name), ("big2", copy)):
+            await self.checkpoint()
+            consumer = f"bench-{what}-{self.stamp}"
+            database_dsn, database_url = dsn.replace(name, database), url.replace(name, database)
+            start = self.consume(what, database_url, topic, consumer)
+            runs.append(await self.drain(database_dsn, topic, records, consumer, [start]))
+        return prefill_seconds, best(*runs)
 
 
 PREFILL = """
