@@ -1,8 +1,9 @@
 """What a round must know before it decides, read by ONE statement over every table it consults.
 
 A round of a few thousand records asks the inbox (terminal already?), the retry table (in a tier, at which
-step?), under key ordering the retry heads, key blocks and parked records of its keys, and, when the customer
-directory is asked, which orders exist. One statement is one round trip and one encoding of each id array.
+step?), under key ordering the retry heads, key blocks and parked records of its keys, and which of its orders
+exist (whom to ask the customer directory about, which orders the write locks). One statement is one round trip
+and one encoding of each id array.
 """
 
 from __future__ import annotations

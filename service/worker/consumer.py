@@ -35,9 +35,9 @@ _RELEASE_EVERY_SECONDS = 0.5
 class ConsumerLoop:
     """Fetches into lanes, hands due records to the processor, pauses waiting lanes, commits offsets.
 
-    Two tasks share the lanes: the fetcher fetches and decodes the next records while a round's database work
-    is in flight, and the round loop attempts what is due. The lanes are bounded (a full lane pauses its
-    partition), so memory stays flat with any backlog.
+    Two tasks share the lanes: the fetcher fetches and decodes the next records while rounds' database work is
+    in flight, and the round loop starts up to two rounds of what is due. The lanes are bounded (a full lane
+    pauses its partition, and so does having the rounds' worth fetched), so memory stays flat with any backlog.
     """
 
     def __init__(
@@ -231,7 +231,7 @@ class ConsumerLoop:
     def _reconcile_pauses(self, consumer: AIOKafkaConsumer, now: float) -> None:
         """Pause exactly the partitions that must not fetch now; resume the others."""
         if sum(map(len, self._lanes.values())) >= self._in_flight_limit:
-            # Enough is fetched: one round in flight and the next one decoded. Memory stays flat.
+            # Enough is fetched: the rounds in flight have their records. Memory stays flat.
             wanted = set(consumer.assignment())
         else:
             wanted = {
