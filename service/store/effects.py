@@ -44,7 +44,7 @@ def rows(new: Sequence[Effect]) -> list[dict[str, Any]]:
 ADD_ROWS = """
     INSERT INTO effects (idempotency_key, order_id, kind, payload)
     SELECT idempotency_key, order_id, kind, payload
-    FROM json_to_recordset(CAST(:effect_rows AS json)) AS v(
+    FROM jsonb_to_recordset(CAST(:effect_rows AS jsonb)) AS v(
         idempotency_key text, order_id text, kind text, payload jsonb)
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING 1"""

@@ -27,15 +27,20 @@ class Known:
     parked: set[str] = field(default_factory=set)  # keys with parked records
 
 
+# The inbox and the orders are probed by primary key once per id (`OFFSET 0` keeps each probe a subquery the
+# planner cannot turn into a join). With `= ANY(:ids)` the planner scanned the whole table instead whenever it held
+# up to a few hundred thousand rows (its cost model prices thousands of index probes above one sequential scan),
+# so a round's look-up grew with the table: 18 ms for 4,000 ids against 100,000 rows, 7 ms probed.
 _LOOKUP = text(
     """
-    SELECT 'seen' AS kind, message_id AS name, status AS value FROM inbox
-     WHERE consumer_name = :consumer AND message_id = ANY(CAST(:ids AS text[]))
+    SELECT 'seen' AS kind, m.id AS name, s.status AS value FROM unnest(CAST(:ids AS text[])) AS m(id)
+     CROSS JOIN LATERAL (SELECT status FROM inbox WHERE consumer_name = :consumer AND message_id = m.id OFFSET 0) s
     UNION ALL
     SELECT 'step', message_id, CAST(tier_step AS text) FROM retries
      WHERE consumer_name = :consumer AND message_id = ANY(CAST(:ids AS text[]))
     UNION ALL
-    SELECT 'order', order_id, NULL FROM orders WHERE order_id = ANY(CAST(:orders AS text[]))
+    SELECT 'order', m.id, NULL FROM unnest(CAST(:orders AS text[])) AS m(id)
+     WHERE EXISTS (SELECT FROM orders WHERE order_id = m.id OFFSET 0)
     UNION ALL
     SELECT 'head', order_key, message_id FROM retries
      WHERE consumer_name = :consumer AND order_key = ANY(CAST(:keys AS text[]))

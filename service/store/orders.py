@@ -42,11 +42,11 @@ _COLUMNS = """order_id text, tenant text, customer_id text, status text, amount_
 CREATE_ROWS = f"""
     INSERT INTO orders (order_id, tenant, customer_id, status, amount_cents, currency, sequence, details)
     SELECT order_id, tenant, customer_id, status, amount_cents, currency, sequence, details
-    FROM json_to_recordset(CAST(:created_orders AS json)) AS v({_COLUMNS})
+    FROM jsonb_to_recordset(CAST(:created_orders AS jsonb)) AS v({_COLUMNS})
     ON CONFLICT (order_id) DO NOTHING
     RETURNING 1"""
 UPDATE_ROWS = f"""
     UPDATE orders SET status = v.status, sequence = v.sequence, details = v.details, updated_at = now()
-    FROM json_to_recordset(CAST(:changed_orders AS json)) AS v({_COLUMNS})
+    FROM jsonb_to_recordset(CAST(:changed_orders AS jsonb)) AS v({_COLUMNS})
     WHERE orders.order_id = v.order_id
     RETURNING 1"""

@@ -49,7 +49,7 @@ async def add(connection: AsyncConnection, messages: Sequence[OutboxMessage]) ->
 ADD_ROWS = """
     INSERT INTO outbox (topic, key, headers, payload)
     SELECT topic, key, headers, payload
-    FROM json_to_recordset(CAST(:outbox_rows AS json)) AS v(topic text, key text, headers jsonb, payload bytea)
+    FROM jsonb_to_recordset(CAST(:outbox_rows AS jsonb)) AS v(topic text, key text, headers jsonb, payload bytea)
     RETURNING 1"""
 _ADD = text(ADD_ROWS)
 

@@ -36,7 +36,7 @@ class QuarantineRow:
 ADD_ROWS = """
     INSERT INTO quarantine (consumer_name, failure_id, message_id, error_code, owner, order_key, envelope, payload,
                             source_headers, attempts, first_failed_at, last_failed_at)
-    SELECT :consumer, * FROM json_to_recordset(CAST(:quarantine_rows AS json)) AS v(
+    SELECT :consumer, * FROM jsonb_to_recordset(CAST(:quarantine_rows AS jsonb)) AS v(
         failure_id text, message_id text, error_code text, owner text, order_key text, envelope jsonb,
         payload bytea, source_headers jsonb, attempts int, first_failed_at timestamptz, last_failed_at timestamptz)
     ON CONFLICT (failure_id) DO NOTHING
