@@ -178,20 +178,25 @@ class BenchError(Exception):
     """A step cannot go on (a process died, a command failed); the run reports what it has and exits 1."""
 
 
-async def poll(check: Callable[[], Awaitable[bool]], within: float, interval: float) -> bool:
-    """Call `check` until it is true or `within` seconds passed; `interval` bounds the error of a timing."""
+async def poll(
+    check: Callable[[], Awaitable[bool]], within: float, interval: float | Callable[[], float]
+) -> bool:
+    """Call `check` until it is true or `within` seconds passed; `interval` (or what it returns before each
+    wait) bounds the error of a timing."""
     deadline = time.monotonic() + within
     while not await check():
         if time.monotonic() >= deadline:
             return False
-        await asyncio.sleep(interval)
+        await asyncio.sleep(interval() if callable(interval) else interval)
     return True
 
 
-def interval_for(records: int) -> float:
-    """Poll often for short drains (a coarse poll would be most of the timing), rarely for long ones (each
-    poll is a count on the same cores as the service)."""
-    return max(0.05, min(0.5, records / 200_000))
+def interval_for(done: int, target: int) -> float:
+    """Poll rarely while a drain is far from done (each poll is a count on the same cores as the service), and
+    every 20 ms over its last stretch (about a second's worth of records), so that the poll adds little more
+    than that to a timing."""
+    left = target - done
+    return 0.02 if left <= min(target // 10, 20_000) else max(0.05, min(0.5, left / 400_000))
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -359,8 +364,10 @@ class Bench:
             started = time.monotonic()
             processes = [await start() for start in starts]
 
+            count = 0
+
             async def all_in() -> bool:
-                nonlocal peak
+                nonlocal peak, count
                 for process in processes:
                     if process.returncode is not None:
                         raise BenchError(f"a process exited with {process.returncode}; see {self.workdir}")
@@ -369,7 +376,7 @@ class Bench:
                 return bool(count >= target)
 
             timeout = STARTUP_ALLOWANCE + records / SLOWEST_RATE
-            reached = await poll(all_in, timeout, interval_for(records))
+            reached = await poll(all_in, timeout, lambda: interval_for(count, target))
             seconds = time.monotonic() - started
 
             async def committed() -> bool:
