@@ -178,9 +178,7 @@ class BenchError(Exception):
     """A step cannot go on (a process died, a command failed); the run reports what it has and exits 1."""
 
 
-async def poll(
-    check: Callable[[], Awaitable[bool]], within: float, interval: float | Callable[[], float]
-) -> bool:
+async def poll(check: Callable[[], Awaitable[bool]], within: float, interval: float | Callable[[], float]) -> bool:
     """Call `check` until it is true or `within` seconds passed; `interval` (or what it returns before each
     wait) bounds the error of a timing."""
     deadline = time.monotonic() + within
