@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -37,7 +38,7 @@ class ConsumerLoop:
 
     Two tasks share the lanes: the fetcher fetches and decodes the next records while rounds' database work is
     in flight, and the round loop starts up to two rounds of what is due. The lanes are bounded (a full lane
-    pauses its partition, and so does having the rounds' worth fetched), so memory stays flat with any backlog.
+    pauses its partition; with the rounds' worth fetched the fetcher waits), so memory stays flat with any backlog.
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class ConsumerLoop:
         self._committed: dict[TopicPartition, int] = {}
         self._next_lag_report = 0.0
         self._arrived = asyncio.Event()
+        self._room = asyncio.Event()  # set when records leave the lanes: the fetcher may fetch again
         self._rounds: dict[asyncio.Task[None], set[str | None]] = {}  # round -> message ids, orders and keys
         self._error: Exception | None = None
         self._done: dict[Lane, int] = {}  # per partition: the offset after the highest record that left
@@ -107,10 +109,20 @@ class ConsumerLoop:
             raise fetching.exception()  # type: ignore[misc]
 
     async def _fetch(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
-        """Fetch and decode into lanes while rounds write; a full lane, or enough in flight, pauses fetching."""
+        """Fetch and decode into lanes while rounds write, until the lanes hold the rounds' worth of records.
+
+        At that bound the fetcher stops asking instead of pausing the partitions: the Kafka client keeps the
+        one fetch per partition it has buffered (at most `max_partition_fetch_bytes` each), and the next records
+        are at hand the moment a round ends. Pausing would make it drop that buffer and fetch it again.
+        """
         loop = asyncio.get_running_loop()
         while not stop.is_set():
-            batches = await consumer.getmany(timeout_ms=_FETCH_WAIT_MS, max_records=self._batch_size)
+            room = self._in_flight_limit - sum(map(len, self._lanes.values()))
+            if room <= 0:
+                self._room.clear()
+                await _first(self._room.wait(), stop.wait(), within=_MAX_WAIT_SECONDS)
+                continue
+            batches = await consumer.getmany(timeout_ms=_FETCH_WAIT_MS, max_records=min(room, self._batch_size))
             if not batches:
                 continue
             pending = self._processor.pending
@@ -125,13 +137,7 @@ class ConsumerLoop:
         waits = [p.due - now for lane in self._lanes.values() for p in lane if p.due > now and not p.in_flight]
         timeout = min([_MAX_WAIT_SECONDS, *waits])
         self._arrived.clear()
-        stopping = asyncio.ensure_future(stop.wait())
-        arrived = asyncio.ensure_future(self._arrived.wait())
-        try:
-            await asyncio.wait((stopping, arrived), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-            arrived.cancel()
+        await _first(self._arrived.wait(), stop.wait(), within=timeout)
 
     def forget(self, partitions: list[TopicPartition]) -> None:
         """Drop the lanes of revoked partitions: their records were not terminal; the next owner gets them."""
@@ -143,6 +149,7 @@ class ConsumerLoop:
             self._paused.discard(partition)
             self._uncommitted.pop(partition, None)
             self._committed.pop(partition, None)
+        self._room.set()
 
     def _due(self, now: float) -> list[Pending]:
         """Up to a round's worth of records that may be attempted now: due, not in a round already, with no
@@ -184,6 +191,7 @@ class ConsumerLoop:
                 pending.in_flight = False
             self._rounds.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
             self._arrived.set()
+            self._room.set()
         # The fetcher may have appended to the lanes meanwhile, or a rebalance dropped some: walk them as they are.
         for pending in due:
             if pending.backpressure and pending not in left:
@@ -230,13 +238,9 @@ class ConsumerLoop:
 
     def _reconcile_pauses(self, consumer: AIOKafkaConsumer, now: float) -> None:
         """Pause exactly the partitions that must not fetch now; resume the others."""
-        if sum(map(len, self._lanes.values())) >= self._in_flight_limit:
-            # Enough is fetched: the rounds in flight have their records. Memory stays flat.
-            wanted = set(consumer.assignment())
-        else:
-            wanted = {
-                TopicPartition(*key) for key, lane in self._lanes.items() if key[1] >= 0 and self._hold(key, lane, now)
-            }
+        wanted = {
+            TopicPartition(*key) for key, lane in self._lanes.items() if key[1] >= 0 and self._hold(key, lane, now)
+        }
         pause, resume = wanted - self._paused, self._paused - wanted
         if pause:
             consumer.pause(*pause)
@@ -302,6 +306,16 @@ class ConsumerLoop:
             self._committed[partition] = offset
             if self._uncommitted.get(partition) == offset:
                 del self._uncommitted[partition]
+
+
+async def _first(*waits: Coroutine[Any, Any, Any], within: float) -> None:
+    """Wait until the first of `waits` completes or `within` seconds pass; cancel the others."""
+    tasks = [asyncio.ensure_future(wait) for wait in waits]
+    try:
+        await asyncio.wait(tasks, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
 
 
 def _shares_ids(pending: Pending, busy: list[set[str | None]]) -> bool:
