@@ -26,7 +26,7 @@ def to_source(record: ConsumerRecord[bytes, bytes]) -> SourceRecord:
         key=record.key,
         value=record.value,
         # A header without a value arrives as None; most records carry none at all.
-        headers=tuple((name, value or b"") for name, value in record.headers) if record.headers else (),
+        headers=tuple([(name, value or b"") for name, value in record.headers]) if record.headers else (),
     )
 
 

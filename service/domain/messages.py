@@ -12,10 +12,8 @@ from pydantic import (
     AwareDatetime,
     BaseModel,
     ConfigDict,
-    Discriminator,
     Field,
     StringConstraints,
-    Tag,
     TypeAdapter,
     ValidationError,
 )
@@ -100,14 +98,10 @@ class DecodeFailure:
     schema_name: str | None = None
 
 
+# A field discriminator, read by pydantic-core straight from the JSON: a callable one made it build the whole
+# document as Python objects first (a third slower per record).
 _ANY_MESSAGE: TypeAdapter[OrderMessage] = TypeAdapter(
-    Annotated[
-        Annotated[OrderPlacedV1, Tag("order.placed.v1")]
-        | Annotated[OrderPlacedV2, Tag("order.placed.v2")]
-        | Annotated[OrderShippedV1, Tag("order.shipped.v1")]
-        | Annotated[OrderCancelledV1, Tag("order.cancelled.v1")],
-        Discriminator(lambda document: document.get("schema") if isinstance(document, dict) else None),
-    ]
+    Annotated[OrderPlacedV1 | OrderPlacedV2 | OrderShippedV1 | OrderCancelledV1, Field(discriminator="schema_name")]
 )
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -21,7 +20,7 @@ class InboxRow:
     source_offset: int
     order_id: str | None
     error_code: str | None
-    received_at: datetime
+    received_ms: int  # the record's Kafka timestamp (ms since the epoch): SQL makes it `received_at`
 
 
 # The rows of a round (a recordset of `InboxRow`, service/store/recordset.py), part of the round's one write
@@ -29,9 +28,11 @@ class InboxRow:
 ADD_ROWS = """
     INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset,
                        order_id, error_code, received_at)
-    SELECT :consumer, * FROM json_to_recordset(CAST(:inbox_rows AS json)) AS v(
+    SELECT :consumer, message_id, status, source_topic, source_partition, source_offset, order_id, error_code,
+           to_timestamp(received_ms / 1000.0)
+    FROM json_to_recordset(CAST(:inbox_rows AS json)) AS v(
         message_id text, status text, source_topic text, source_partition int, source_offset bigint,
-        order_id text, error_code text, received_at timestamptz)
+        order_id text, error_code text, received_ms bigint)
     ON CONFLICT (consumer_name, message_id) DO NOTHING
     RETURNING 1"""
 

@@ -188,6 +188,7 @@ class Processor:
         self._clock = clock
         self._rng = rng
         self._tenants = frozenset(settings.known_tenants)
+        self._contexts = {status: model.Context(self._tenants, status) for status in model.CustomerStatus}
         self._topics = settings.topics
         self._consumer = settings.consumer_name
         self._owners = parse_owners(settings.quarantine_owners)
@@ -473,15 +474,15 @@ class Processor:
                     self._terminal(write, pending, "processed", None)
                     self._leave(write, pending, Outcome.STALE, None)
                     continue
-                customer = _customer_status(plan.statuses, message)
-                result = model.apply(message, before, model.Context(self._tenants, customer))
+                result = model.apply(message, before, self._contexts[_customer_status(plan.statuses, message)])
                 if isinstance(result, model.Rejected):
                     self._reject(write, pending, result.code)
                     continue
                 state[message.order_id] = result.order
                 touched[message.order_id] = None
                 write.effects.extend(result.effects)
-                write.messages.extend(self._event(pending, event) for event in result.events)
+                for event in result.events:
+                    write.messages.append(self._event(pending, event))
                 self._terminal(write, pending, "processed", None)
                 self._leave(write, pending, Outcome.PROCESSED, None)
         # An order created and changed in the same round is inserted once, in its final state.
@@ -517,7 +518,7 @@ class Processor:
             source_offset=origin.offset,
             order_id=pending.order_id,
             error_code=code.value if code else None,
-            received_at=pending.record.timestamp,
+            received_ms=pending.record.timestamp_ms,
         )
 
     def _event(self, pending: Pending, event: model.Event) -> OutboxMessage:
