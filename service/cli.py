@@ -24,7 +24,7 @@ from service.config import ConfigurationError, Settings, load_settings
 from service.containers import Container
 from service.durations import parse_duration
 from service.errors import InfrastructureUnavailable
-from service.runtime import tune_garbage_collector
+from service.runtime import collect_garbage, tune_garbage_collector
 from service.store import parking, quarantine
 from service.store.uow import UnitOfWork
 from service.worker.reprocess import Options, Selection
@@ -109,6 +109,7 @@ def _serve(settings: Settings, *parts: str) -> None:
                 async with asyncio.TaskGroup() as group:
                     for part in loops:
                         group.create_task(part.run(stop))
+                    group.create_task(collect_garbage(stop))
             finally:
                 await health.stop()
 
