@@ -30,6 +30,10 @@ _MAX_WAIT_SECONDS = 0.5
 _FETCH_WAIT_MS = 500
 _ROUND_BATCHES = 2  # a round attempts up to this many fetch batches; a lane holds as many before it pauses
 _ROUNDS_IN_FLIGHT = 2  # one round plans while the other's transaction runs
+# Records fetched and not terminal, in rounds: the two in flight and the next one, decoded while they write. With
+# only the two, both rounds tended to finish together and leave nothing to start until the fetcher had
+# decoded the next records, with PostgreSQL idle meanwhile.
+_FETCHED_ROUNDS = 3
 _RELEASE_EVERY_SECONDS = 0.5
 
 
@@ -55,7 +59,7 @@ class ConsumerLoop:
         self._topics = topics
         self._batch_size = batch_size
         self._round_size = batch_size * _ROUND_BATCHES
-        self._in_flight_limit = self._round_size * _ROUNDS_IN_FLIGHT  # fetched and not terminal, at most
+        self._in_flight_limit = self._round_size * _FETCHED_ROUNDS  # fetched and not terminal, at most
         self._lanes: dict[Lane, deque[Pending]] = {}
         self._backpressured: dict[Lane, set[Pending]] = {}  # records waiting because a downstream said so
         self._paused: set[TopicPartition] = set()
@@ -250,12 +254,14 @@ class ConsumerLoop:
 
     def _hold(self, key: Lane, lane: deque[Pending], now: float) -> bool:
         """A partition stops fetching while a downstream asked us to slow down (backpressure), while the head
-        of a retry tier is not due (records behind it are due later still), or while its lane is full."""
+        of a retry tier is not due (records behind it are due later still), or while its lane is full: it holds
+        all that may be fetched but a round's worth, which is left to the other lanes (a blocked lane must not
+        starve them)."""
         if any(p.due > now for p in self._backpressured.get(key, ())):
             return True
         if ".retry." in key[0] and lane and lane[0].due > now:
             return True
-        return len(lane) >= self._round_size
+        return len(lane) >= self._in_flight_limit - self._round_size
 
     def _report_lag(self, consumer: AIOKafkaConsumer, now: float) -> None:
         """Lag per partition: the broker's high watermark minus our committed offset (once a second)."""
