@@ -6,7 +6,7 @@ moment a round lets go of them; the collector only ever finds the few cycles (ex
 finished tasks), a few hundred objects per 100,000 records. Left to its allocation thresholds it still walks
 the young objects each time their net count grows past the threshold: with the defaults (700, 10, 10) it kept
 re-walking the live records (a drain ran 26 % faster at 10,000/100/100), and at 10,000/100/100 it still spent
-about a sixth of the consumer's CPU in 340 young collections per 150,000 records, collecting 700 objects
+12-15 % of the consumer's CPU in 340 young collections per 150,000 records, collecting 700 objects
 (docs/performance.md). So the long-running commands turn the automatic collector off and collect everything
 on a clock instead: the cycles of a few seconds wait for the next collection, which walks the live objects
 once (tens of milliseconds with a full backlog in flight).

@@ -8,13 +8,14 @@ import asyncio
 from collections import deque
 from typing import Any
 
-from aiokafka import TopicPartition
+from aiokafka import ConsumerRecord, TopicPartition
 
 from service.domain.messages import decode
 from service.metrics import Metrics
 from service.policy.records import SourceRecord
 from service.worker.consumer import ConsumerLoop
 from service.worker.processor import Pending
+from tests.support import eventually
 
 TOPIC = "orders"
 PARTITION = TopicPartition(TOPIC, 0)
@@ -33,19 +34,38 @@ class _Processor:
         await release.wait()
         return {p for p in due if p.record.offset not in self.failing}
 
+    def pending(self, record: SourceRecord) -> Pending:
+        return Pending(record, decode(record.value), record.coordinates, 0)
+
 
 class _Consumer:
+    """Records commits, pauses and fetches; every fetch returns as many new records as asked for, spread over
+    three partitions."""
+
     def __init__(self) -> None:
         self.commits: list[dict[TopicPartition, int]] = []
+        self.paused: set[TopicPartition] = set()
+        self.fetches = 0
+        self.fetched = 0
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         self.commits.append(dict(offsets))
 
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[ConsumerRecord[Any, Any]]]:
+        self.fetches += 1
+        first, self.fetched = self.fetched, self.fetched + max_records
+        batches: dict[TopicPartition, list[ConsumerRecord[Any, Any]]] = {}
+        for n in range(first, self.fetched):
+            headers = (("message-id", f"K{n}.1".encode()),)
+            record = ConsumerRecord(TOPIC, n % 3, n // 3, 0, 0, f"K{n}".encode(), b"{}", None, 2, 2, headers)
+            batches.setdefault(TopicPartition(TOPIC, n % 3), []).append(record)
+        return batches
+
     def pause(self, *partitions: TopicPartition) -> None:
-        pass
+        self.paused.update(partitions)
 
     def resume(self, *partitions: TopicPartition) -> None:
-        pass
+        self.paused.difference_update(partitions)
 
     def assignment(self) -> set[TopicPartition]:
         return {PARTITION}
@@ -138,3 +158,33 @@ async def test_records_of_a_key_that_a_round_in_flight_writes_wait_for_it() -> N
 
     # Then only key C may go into a second round while the first is in flight
     assert [p.record.offset for p in loop._due(0.0)] == [3]
+
+
+async def test_at_its_bound_the_fetcher_stops_asking_without_pausing_and_asks_again_when_a_round_ends() -> None:
+    processor = _Processor()
+    consumer: Any = _Consumer()
+    loop = ConsumerLoop(processor, Metrics(), lambda: consumer, [TOPIC], batch_size=2)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    # Given a fetcher with rounds of four records and room for three rounds' worth (twelve), on three partitions
+    fetching = asyncio.create_task(loop._fetch(consumer, stop))
+
+    async def fetched(count: int, held: int) -> bool:
+        return consumer.fetched == count and sum(map(len, loop._lanes.values())) == held
+
+    # When it has fetched its bound
+    await eventually(lambda: fetched(12, held=12), timeout=5, interval=0.01)
+    fetches = consumer.fetches
+    await _settle()
+
+    # Then it asks Kafka for nothing more, and pauses no partition (a pause would drop what the client prefetched)
+    assert consumer.fetches == fetches
+    assert not consumer.paused
+
+    # And when a round of four leaves, it fetches four more, up to its bound again
+    loop._start_round(consumer, stop, loop._due(0.0))
+    await _settle()
+    ((_, release),) = processor.rounds
+    release.set()
+    await eventually(lambda: fetched(16, held=12), timeout=5, interval=0.01)
+    stop.set()
+    await asyncio.wait_for(fetching, timeout=5)
