@@ -23,7 +23,7 @@ import orjson
 
 
 def recordset(rows: Sequence[Any]) -> str:
-    """The rows as one JSON array for `json_to_recordset`."""
+    """The rows as one JSON array for `json_to_recordset` (or values, for `json_array_elements_text`)."""
     return orjson.dumps(rows, default=_bytes_as_hex).decode()
 
 
