@@ -123,20 +123,20 @@ class Pending:
 
 @dataclass(frozen=True)
 class _Facts:
-    """What the database says about a round's records before anything is decided."""
+    """What the database says about a round's records (one look-up), and the ordering state of their keys."""
 
-    seen: dict[str, str]  # message id -> inbox status
-    exists: set[str]
-    steps: dict[str, int]
+    known: lookups.Known
     keys: dict[str, ordering.KeyState]
 
 
 @dataclass(frozen=True)
 class _Plan:
-    """A round's inputs to the write: routes, database facts, and what the customer directory said."""
+    """A round's inputs to the write: routes, database facts, the duplicates among the records (decided once
+    per record and round), and what the customer directory said."""
 
     routes: dict[Pending, ordering.Route]
     facts: _Facts
+    duplicates: set[Pending]
     statuses: dict[str, model.CustomerStatus]
 
 
@@ -258,11 +258,12 @@ class Processor:
     async def _attempt(self, due: list[Pending]) -> set[Pending]:
         facts = await self._facts(due)
         routes = {p: self._route(p, facts) for p in due}
-        applicable = [p for p in due if routes[p] is ordering.Route.APPLY]
+        duplicates = {p for p in due if self._is_duplicate(p, facts)}
+        applicable = [p for p in due if routes[p] is ordering.Route.APPLY and p not in duplicates]
         statuses, failures = await self._look_up_customers(applicable, facts)
         ready = _ready(due, failures, hold_behind_tier=self._settings.ordering == "key")
         done: set[Pending] = set()
-        plan = _Plan(routes, facts, statuses)
+        plan = _Plan(routes, facts, duplicates, statuses)
         if ready:
             try:
                 done = await self._write(ready, plan)
@@ -290,7 +291,7 @@ class Processor:
             key: ordering.KeyState(known.heads.get(key), key in known.blocked, key in known.parked)
             for key in known.heads.keys() | known.blocked | known.parked
         }
-        return _Facts(known.seen, known.orders, known.steps, states)
+        return _Facts(known, states)
 
     def _route(self, pending: Pending, facts: _Facts) -> ordering.Route:
         # A tier copy or a reprocessed record is the head of its key: it never waits behind its own key.
@@ -305,20 +306,20 @@ class Processor:
         """Whether the write must read and lock the record's order. Not for a duplicate, and not for a new order
         the look-up found absent: if a concurrent consumer creates it meanwhile, the round's insert count says
         so and the round is redone, now with the order locked."""
-        if self._is_duplicate(pending, plan.facts):
+        if pending in plan.duplicates:
             return False
-        return type(pending.decoded) not in _PLACEMENTS or pending.order_id in plan.facts.exists
+        return type(pending.decoded) not in _PLACEMENTS or pending.order_id in plan.facts.known.orders
 
     def _is_duplicate(self, pending: Pending, facts: _Facts) -> bool:
         """Already terminal, or already handed to a retry tier by an earlier copy (a crash between the
         hand-off commit and the offset commit), or an old step of a record that moved on."""
-        status = facts.seen.get(pending.message_id)
+        status = facts.known.seen.get(pending.message_id)
         if pending.reprocess:
             # A quarantined message may become processed once; one already processed stays a no-op.
             return status in ("processed", "rejected")
         if status is not None:
             return True
-        step = facts.steps.get(pending.message_id)
+        step = facts.known.steps.get(pending.message_id)
         if step is None:
             return pending.in_tier  # a tier copy of a record that is terminal already
         return not pending.in_tier or pending.history is None or pending.history.tier_step != step
@@ -326,7 +327,8 @@ class Processor:
     async def _look_up_customers(
         self, candidates: list[Pending], facts: _Facts
     ) -> tuple[dict[str, model.CustomerStatus], dict[Pending, Failure]]:
-        """Ask the customer directory about the customers of new orders, concurrently, once per customer."""
+        """Ask the customer directory about the customers of new orders (`candidates`: applicable, not duplicates),
+        concurrently, once per customer."""
         wanted: dict[str, list[Pending]] = defaultdict(list)
         failures: dict[Pending, Failure] = {}
         statuses: dict[str, model.CustomerStatus] = {}
@@ -338,8 +340,7 @@ class Processor:
                 isinstance(message, OrderPlacedV1)
                 and pending.verdict is None
                 and pending.next_tier is None
-                and not self._is_duplicate(pending, facts)
-                and message.order_id not in facts.exists
+                and message.order_id not in facts.known.orders
                 and message.tenant in self._tenants
             ):
                 wanted[message.customer_id].append(pending)
@@ -451,11 +452,11 @@ class Processor:
             if route is ordering.Route.HOLD:
                 write.outcomes.append((pending, Outcome.HELD, None))
                 continue
-            if self._is_duplicate(pending, facts) or pending.message_id in seen_now:
+            if pending in plan.duplicates or pending.message_id in seen_now:
                 self._leave(write, pending, Outcome.DUPLICATE, None)
                 continue
             seen_now.add(pending.message_id)
-            pending.reopen = pending.reprocess and facts.seen.get(pending.message_id) == "quarantined"
+            pending.reopen = pending.reprocess and facts.known.seen.get(pending.message_id) == "quarantined"
             if route is ordering.Route.PARK:
                 self._park(write, pending)
                 continue
