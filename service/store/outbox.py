@@ -39,19 +39,21 @@ class ClaimedRow:
     payload: bytes
 
 
-async def add(connection: AsyncConnection, messages: Sequence[OutboxMessage]) -> None:
-    """Add messages in the caller's transaction."""
-    if messages:
-        await connection.execute(_ADD, {"outbox_rows": recordset(messages)})
+async def add(connection: AsyncConnection, messages: Sequence[OutboxMessage]) -> list[int]:
+    """Add messages in the caller's transaction; return their row ids."""
+    if not messages:
+        return []
+    result = await connection.execute(_ADD, {"outbox_rows": recordset(messages)})
+    return [row.id for row in result]
 
 
-# Also part of a round's one write statement (service/store/batch.py).
-ADD_ROWS = """
+_INSERT = """
     INSERT INTO outbox (topic, key, headers, payload)
     SELECT topic, key, headers, payload
-    FROM jsonb_to_recordset(CAST(:outbox_rows AS jsonb)) AS v(topic text, key text, headers jsonb, payload bytea)
-    RETURNING 1"""
-_ADD = text(ADD_ROWS)
+    FROM jsonb_to_recordset(CAST(:outbox_rows AS jsonb)) AS v(topic text, key text, headers jsonb, payload bytea)"""
+# Also part of a round's one write statement (service/store/batch.py).
+ADD_ROWS = _INSERT + "\n    RETURNING 1"
+_ADD = text(_INSERT + "\n    RETURNING id")
 
 
 _CLAIM = text(
@@ -69,6 +71,7 @@ _BARRIERS = text(
     GROUP BY key
     """
 )
+_UNPUBLISHED = text("SELECT id FROM outbox WHERE published_at IS NULL AND id = ANY(CAST(:ids AS bigint[]))")
 _MARK = text("UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:ids AS bigint[]))")
 
 
@@ -87,6 +90,13 @@ async def claim(connection: AsyncConnection, limit: int) -> list[ClaimedRow]:
     barriers = await connection.execute(_BARRIERS, {"keys": keys, "claimed": [row.id for row in rows]})
     barrier = {key: first_id for key, first_id in barriers}
     return [row for row in rows if row.key is None or row.id < barrier.get(row.key, row.id + 1)]
+
+
+async def unpublished(connection: AsyncConnection, ids: Sequence[int]) -> set[int]:
+    """Those of `ids` the relay has not published yet."""
+    if not ids:
+        return set()
+    return {row.id for row in await connection.execute(_UNPUBLISHED, {"ids": list(ids)})}
 
 
 async def mark_published(connection: AsyncConnection, ids: Sequence[int]) -> None:

@@ -101,6 +101,7 @@ class _Item:
     stage: str
     attempt: int = 0
     before: ItemState | None = None
+    outbox_id: int | None = None
     published_at: float | None = None
     outcome: str | None = None
 
@@ -223,7 +224,9 @@ class Reprocessor:
             if stamp is not None:
                 headers["origin-timestamp"] = str(stamp)
             topic = self._settings.topics.reprocess
-            await outbox.add(c, [OutboxMessage(topic, candidate.order_key, headers, candidate.payload or b"")])
+            [item.outbox_id] = await outbox.add(
+                c, [OutboxMessage(topic, candidate.order_key, headers, candidate.payload or b"")]
+            )
             await store.add_item(
                 c,
                 run_id=run_id,
@@ -242,13 +245,16 @@ class Reprocessor:
         open_items = [item for item in items if item.published_at is not None and item.outcome is None]
         if not open_items:
             return None
-        consumed = await self._lag() == 0
         assert report.run_id is not None
         async with UnitOfWork(self._engine) as uow:
             c = uow.connection
+            # A copy counts as read only once the relay has published it (the lag is measured after that: a
+            # copy still in the outbox is not in Kafka's end offsets, and a no-op would be judged unseen).
+            waiting = await outbox.unpublished(c, [item.outbox_id for item in open_items if item.outbox_id is not None])
+            caught_up = await self._lag() == 0
             for item in open_items:
                 after = await store.state_of(c, self._consumer, item.candidate)
-                outcome, detail = _judge(item.before, after, consumed)
+                outcome, detail = _judge(item.before, after, caught_up and item.outbox_id not in waiting)
                 if outcome is None and final:
                     outcome, detail = "unverified", "no business change seen before the verification timeout"
                 if outcome is None:

@@ -79,6 +79,39 @@ async def test_reprocessing_one_sample_twice_has_one_business_effect_and_the_sec
     assert sorted(record.key.decode() for record in copies) == ["Q-0", "Q-0", "Q-1", "Q-1"]
 
 
+async def test_a_no_op_is_confirmed_only_once_its_copy_was_published_and_read(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given an order quarantined, then reprocessed, and the relay not running
+    await _quarantined_orders(engine, kafka, topics, downstream, 1)
+    settings = settings_for(database_url, kafka, topics, downstream)
+    failure = ["--failure-id", f"{topics.source}/0/0"]
+    async with running(settings, "consumer_loop", "relay"):
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM quarantine"), timeout=60)
+        downstream.clear_faults()
+        await cli(settings, "reprocess", *failure, "--reason", "directory fixed", "--yes", "--json")
+    async with running(settings, "consumer_loop"):
+        # When it is reprocessed again while its copy cannot leave the outbox
+        options = ["--reason", "again", "--verify-timeout", "1", "--yes", "--json"]
+        stuck = await cli(settings, "reprocess", *failure, *options, check=False)
+    # And once more with the relay back
+    async with running(settings, "consumer_loop", "relay"):
+        again = json.loads((await cli(settings, "reprocess", *failure, "--reason", "again", "--yes", "--json")).stdout)
+
+    # Then the copy that was never published is unverified, not an already-applied no-op (the consumer's lag
+    # was zero all along), and the one that was published and read is the no-op
+    report = json.loads(stuck.stdout)
+    assert (report["published"], report["noop"], report["unverified"]) == (1, 0, 1)
+    assert (again["published"], again["noop"], again["unverified"]) == (1, 1, 0)
+    assert await scalar(engine, "SELECT count(*) FROM effects") == 1
+    outcomes = await rows(engine, "SELECT attempt, outcome FROM reprocess_items ORDER BY attempt")
+    assert outcomes == [
+        {"attempt": 1, "outcome": "reprocessed"},
+        {"attempt": 2, "outcome": "unverified"},
+        {"attempt": 3, "outcome": "noop"},
+    ]
+
+
 async def test_a_sample_against_a_consumer_that_still_fails_stops_on_the_failure_rate_and_requarantines(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
 ) -> None:
