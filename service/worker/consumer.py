@@ -1,16 +1,15 @@
-"""The Kafka side of consuming: lanes of fetched records, pause/resume, offset commits, parked releases.
+"""The Kafka side of consuming: fetching into lanes, pause/resume, offset commits, parked releases.
 
-Each assigned partition is a lane: its fetched records wait in order in memory. A lane whose head is not due
-(a blocking retry, a backpressure pause, a retry-tier record held until its due time) pauses its partition
-in the Kafka client, so nothing more is fetched for it, while every other partition keeps flowing. The poll
-loop itself never sleeps longer than the next due time. An offset is committed only after its record left
-the processor (its transaction committed).
+Each assigned partition is a lane (service/worker/lanes.py): its fetched records wait in order in memory. A
+lane whose head is not due (a blocking retry, a backpressure pause, a retry-tier record held until its due
+time) pauses its partition in the Kafka client, so nothing more is fetched for it, while every other partition
+keeps flowing. The poll loop itself never sleeps longer than the next due time. An offset is committed only
+after its record left the processor (its transaction committed).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -21,11 +20,11 @@ from aiokafka.errors import KafkaError
 from service.adapters.kafka import start_with_backoff, to_source
 from service.errors import InfrastructureUnavailable
 from service.metrics import Metrics
-from service.worker.processor import PARKED_TOPIC, Pending, Processor
+from service.worker.lanes import Lanes
+from service.worker.processor import Pending, Processor
 
 log = structlog.get_logger("order_service.consumer")
 
-Lane = tuple[str, int]
 _MAX_WAIT_SECONDS = 0.5
 _FETCH_WAIT_MS = 500
 _ROUND_BATCHES = 2  # a round attempts up to this many fetch batches; a lane holds as many before it pauses
@@ -59,9 +58,7 @@ class ConsumerLoop:
         self._topics = topics
         self._batch_size = batch_size
         self._round_size = batch_size * _ROUND_BATCHES
-        self._in_flight_limit = self._round_size * _FETCHED_ROUNDS  # fetched and not terminal, at most
-        self._lanes: dict[Lane, deque[Pending]] = {}
-        self._backpressured: dict[Lane, set[Pending]] = {}  # records waiting because a downstream said so
+        self._lanes = Lanes(self._round_size, bound=self._round_size * _FETCHED_ROUNDS)
         self._paused: set[TopicPartition] = set()
         self._uncommitted: dict[TopicPartition, int] = {}
         self._next_release = 0.0
@@ -72,7 +69,6 @@ class ConsumerLoop:
         self._room = asyncio.Event()  # set when records leave the lanes: the fetcher may fetch again
         self._rounds: dict[asyncio.Task[None], set[str | None]] = {}  # round -> message ids, orders and keys
         self._error: Exception | None = None
-        self._done: dict[Lane, int] = {}  # per partition: the offset after the highest record that left
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set, then finish the in-flight transactions, commit and return."""
@@ -91,7 +87,7 @@ class ConsumerLoop:
                 await self._release_parked(loop.time())
                 now = loop.time()
                 if len(self._rounds) < _ROUNDS_IN_FLIGHT:
-                    due = self._due(now)
+                    due = self._lanes.take(now, list(self._rounds.values()))
                     if due:
                         self._start_round(consumer, stop, due)
                         continue
@@ -121,7 +117,7 @@ class ConsumerLoop:
         """
         loop = asyncio.get_running_loop()
         while not stop.is_set():
-            room = self._in_flight_limit - sum(map(len, self._lanes.values()))
+            room = self._lanes.room()
             if room <= 0:
                 self._room.clear()
                 await _first(self._room.wait(), stop.wait(), within=_MAX_WAIT_SECONDS)
@@ -131,59 +127,36 @@ class ConsumerLoop:
                 continue
             pending = self._processor.pending
             for partition, records in batches.items():
-                lane = self._lanes.setdefault((partition.topic, partition.partition), deque())
-                lane.extend([pending(to_source(record)) for record in records])
+                self._lanes.add(
+                    (partition.topic, partition.partition), [pending(to_source(record)) for record in records]
+                )
             self._reconcile_pauses(consumer, loop.time())
             self._arrived.set()
 
     async def _wait(self, stop: asyncio.Event, now: float) -> None:
         """Wait for fetched records, a finished round, the next due time or half a second, whichever is first."""
-        waits = [p.due - now for lane in self._lanes.values() for p in lane if p.due > now and not p.in_flight]
-        timeout = min([_MAX_WAIT_SECONDS, *waits])
+        next_due = self._lanes.next_due(now)
+        timeout = _MAX_WAIT_SECONDS if next_due is None else min(_MAX_WAIT_SECONDS, next_due - now)
         self._arrived.clear()
         await _first(self._arrived.wait(), stop.wait(), within=timeout)
 
     def forget(self, partitions: list[TopicPartition]) -> None:
         """Drop the lanes of revoked partitions: their records were not terminal; the next owner gets them."""
+        self._lanes.forget((partition.topic, partition.partition) for partition in partitions)
         for partition in partitions:
-            key = (partition.topic, partition.partition)
-            self._lanes.pop(key, None)
-            self._backpressured.pop(key, None)
-            self._done.pop(key, None)
             self._paused.discard(partition)
             self._uncommitted.pop(partition, None)
             self._committed.pop(partition, None)
         self._room.set()
 
-    def _due(self, now: float) -> list[Pending]:
-        """Up to a round's worth of records that may be attempted now: due, not in a round already, with no
-        earlier record of their key still waiting, and sharing no message id, order or key with a record
-        that a round in flight is writing (so two rounds never touch the same rows)."""
-        due: list[Pending] = []
-        limit = self._round_size
-        busy = list(self._rounds.values())
-        for lane in self._lanes.values():
-            waiting: set[tuple[str, int, str]] = set()
-            for pending in lane:
-                if pending.in_flight:
-                    continue  # records behind it that share its key are held by `_shares_ids`
-                if pending.due > now or (busy and _shares_ids(pending, busy)):
-                    waiting.add(pending.thread)
-                elif not waiting or pending.thread not in waiting:
-                    due.append(pending)
-                    if len(due) >= limit:
-                        return due
-        return due
-
     def _start_round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, due: list[Pending]) -> None:
         """Attempt `due` in a task of its own: the next round is planned while this one's transaction runs."""
-        for pending in due:
-            pending.in_flight = True
         ids = {p.message_id for p in due} | {p.order_id for p in due} | {p.key for p in due}
         ids.discard(None)
         self._rounds[asyncio.create_task(self._round(consumer, stop, due))] = ids
 
     async def _round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, due: list[Pending]) -> None:
+        left: set[Pending] = set()
         try:
             with self._metrics.batch_seconds.time():
                 left = await self._processor.attempt(due, stop)
@@ -191,44 +164,12 @@ class ConsumerLoop:
             self._error = error
             return
         finally:
-            for pending in due:
-                pending.in_flight = False
             self._rounds.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+            for lane, offset in self._lanes.settle(due, left).items():
+                partition = TopicPartition(*lane)
+                self._uncommitted[partition] = max(self._uncommitted.get(partition, 0), offset)
             self._arrived.set()
             self._room.set()
-        # The fetcher may have appended to the lanes meanwhile, or a rebalance dropped some: walk them as they are.
-        for pending in due:
-            if pending.backpressure and pending not in left:
-                self._backpressured.setdefault(pending.lane, set()).add(pending)
-            elif pending.lane in self._backpressured:
-                self._backpressured[pending.lane].discard(pending)
-        # Rounds finish in any order, so records may leave a lane from its middle or its end: remember the highest
-        # offset that left each partition. Only records still in the lane count: after a rebalance the lane may
-        # be a new one, refetched from the committed offset, and this round's records are not in it.
-        for key in {pending.lane for pending in left}:
-            lane = self._lanes.get(key)
-            if lane is None:
-                continue
-            remaining: deque[Pending] = deque()
-            top = -1
-            for pending in lane:
-                if pending in left:
-                    top = max(top, pending.record.offset)
-                else:
-                    remaining.append(pending)
-            if top < 0:
-                continue
-            if key[1] >= 0:
-                self._done[key] = max(self._done.get(key, 0), top + 1)
-                # Commit up to the first record that is not terminal yet (or still in a round), never past it;
-                # when none is left, up to the highest record that left.
-                partition = TopicPartition(*key)
-                upto = remaining[0].record.offset if remaining else self._done[key]
-                self._uncommitted[partition] = max(self._uncommitted.get(partition, 0), upto)
-            if remaining:
-                self._lanes[key] = remaining
-            else:
-                del self._lanes[key]
         if self._uncommitted:
             self._commit_soon(consumer)
         now = asyncio.get_running_loop().time()
@@ -242,26 +183,13 @@ class ConsumerLoop:
 
     def _reconcile_pauses(self, consumer: AIOKafkaConsumer, now: float) -> None:
         """Pause exactly the partitions that must not fetch now; resume the others."""
-        wanted = {
-            TopicPartition(*key) for key, lane in self._lanes.items() if key[1] >= 0 and self._hold(key, lane, now)
-        }
+        wanted = {TopicPartition(*lane) for lane in self._lanes.stalled(now)}
         pause, resume = wanted - self._paused, self._paused - wanted
         if pause:
             consumer.pause(*pause)
         if resume:
             consumer.resume(*resume)
         self._paused = wanted
-
-    def _hold(self, key: Lane, lane: deque[Pending], now: float) -> bool:
-        """A partition stops fetching while a downstream asked us to slow down (backpressure), while the head
-        of a retry tier is not due (records behind it are due later still), or while its lane is full: it holds
-        all that may be fetched but a round's worth, which is left to the other lanes (a blocked lane must not
-        starve them)."""
-        if any(p.due > now for p in self._backpressured.get(key, ())):
-            return True
-        if ".retry." in key[0] and lane and lane[0].due > now:
-            return True
-        return len(lane) >= self._in_flight_limit - self._round_size
 
     def _report_lag(self, consumer: AIOKafkaConsumer, now: float) -> None:
         """Lag per partition: the broker's high watermark minus our committed offset (once a second)."""
@@ -274,8 +202,8 @@ class ConsumerLoop:
             self._next_lag_report = now + 1.0
             done = self._committed.get(partition)
             if done is None:
-                lane = self._lanes.get((partition.topic, partition.partition))
-                done = lane[0].record.offset if lane else high
+                head = self._lanes.head((partition.topic, partition.partition))
+                done = head.record.offset if head else high
             self._metrics.consumer_lag.labels(topic=partition.topic, partition=str(partition.partition)).set(
                 max(0, high - done)
             )
@@ -285,13 +213,12 @@ class ConsumerLoop:
         if now < self._next_release:
             return
         self._next_release = now + _RELEASE_EVERY_SECONDS
-        busy = {key[0].removeprefix(f"{PARKED_TOPIC}/") for key in self._lanes if key[1] < 0}
         try:
-            released = await self._processor.releasable(busy)
+            released = await self._processor.releasable(self._lanes.parked_keys())
         except InfrastructureUnavailable:
             return
         for pending in released:
-            self._lanes.setdefault(pending.lane, deque()).append(pending)
+            self._lanes.add(pending.lane, [pending])
         if released:
             log.info("parked_released", records=len(released), keys=len({p.key for p in released}))
 
@@ -322,11 +249,6 @@ async def _first(*waits: Coroutine[Any, Any, Any], within: float) -> None:
     finally:
         for task in tasks:
             task.cancel()
-
-
-def _shares_ids(pending: Pending, busy: list[set[str | None]]) -> bool:
-    """Whether a round in flight writes a record with the same message id, order or key."""
-    return any(pending.message_id in ids or pending.order_id in ids or pending.key in ids for ids in busy)
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]

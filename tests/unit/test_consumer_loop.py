@@ -1,0 +1,166 @@
+"""The consumer loop against a fake Kafka client and a fake processor: overlapping rounds commit offsets only
+up to what is terminal, and at its bound the fetcher stops asking Kafka without pausing. The fake processor
+holds each round until the test releases it; the fake client serves records and records commits and pauses."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiokafka import ConsumerRecord, TopicPartition
+
+from service.domain.messages import decode
+from service.metrics import Metrics
+from service.policy.records import SourceRecord
+from service.worker.consumer import ConsumerLoop
+from service.worker.processor import Pending
+from tests.support import eventually
+
+TOPIC = "orders"
+
+
+class _Processor:
+    """Holds each round until the test releases it, then reports every record of it as terminal."""
+
+    def __init__(self) -> None:
+        self.rounds: list[tuple[list[Pending], asyncio.Event]] = []
+
+    async def attempt(self, due: list[Pending], stop: asyncio.Event) -> set[Pending]:
+        release = asyncio.Event()
+        self.rounds.append((due, release))
+        await release.wait()
+        return set(due)
+
+    def pending(self, record: SourceRecord) -> Pending:
+        return Pending(record, decode(record.value), record.coordinates, 0)
+
+    async def releasable(self, busy: set[str]) -> list[Pending]:
+        return []
+
+
+class _Consumer:
+    """Serves `available` records (record n on partition n % `partitions`, each of its own key), as many per
+    fetch as asked for; records commits, pauses and fetches."""
+
+    def __init__(self, available: int, partitions: int) -> None:
+        self.available = available
+        self.partitions = partitions
+        self.commits: list[dict[TopicPartition, int]] = []
+        self.paused: set[TopicPartition] = set()
+        self.fetches = 0
+        self.fetched = 0
+
+    def subscribe(self, topics: list[str], listener: Any) -> None:
+        pass
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.commits.append(dict(offsets))
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[ConsumerRecord[Any, Any]]]:
+        self.fetches += 1
+        first, self.fetched = self.fetched, min(self.available, self.fetched + max_records)
+        if first == self.fetched:
+            await asyncio.sleep(0.01)  # the broker's long poll, shortened
+        batches: dict[TopicPartition, list[ConsumerRecord[Any, Any]]] = {}
+        for n in range(first, self.fetched):
+            partition, offset = n % self.partitions, n // self.partitions
+            headers = (("message-id", f"K{n}.1".encode()),)
+            record = ConsumerRecord(TOPIC, partition, offset, 0, 0, f"K{n}".encode(), b"{}", None, 2, 2, headers)
+            batches.setdefault(TopicPartition(TOPIC, partition), []).append(record)
+        return batches
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        self.paused.update(partitions)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self.paused.difference_update(partitions)
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TopicPartition(TOPIC, p) for p in range(self.partitions)}
+
+    def highwater(self, partition: TopicPartition) -> int | None:
+        return None
+
+
+async def _settle() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+def _running(consumer: _Consumer, processor: _Processor, batch_size: int) -> tuple[asyncio.Task[None], asyncio.Event]:
+    loop = ConsumerLoop(processor, Metrics(), lambda: consumer, [TOPIC], batch_size)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    return asyncio.create_task(loop.run(stop)), stop
+
+
+async def test_a_later_round_that_finishes_first_commits_nothing_past_the_earlier_one_then_everything() -> None:
+    # Given six records on one partition and two rounds of them in flight (how many each took depends on how the
+    # fetches and the round loop interleave)
+    processor = _Processor()
+    consumer = _Consumer(available=6, partitions=1)
+    running, stop = _running(consumer, processor, batch_size=2)
+    await eventually(lambda: _true(len(processor.rounds) == 2), timeout=5, interval=0.01)
+    (first, release_first), (second, release_second) = processor.rounds
+    partition = TopicPartition(TOPIC, 0)
+    assert max(p.record.offset for p in first) < min(p.record.offset for p in second)
+
+    # When the later round finishes first
+    release_second.set()
+    await _settle()
+
+    # Then the offset stays before the first record of the earlier round
+    assert consumer.commits[-1] == {partition: 0}
+
+    # And when the earlier round finishes, the offset moves past both, and past the last record once every
+    # later round finished too
+    release_first.set()
+    done = max(p.record.offset for p in second) + 1
+    await eventually(lambda: _true(consumer.commits[-1] == {partition: done}), timeout=5, interval=0.01)
+
+    async def all_released_and_committed() -> bool:
+        for _, release in processor.rounds:
+            release.set()
+        return consumer.commits[-1] == {partition: 6}
+
+    await eventually(all_released_and_committed, timeout=5, interval=0.01)
+    stop.set()
+    await asyncio.wait_for(running, timeout=5)
+
+
+async def test_at_its_bound_the_fetcher_stops_asking_without_pausing_and_asks_again_when_a_round_ends() -> None:
+    # Given rounds of four records and room for three rounds' worth (twelve), on three partitions, and rounds that
+    # do not finish until released
+    processor = _Processor()
+    consumer = _Consumer(available=1_000, partitions=3)
+    running, stop = _running(consumer, processor, batch_size=2)
+
+    # When it has fetched its bound
+    await eventually(lambda: _true(consumer.fetched == 12), timeout=5, interval=0.01)
+    fetches = consumer.fetches
+    await _settle()
+
+    # Then it asks Kafka for nothing more, and pauses no partition (a pause would drop what the client prefetched)
+    assert consumer.fetches == fetches
+    assert consumer.fetched == 12
+    assert not consumer.paused
+
+    # And when a round leaves, it fetches as many more, up to its bound again
+    round_, release = processor.rounds[0]
+    release.set()
+    await eventually(lambda: _true(consumer.fetched == 12 + len(round_)), timeout=5, interval=0.01)
+    await _settle()
+    assert consumer.fetched == 12 + len(round_)
+    stop.set()
+    for _, release in processor.rounds:
+        release.set()
+    await asyncio.wait_for(running, timeout=5)
+
+
+async def _true(value: bool) -> bool:
+    return value

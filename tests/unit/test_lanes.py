@@ -1,0 +1,135 @@
+"""The lanes of fetched records: which records a round may take, and how far a partition may be committed when
+rounds overlap and finish in any order. No Kafka, no database."""
+
+from __future__ import annotations
+
+from service.domain.messages import decode
+from service.policy.records import SourceRecord
+from service.worker.lanes import Lanes
+from service.worker.processor import Pending
+
+TOPIC = "orders"
+LANE = (TOPIC, 0)
+
+
+def _pending(offset: int, key: str, topic: str = TOPIC) -> Pending:
+    record = SourceRecord(topic, 0, offset, 0, key.encode(), b"{}", ((("message-id", f"{key}.{offset}".encode())),))
+    return Pending(record, decode(record.value), record.coordinates, 0)
+
+
+def _ids(round_: list[Pending]) -> set[str | None]:
+    """What the consumer loop tells `take` about a round in flight: its message ids, orders and keys."""
+    return {p.message_id for p in round_} | {p.key for p in round_}
+
+
+def _offsets(records: list[Pending]) -> list[int]:
+    return [p.record.offset for p in records]
+
+
+def test_a_later_round_that_settles_first_commits_nothing_past_the_earlier_one_then_everything() -> None:
+    # Given six records of six keys in one lane, taken by two overlapping rounds of four and two
+    lanes = Lanes(round_size=4, bound=12)
+    lanes.add(LANE, [_pending(n, f"K{n}") for n in range(6)])
+    first = lanes.take(0.0, [])
+    second = lanes.take(0.0, [_ids(first)])
+    assert (_offsets(first), _offsets(second)) == ([0, 1, 2, 3], [4, 5])
+
+    # When the later round settles first, then the earlier one
+    after_second = lanes.settle(second, set(second))
+    after_first = lanes.settle(first, set(first))
+
+    # Then the partition may first be committed only up to the earlier round's first record, then past the last
+    assert (after_second, after_first) == ({LANE: 0}, {LANE: 6})
+    assert lanes.held() == 0
+
+
+def test_a_record_that_is_not_terminal_holds_the_commit_position_and_is_taken_again() -> None:
+    # Given a round of four records, of which the third did not reach a terminal state
+    lanes = Lanes(round_size=4, bound=12)
+    lanes.add(LANE, [_pending(n, f"K{n}") for n in range(4)])
+    taken = lanes.take(0.0, [])
+
+    # When the round settles
+    position = lanes.settle(taken, {p for p in taken if p.record.offset != 2})
+
+    # Then the position stops at that record, which is the only one left and is taken by the next round
+    assert position == {LANE: 2}
+    assert _offsets(lanes.take(0.0, [])) == [2]
+
+
+def test_a_round_that_settles_after_its_partition_was_revoked_and_assigned_again_moves_no_offset() -> None:
+    # Given a round of four records in flight, of which the third will not be terminal
+    lanes = Lanes(round_size=4, bound=12)
+    lanes.add(LANE, [_pending(n, f"K{n}") for n in range(4)])
+    old = lanes.take(0.0, [])
+
+    # When the partition is revoked and assigned back, the first two records are fetched again, and the old round
+    # settles before a new one takes them
+    lanes.forget([LANE])
+    lanes.add(LANE, [_pending(n, f"K{n}") for n in range(2)])
+    stale = lanes.settle(old, {p for p in old if p.record.offset != 2})
+    new = lanes.take(0.0, [])
+    fresh = lanes.settle(new, set(new))
+
+    # Then the old round moves nothing, and the new one only past what it applied
+    assert (stale, fresh) == ({}, {LANE: 2})
+
+
+def test_records_of_a_key_that_a_round_in_flight_writes_wait_for_it() -> None:
+    # Given a round in flight with the records of keys A and B
+    lanes = Lanes(round_size=2, bound=6)
+    lanes.add(LANE, [_pending(0, "A"), _pending(1, "B")])
+    first = lanes.take(0.0, [])
+
+    # When more records arrive: another of key A, then one of key C, then a second one of key A
+    lanes.add(LANE, [_pending(2, "A"), _pending(3, "C"), _pending(4, "A")])
+
+    # Then only key C may go into a second round while the first is in flight
+    assert _offsets(lanes.take(0.0, [_ids(first)])) == [3]
+
+
+def test_a_record_not_due_yet_holds_back_its_key_but_not_the_other_keys() -> None:
+    # Given a lane whose first record of key A waits for a blocking retry at t=5
+    lanes = Lanes(round_size=10, bound=30)
+    waiting = _pending(0, "A")
+    waiting.due = 5.0
+    lanes.add(LANE, [waiting, _pending(1, "B"), _pending(2, "A")])
+
+    # When a round is taken at t=1 and settles, and the next at t=5
+    early = lanes.take(1.0, [])
+    lanes.settle(early, set(early))
+    next_due = lanes.next_due(1.0)
+    later = lanes.take(5.0, [])
+
+    # Then at t=1 only key B goes, the next due time is t=5, and then both of key A go, in order
+    assert (_offsets(early), next_due, _offsets(later)) == ([1], 5.0, [0, 2])
+
+
+def test_a_lane_stalls_its_partition_when_it_holds_all_but_a_rounds_worth() -> None:
+    # Given rounds of two and room for six records, so a lane may hold four
+    lanes = Lanes(round_size=2, bound=6)
+    lanes.add(LANE, [_pending(n, f"K{n}") for n in range(3)])
+    lanes.add(("orders", 1), [_pending(n, f"P{n}") for n in range(4)])
+    lanes.add(("(parked)/K9", -1), [_pending(n, "K9") for n in range(5)])
+
+    # Then only the partition whose lane is full stalls (a parked key's lane is no partition), and the fetcher
+    # has no room left
+    assert lanes.stalled(0.0) == {("orders", 1)}
+    assert (lanes.held(), lanes.room()) == (12, -6)
+    assert lanes.parked_keys() == {"K9"}
+
+
+def test_a_record_a_downstream_asked_to_wait_for_stalls_its_partition_until_it_is_due() -> None:
+    # Given a round whose record was told by a downstream to come back at t=10 (backpressure)
+    lanes = Lanes(round_size=2, bound=12)
+    record = _pending(0, "A")
+    lanes.add(LANE, [record])
+    taken = lanes.take(0.0, [])
+    record.backpressure, record.due = True, 10.0
+
+    # When the round settles without it
+    lanes.settle(taken, set())
+
+    # Then its partition fetches nothing until t=10, and then it may again
+    assert (lanes.stalled(9.9), lanes.stalled(10.0)) == ({LANE}, set())
+    assert lanes.next_due(0.0) == 10.0
