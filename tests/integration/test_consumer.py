@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.testing.downstream import Downstream
@@ -213,6 +214,51 @@ async def test_two_consumer_processes_racing_on_one_message_id_apply_it_once(
     assert await scalar(engine, "SELECT count(*) FROM effects") == 1
     assert await scalar(engine, "SELECT count(*) FROM inbox") == 1
     assert "record_duplicate" in first.log() + second.log()
+
+
+async def test_a_message_another_consumer_applies_while_this_one_decides_is_not_applied_again(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a placed order whose customer look-up answers only after 1.2 s
+    downstream.delay_next("customers.get", seconds=1.2, key="c-race")
+    record = ("F-1", placed("F-1", customer="c-race"), {"message-id": "F-1.1/order.placed"})
+    await produce(kafka, topics.source, [record], partition=0)
+    settings = settings_for(database_url, kafka, topics, customers_url=downstream.url)
+
+    async with running(settings, "consumer_loop"):
+        # When, while the consumer waits for that answer (its look-up found the message new), another member of
+        # its group commits the same message: its inbox row, the order and the order's effect
+        await eventually(lambda: _true(downstream.calls("customers.get", "c-race") == 1), interval=0.01)
+        async with engine.begin() as connection:
+            for statement in _OTHER_MEMBERS_ROWS:
+                await connection.execute(text(statement), {"consumer": settings.consumer_name, "topic": topics.source})
+        await eventually(lambda: _committed(kafka, settings.consumer_name, topics.source, 0, 1))
+
+    # Then this consumer's write hit the unique keys, was rolled back and redone, and found the message applied:
+    # the other member's rows are the only ones, and this consumer wrote no event of its own
+    assert await rows(engine, "SELECT message_id, status FROM inbox") == [
+        {"message_id": "F-1.1/order.placed", "status": "processed"}
+    ]
+    assert await scalar(engine, "SELECT count(*) FROM orders") == 1
+    assert await rows(engine, "SELECT idempotency_key, payload FROM effects") == [
+        {"idempotency_key": "F-1/payment.capture", "payload": {"by": "the other member"}}
+    ]
+    assert await scalar(engine, "SELECT count(*) FROM outbox") == 0
+    assert downstream.calls("customers.get", "c-race") == 1
+
+
+_OTHER_MEMBERS_ROWS = (
+    "INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset, order_id,"
+    " received_at) VALUES (:consumer, 'F-1.1/order.placed', 'processed', :topic, 0, 0, 'F-1', now())",
+    "INSERT INTO orders (order_id, tenant, customer_id, status, amount_cents, currency)"
+    " VALUES ('F-1', 'acme', 'c-race', 'placed', 2500, 'EUR')",
+    "INSERT INTO effects (idempotency_key, order_id, kind, payload)"
+    " VALUES ('F-1/payment.capture', 'F-1', 'payment.capture', '{\"by\": \"the other member\"}')",
+)
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def test_a_consumer_killed_between_its_commit_and_the_offset_commit_does_not_apply_twice(
