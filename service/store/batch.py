@@ -3,16 +3,20 @@
 Each kind of row is a recordset parameter (service/store/recordset.py) read by its table's fragment, and the
 fragments are data-modifying CTEs of one statement: one round trip instead of six, and one wait for the event
 loop to come back to this round instead of six (the other round in flight is planning meanwhile). PostgreSQL runs
-every data-modifying CTE to completion whether or not the final SELECT reads it; the counts tell the caller
-whether a concurrent consumer won a race for a message id or an order.
+every data-modifying CTE to completion whether or not the final SELECT reads it.
+
+The inbox rows and the new orders are plain inserts, not `ON CONFLICT DO NOTHING`: the round's look-up found
+those message ids and orders absent, so one that exists now was committed meanwhile by a concurrent consumer,
+and the unique violation fails the whole transaction, which the caller redoes (`Taken`). A speculative insert
+would have cost PostgreSQL an extra index probe and WAL record per row for a case that only a race produces:
+the write statement of a 3,600-record round took about 10 % less time without it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from sqlalchemy import text
+from sqlalchemy import exc, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.domain.model import Effect, Order
@@ -30,17 +34,15 @@ _WRITE = text(
          effects_added AS ({effects.ADD_ROWS}),
          quarantined AS ({quarantine.ADD_ROWS}),
          outbox_added AS ({outbox.ADD_ROWS})
-    SELECT (SELECT count(*) FROM inbox_added), (SELECT count(*) FROM orders_created)
+    SELECT 1
     """
 )
+# The keys a concurrent consumer can take first: a message id (the inbox) and a new order.
+_RACED_KEYS = frozenset({"pk_inbox", "pk_orders"})
 
 
-@dataclass(frozen=True)
-class Written:
-    """How many inbox rows and new orders the statement inserted (fewer than given: a concurrent consumer won)."""
-
-    inbox_rows: int
-    orders_created: int
+class Taken(Exception):
+    """A concurrent consumer committed one of the round's message ids or new orders first: redo the round."""
 
 
 async def write(
@@ -53,21 +55,29 @@ async def write(
     new_effects: Sequence[Effect],
     quarantined: Sequence[QuarantineRow],
     messages: Sequence[OutboxMessage],
-) -> Written:
-    """Write a round's rows in the caller's transaction."""
+) -> None:
+    """Write a round's rows in the caller's transaction; raise `Taken` when a concurrent consumer won a race."""
     if not (inbox_rows or created or changed or new_effects or quarantined or messages):
-        return Written(0, 0)
-    result = await connection.execute(
-        _WRITE,
-        {
-            "consumer": consumer,
-            "inbox_rows": recordset(inbox_rows),
-            "created_orders": recordset(created),
-            "changed_orders": recordset(changed),
-            "effect_rows": recordset(effects.rows(new_effects)),
-            "quarantine_rows": recordset(quarantined),
-            "outbox_rows": recordset(messages),
-        },
-    )
-    inserted, created_count = result.one()
-    return Written(int(inserted), int(created_count))
+        return
+    try:
+        await connection.execute(
+            _WRITE,
+            {
+                "consumer": consumer,
+                "inbox_rows": recordset(inbox_rows),
+                "created_orders": recordset(created),
+                "changed_orders": recordset(changed),
+                "effect_rows": recordset(effects.rows(new_effects)),
+                "quarantine_rows": recordset(quarantined),
+                "outbox_rows": recordset(messages),
+            },
+        )
+    except exc.IntegrityError as error:
+        if _constraint(error) in _RACED_KEYS:
+            raise Taken from error
+        raise
+
+
+def _constraint(error: exc.IntegrityError) -> str | None:
+    """The name of the violated constraint, as the driver (asyncpg, the cause of SQLAlchemy's error) reports it."""
+    return getattr(error.orig.__cause__, "constraint_name", None) if error.orig is not None else None

@@ -46,8 +46,7 @@ ADD_ROWS = """
     SELECT idempotency_key, order_id, kind, payload
     FROM jsonb_to_recordset(CAST(:effect_rows AS jsonb)) AS v(
         idempotency_key text, order_id text, kind text, payload jsonb)
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING 1"""
+    ON CONFLICT (idempotency_key) DO NOTHING"""
 
 
 _CAPTURE_STATE = """

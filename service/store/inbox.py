@@ -24,7 +24,8 @@ class InboxRow:
 
 
 # The rows of a round (a recordset of `InboxRow`, service/store/recordset.py), part of the round's one write
-# statement (service/store/batch.py); a message id that is there already keeps its row and is not counted.
+# statement (service/store/batch.py). A plain insert: a message id that is there already is a unique violation
+# of `pk_inbox`, which fails the round's transaction (a concurrent consumer won; see batch.py).
 ADD_ROWS = """
     INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset,
                        order_id, error_code, received_at)
@@ -32,9 +33,7 @@ ADD_ROWS = """
            to_timestamp(received_ms / 1000.0)
     FROM json_to_recordset(CAST(:inbox_rows AS json)) AS v(
         message_id text, status text, source_topic text, source_partition int, source_offset bigint,
-        order_id text, error_code text, received_ms bigint)
-    ON CONFLICT (consumer_name, message_id) DO NOTHING
-    RETURNING 1"""
+        order_id text, error_code text, received_ms bigint)"""
 
 
 async def reopen(connection: AsyncConnection, consumer: str, rows: Sequence[InboxRow]) -> set[str]:

@@ -36,17 +36,15 @@ async def lock(connection: AsyncConnection, order_ids: Iterable[str]) -> dict[st
 _LOCK = text("SELECT * FROM orders WHERE order_id = ANY(CAST(:ids AS text[])) ORDER BY order_id FOR UPDATE")
 
 # The fields of `Order`, as a recordset (service/store/recordset.py): new orders and changed ones, parts of a
-# round's one write statement (service/store/batch.py). An order created concurrently is not counted.
+# round's one write statement (service/store/batch.py). A new order that exists already (created concurrently)
+# is a unique violation of `pk_orders`, which fails the round's transaction.
 _COLUMNS = """order_id text, tenant text, customer_id text, status text, amount_cents bigint, currency text,
                sequence int, details jsonb"""
 CREATE_ROWS = f"""
     INSERT INTO orders (order_id, tenant, customer_id, status, amount_cents, currency, sequence, details)
     SELECT order_id, tenant, customer_id, status, amount_cents, currency, sequence, details
-    FROM jsonb_to_recordset(CAST(:created_orders AS jsonb)) AS v({_COLUMNS})
-    ON CONFLICT (order_id) DO NOTHING
-    RETURNING 1"""
+    FROM jsonb_to_recordset(CAST(:created_orders AS jsonb)) AS v({_COLUMNS})"""
 UPDATE_ROWS = f"""
     UPDATE orders SET status = v.status, sequence = v.sequence, details = v.details, updated_at = now()
     FROM jsonb_to_recordset(CAST(:changed_orders AS jsonb)) AS v({_COLUMNS})
-    WHERE orders.order_id = v.order_id
-    RETURNING 1"""
+    WHERE orders.order_id = v.order_id"""

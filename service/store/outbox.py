@@ -47,13 +47,12 @@ async def add(connection: AsyncConnection, messages: Sequence[OutboxMessage]) ->
     return [row.id for row in result]
 
 
-_INSERT = """
+# Also part of a round's one write statement (service/store/batch.py).
+ADD_ROWS = """
     INSERT INTO outbox (topic, key, headers, payload)
     SELECT topic, key, headers, payload
     FROM jsonb_to_recordset(CAST(:outbox_rows AS jsonb)) AS v(topic text, key text, headers jsonb, payload bytea)"""
-# Also part of a round's one write statement (service/store/batch.py).
-ADD_ROWS = _INSERT + "\n    RETURNING 1"
-_ADD = text(_INSERT + "\n    RETURNING id")
+_ADD = text(ADD_ROWS + "\n    RETURNING id")
 
 
 _CLAIM = text(

@@ -39,8 +39,7 @@ ADD_ROWS = """
     SELECT :consumer, * FROM jsonb_to_recordset(CAST(:quarantine_rows AS jsonb)) AS v(
         failure_id text, message_id text, error_code text, owner text, order_key text, envelope jsonb,
         payload bytea, source_headers jsonb, attempts int, first_failed_at timestamptz, last_failed_at timestamptz)
-    ON CONFLICT (failure_id) DO NOTHING
-    RETURNING 1"""
+    ON CONFLICT (failure_id) DO NOTHING"""
 
 
 _SUMMARY = (

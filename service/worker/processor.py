@@ -304,8 +304,8 @@ class Processor:
 
     def _reads(self, pending: Pending, plan: _Plan) -> bool:
         """Whether the write must read and lock the record's order. Not for a duplicate, and not for a new order
-        the look-up found absent: if a concurrent consumer creates it meanwhile, the round's insert count says
-        so and the round is redone, now with the order locked."""
+        the look-up found absent: if a concurrent consumer creates it meanwhile, the round's insert fails on the
+        order's key and the round is redone, now with the order locked."""
         if pending in plan.duplicates:
             return False
         return type(pending.decoded) not in _PLACEMENTS or pending.order_id in plan.facts.known.orders
@@ -404,18 +404,19 @@ class Processor:
                 await quarantine.requarantine(
                     c, again.origin.failure_id, failed_code.value, history.attempts, history.last_failed_at
                 )
-            written = await batch.write(
-                c,
-                self._consumer,
-                inbox_rows=write.inbox_rows,
-                created=write.created,
-                changed=write.changed,
-                new_effects=write.effects,
-                quarantined=write.quarantined,
-                messages=write.messages,
-            )
-            if written.inbox_rows != len(write.inbox_rows) or written.orders_created != len(write.created):
-                raise _Conflict
+            try:
+                await batch.write(
+                    c,
+                    self._consumer,
+                    inbox_rows=write.inbox_rows,
+                    created=write.created,
+                    changed=write.changed,
+                    new_effects=write.effects,
+                    quarantined=write.quarantined,
+                    messages=write.messages,
+                )
+            except batch.Taken:
+                raise _Conflict from None
             await parking.park(c, self._consumer, write.parked)
             await parking.unpark(c, write.unparked)
             await parking.block(c, self._consumer, write.blocks)

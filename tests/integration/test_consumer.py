@@ -225,7 +225,7 @@ async def test_a_message_another_consumer_applies_while_this_one_decides_is_not_
     await produce(kafka, topics.source, [record], partition=0)
     settings = settings_for(database_url, kafka, topics, customers_url=downstream.url)
 
-    async with running(settings, "consumer_loop"):
+    async with running(settings, "consumer_loop") as container:
         # When, while the consumer waits for that answer (its look-up found the message new), another member of
         # its group commits the same message: its inbox row, the order and the order's effect
         await eventually(lambda: _true(downstream.calls("customers.get", "c-race") == 1), interval=0.01)
@@ -233,9 +233,12 @@ async def test_a_message_another_consumer_applies_while_this_one_decides_is_not_
             for statement in _OTHER_MEMBERS_ROWS:
                 await connection.execute(text(statement), {"consumer": settings.consumer_name, "topic": topics.source})
         await eventually(lambda: _committed(kafka, settings.consumer_name, topics.source, 0, 1))
+        metrics = container.metrics().registry
 
-    # Then this consumer's write hit the unique keys, was rolled back and redone, and found the message applied:
-    # the other member's rows are the only ones, and this consumer wrote no event of its own
+    # Then this consumer's write hit the unique keys, was rolled back and redone (not failed: no attempt spent), and
+    # found the message applied: the other member's rows are the only ones, and this consumer wrote no event
+    assert metrics.get_sample_value("orders_records_total", {"outcome": "duplicate"}) == 1
+    assert metrics.get_sample_value("orders_failures_total", {"error_code": "UNEXPECTED_ERROR"}) is None
     assert await rows(engine, "SELECT message_id, status FROM inbox") == [
         {"message_id": "F-1.1/order.placed", "status": "processed"}
     ]
