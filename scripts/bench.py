@@ -540,7 +540,8 @@ class RawRows:
     @staticmethod
     def of(indices: range, topic: str) -> RawRows:
         """A new order: inbox + order + payment.capture effect + order.accepted event; an invalid record:
-        inbox (quarantined) + envelope; a duplicate: an inbox insert that conflicts, nothing else."""
+        inbox (quarantined) + envelope; a duplicate: nothing (its original is in the same block of 20, so in the
+        same batch: the rows are the ones that persist, written by plain inserts, as order-service writes them)."""
         rows = RawRows(topic)
         now = datetime.now(UTC)
         for index in indices:
@@ -550,10 +551,11 @@ class RawRows:
             if not headers:
                 rows.add_invalid(key.decode(), f"{topic}/{partition}/{offset}", partition, offset, now)
                 continue
+            if index % BLOCK == ORDERS_PER_BLOCK:
+                continue
             message_id = headers[0][1].decode()
             append(rows.inbox, message_id, "processed", partition, offset, key.decode(), None, now)
-            if index % BLOCK != ORDERS_PER_BLOCK:
-                rows.add_order(json.loads(value), message_id)
+            rows.add_order(json.loads(value), message_id)
         return rows
 
     def add_invalid(self, key: str, message_id: str, partition: int, offset: int, now: datetime) -> None:
@@ -594,17 +596,14 @@ RAW_INBOX = """
     SELECT $1, m, s, $2, p, o, i, e, r
     FROM unnest($3::text[], $4::text[], $5::int[], $6::bigint[], $7::text[], $8::text[], $9::timestamptz[])
          AS v(m, s, p, o, i, e, r)
-    ON CONFLICT DO NOTHING
 """
 RAW_ORDERS = """
     INSERT INTO orders (order_id, tenant, customer_id, status, amount_cents, currency, sequence)
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::int[])
-    ON CONFLICT DO NOTHING
 """
 RAW_EFFECTS = """
     INSERT INTO effects (idempotency_key, order_id, kind, payload)
     SELECT k, o, c, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS v(k, o, c, p)
-    ON CONFLICT DO NOTHING
 """
 RAW_OUTBOX = """
     INSERT INTO outbox (topic, key, headers, payload)
