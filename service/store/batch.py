@@ -24,7 +24,6 @@ from service.store import effects, inbox, orders, outbox, quarantine
 from service.store.inbox import InboxRow
 from service.store.outbox import OutboxMessage
 from service.store.quarantine import QuarantineRow
-from service.store.recordset import recordset
 
 _WRITE = text(
     f"""
@@ -64,12 +63,12 @@ async def write(
             _WRITE,
             {
                 "consumer": consumer,
-                "inbox_rows": recordset(inbox_rows),
-                "created_orders": recordset(created),
-                "changed_orders": recordset(changed),
-                "effect_rows": recordset(effects.rows(new_effects)),
-                "quarantine_rows": recordset(quarantined),
-                "outbox_rows": recordset(messages),
+                "inbox_rows": inbox.COLUMNS.encode(inbox_rows),
+                "created_orders": orders.COLUMNS.encode(created),
+                "changed_orders": orders.COLUMNS.encode(changed),
+                "effect_rows": effects.COLUMNS.encode(new_effects),
+                "quarantine_rows": quarantine.COLUMNS.encode(quarantined),
+                "outbox_rows": outbox.COLUMNS.encode(messages),
             },
         )
     except exc.IntegrityError as error:

@@ -6,7 +6,6 @@ leaves its claim behind, and the reconciler takes it back when the lease has exp
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -14,8 +13,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.domain.model import Effect
 from service.policy.effects import EffectDecision
+from service.store.recordset import Columns
 
 
 @dataclass(frozen=True)
@@ -31,21 +30,15 @@ class EffectRow:
     capture_state: str | None  # for a refund: the state of the order's capture
 
 
-def rows(new: Sequence[Effect]) -> list[dict[str, Any]]:
-    """New effects as recordset rows for `ADD_ROWS`."""
-    return [
-        {"idempotency_key": e.idempotency_key, "order_id": e.order_id, "kind": e.kind, "payload": e.payload}
-        for e in new
-    ]
+# New effects (domain `Effect` values) as a recordset for `ADD_ROWS`.
+COLUMNS = Columns(("idempotency_key", "text"), ("order_id", "text"), ("kind", "text"), ("payload", "jsonb"))
 
 
 # Records effects as `pending`, part of a round's one write statement (service/store/batch.py); an idempotency
 # key that exists already keeps its row.
-ADD_ROWS = """
+ADD_ROWS = f"""
     INSERT INTO effects (idempotency_key, order_id, kind, payload)
-    SELECT idempotency_key, order_id, kind, payload
-    FROM jsonb_to_recordset(CAST(:effect_rows AS jsonb)) AS v(
-        idempotency_key text, order_id text, kind text, payload jsonb)
+    SELECT idempotency_key, order_id, kind, payload FROM ({COLUMNS.select("effect_rows")}) AS v
     ON CONFLICT (idempotency_key) DO NOTHING"""
 
 

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.store.recordset import Columns
 
-@dataclass  # neither frozen (slow to build) nor slotted (slow for orjson): one is built per record
+
+@dataclass  # not frozen (slower to build): one is built per record
 class InboxRow:
     """A terminal record, ready to insert."""
 
@@ -26,14 +28,22 @@ class InboxRow:
 # The rows of a round (a recordset of `InboxRow`, service/store/recordset.py), part of the round's one write
 # statement (service/store/batch.py). A plain insert: a message id that is there already is a unique violation
 # of `pk_inbox`, which fails the round's transaction (a concurrent consumer won; see batch.py).
-ADD_ROWS = """
+COLUMNS = Columns(
+    ("message_id", "text"),
+    ("status", "text"),
+    ("source_topic", "text"),
+    ("source_partition", "int"),
+    ("source_offset", "bigint"),
+    ("order_id", "text"),
+    ("error_code", "text"),
+    ("received_ms", "bigint"),
+)
+ADD_ROWS = f"""
     INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset,
                        order_id, error_code, received_at)
     SELECT :consumer, message_id, status, source_topic, source_partition, source_offset, order_id, error_code,
            to_timestamp(received_ms / 1000.0)
-    FROM json_to_recordset(CAST(:inbox_rows AS json)) AS v(
-        message_id text, status text, source_topic text, source_partition int, source_offset bigint,
-        order_id text, error_code text, received_ms bigint)"""
+    FROM ({COLUMNS.select("inbox_rows")}) AS v"""
 
 
 async def reopen(connection: AsyncConnection, consumer: str, rows: Sequence[InboxRow]) -> set[str]:

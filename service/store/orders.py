@@ -9,6 +9,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.domain.model import Order, OrderStatus
+from service.store.recordset import Columns
 
 
 def _to_order(row: Any) -> Order:
@@ -38,13 +39,21 @@ _LOCK = text("SELECT * FROM orders WHERE order_id = ANY(CAST(:ids AS text[])) OR
 # The fields of `Order`, as a recordset (service/store/recordset.py): new orders and changed ones, parts of a
 # round's one write statement (service/store/batch.py). A new order that exists already (created concurrently)
 # is a unique violation of `pk_orders`, which fails the round's transaction.
-_COLUMNS = """order_id text, tenant text, customer_id text, status text, amount_cents bigint, currency text,
-               sequence int, details jsonb"""
+COLUMNS = Columns(
+    ("order_id", "text"),
+    ("tenant", "text"),
+    ("customer_id", "text"),
+    ("status", "text"),
+    ("amount_cents", "bigint"),
+    ("currency", "text"),
+    ("sequence", "int"),
+    ("details", "jsonb"),
+)
 CREATE_ROWS = f"""
     INSERT INTO orders (order_id, tenant, customer_id, status, amount_cents, currency, sequence, details)
     SELECT order_id, tenant, customer_id, status, amount_cents, currency, sequence, details
-    FROM jsonb_to_recordset(CAST(:created_orders AS jsonb)) AS v({_COLUMNS})"""
+    FROM ({COLUMNS.select("created_orders")}) AS v"""
 UPDATE_ROWS = f"""
     UPDATE orders SET status = v.status, sequence = v.sequence, details = v.details, updated_at = now()
-    FROM jsonb_to_recordset(CAST(:changed_orders AS jsonb)) AS v({_COLUMNS})
+    FROM ({COLUMNS.select("changed_orders")}) AS v
     WHERE orders.order_id = v.order_id"""

@@ -10,10 +10,10 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.store.recordset import recordset
+from service.store.recordset import Columns
 
 
-@dataclass  # neither frozen (slow to build) nor slotted (slow for orjson): one is built per event
+@dataclass  # not frozen (slower to build): one is built per event
 class OutboxMessage:
     """One message to publish."""
 
@@ -43,15 +43,15 @@ async def add(connection: AsyncConnection, messages: Sequence[OutboxMessage]) ->
     """Add messages in the caller's transaction; return their row ids."""
     if not messages:
         return []
-    result = await connection.execute(_ADD, {"outbox_rows": recordset(messages)})
+    result = await connection.execute(_ADD, {"outbox_rows": COLUMNS.encode(messages)})
     return [row.id for row in result]
 
 
 # Also part of a round's one write statement (service/store/batch.py).
-ADD_ROWS = """
+COLUMNS = Columns(("topic", "text"), ("key", "text"), ("headers", "jsonb"), ("payload", "bytea"))
+ADD_ROWS = f"""
     INSERT INTO outbox (topic, key, headers, payload)
-    SELECT topic, key, headers, payload
-    FROM jsonb_to_recordset(CAST(:outbox_rows AS jsonb)) AS v(topic text, key text, headers jsonb, payload bytea)"""
+    SELECT topic, key, headers, payload FROM ({COLUMNS.select("outbox_rows")}) AS v"""
 _ADD = text(ADD_ROWS + "\n    RETURNING id")
 
 

@@ -11,6 +11,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.store.recordset import Columns
 from service.store.tables import quarantine, quarantine_annotations, reprocess_items
 
 
@@ -33,12 +34,23 @@ class QuarantineRow:
 
 # Quarantines a round's records, part of its one write statement (service/store/batch.py); a failure id
 # quarantined already keeps its row (a redelivery after a crash).
-ADD_ROWS = """
+COLUMNS = Columns(
+    ("failure_id", "text"),
+    ("message_id", "text"),
+    ("error_code", "text"),
+    ("owner", "text"),
+    ("order_key", "text"),
+    ("envelope", "jsonb"),
+    ("payload", "bytea"),
+    ("source_headers", "jsonb"),
+    ("attempts", "int"),
+    ("first_failed_at", "timestamptz"),
+    ("last_failed_at", "timestamptz"),
+)
+ADD_ROWS = f"""
     INSERT INTO quarantine (consumer_name, failure_id, message_id, error_code, owner, order_key, envelope, payload,
                             source_headers, attempts, first_failed_at, last_failed_at)
-    SELECT :consumer, * FROM jsonb_to_recordset(CAST(:quarantine_rows AS jsonb)) AS v(
-        failure_id text, message_id text, error_code text, owner text, order_key text, envelope jsonb,
-        payload bytea, source_headers jsonb, attempts int, first_failed_at timestamptz, last_failed_at timestamptz)
+    SELECT :consumer, * FROM ({COLUMNS.select("quarantine_rows")}) AS v
     ON CONFLICT (failure_id) DO NOTHING"""
 
 
