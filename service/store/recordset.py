@@ -9,14 +9,16 @@ Each row travels as a JSON array of its values in the order of its `Columns`, an
 Arrays instead of objects halve the document (no key names per row), and reading values by position from the
 parsed document cost PostgreSQL less than `jsonb_to_recordset` matching every key of every object to a column:
 for a round's 3,600 rows, orders 11.4 → 4.4 ms, inbox rows 8.3 → 5.4 ms (`json_to_recordset`), effects 10–14 →
-5.1 ms, outbox messages 21 → 18 ms, measured alone on a recorded round. Building the arrays (`attrgetter`) costs
+5.1 ms, outbox messages 21 → 12 ms, measured alone on a recorded round. Building the arrays (`attrgetter`) costs
 about 0.2 ms of Python per table and round more than handing orjson the dataclasses.
 
-`bytes` travel as PostgreSQL's hex form (`\\x…`), which a `bytea` cast reads as is; datetimes as RFC 3339 text.
+`bytes` travel as base64, which `decode(…, 'base64')` reads: a third shorter than PostgreSQL's hex form
+(`\\x…`), and the outbox messages of a round parsed in 10–14 ms instead of 18–23; datetimes as RFC 3339 text.
 """
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from operator import attrgetter
 from typing import Any
@@ -34,7 +36,7 @@ class Columns:
 
     def encode(self, rows: Sequence[Any]) -> str:
         """The rows (objects with these attributes) as one JSON array of arrays."""
-        return orjson.dumps(list(map(self._values, rows)), default=_bytes_as_hex).decode()
+        return orjson.dumps(list(map(self._values, rows)), default=_bytes_as_base64).decode()
 
     def select(self, parameter: str) -> str:
         """SQL for the rows of the `:parameter` document, one column per name, typed."""
@@ -42,9 +44,9 @@ class Columns:
         return f"SELECT {values} FROM jsonb_array_elements(CAST(:{parameter} AS jsonb)) AS e"
 
 
-def recordset(values: Sequence[Any]) -> str:
+def recordset(values: Sequence[str]) -> str:
     """Plain values (ids) as one JSON array, for `json_array_elements_text`."""
-    return orjson.dumps(values, default=_bytes_as_hex).decode()
+    return orjson.dumps(values).decode()
 
 
 def _read(position: int, name: str, kind: str) -> str:
@@ -52,10 +54,12 @@ def _read(position: int, name: str, kind: str) -> str:
         return f"NULLIF(e->{position}, 'null') AS {name}"  # a JSON null is SQL NULL, as for the other types
     if kind == "text":
         return f"e->>{position} AS {name}"
+    if kind == "bytea":
+        return f"decode(e->>{position}, 'base64') AS {name}"
     return f"CAST(e->>{position} AS {kind}) AS {name}"
 
 
-def _bytes_as_hex(value: Any) -> str:
+def _bytes_as_base64(value: Any) -> str:
     if isinstance(value, bytes | bytearray | memoryview):
-        return "\\x" + bytes(value).hex()
+        return base64.b64encode(value).decode()
     raise TypeError(f"{type(value).__name__} cannot go into a recordset")
