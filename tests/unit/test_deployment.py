@@ -1,4 +1,5 @@
-"""docker-compose.yml cannot run here (no Docker engine): check statically that it names only things that exist."""
+"""docker-compose.yml cannot run here (no Docker engine): check statically that it, and the operator docs, name
+only things that exist."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import yaml
 
 from service.cli import app
 from service.config import ENV_PREFIX, Settings
+from service.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -181,3 +183,20 @@ def test_prometheus_and_grafana_are_provisioned_from_files_in_the_repository(com
     targets = scrape["scrape_configs"][0]["static_configs"][0]["targets"]
     assert {target.split(":")[0] for target in targets} == {"consume", "relay", "effects"}
     assert all(target.endswith(":9108") for target in targets)
+
+
+def test_every_metric_the_docs_and_alerts_name_is_one_the_service_exports() -> None:
+    # Given the names the service registers (a counter is exported with `_total`, a histogram with its series)
+    exported: set[str] = set()
+    for family in Metrics().registry.collect():
+        exported |= {family.name, *(sample.name for sample in family.samples)}
+        if family.type == "counter":
+            exported.add(f"{family.name}_total")
+
+    # When the operator-facing texts name metrics
+    texts = ["README.md", "docs/runbook.md", "docs/template-guide.md", "deploy/prometheus/alerts.yml"]
+    named = {name for path in texts for name in re.findall(r"\borders_[a-z_]+", (ROOT / path).read_text())}
+
+    # Then each of them exists (a renamed metric must be renamed in the docs too)
+    assert named
+    assert named - exported == set()
