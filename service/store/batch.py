@@ -7,7 +7,7 @@ every data-modifying CTE to completion whether or not the final SELECT reads it.
 
 The inbox rows and the new orders are plain inserts, not `ON CONFLICT DO NOTHING`: the round's look-up found
 those message ids and orders absent, so one that exists now was committed meanwhile by a concurrent consumer,
-and the unique violation fails the whole transaction, which the caller redoes (`Taken`). A speculative insert
+and the unique violation fails the whole transaction, which the caller redoes (`ConcurrentWrite`). A speculative insert
 would have cost PostgreSQL an extra index probe and WAL record per row for a case that only a race produces:
 the write statement of a 3,600-record round took about 10 % less time without it.
 """
@@ -20,6 +20,7 @@ from sqlalchemy import exc, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.domain.model import Effect, Order
+from service.errors import ConcurrentWrite
 from service.store import effects, inbox, orders, outbox, quarantine
 from service.store.inbox import InboxRow
 from service.store.outbox import OutboxMessage
@@ -40,10 +41,6 @@ _WRITE = text(
 _RACED_KEYS = frozenset({"pk_inbox", "pk_orders"})
 
 
-class Taken(Exception):
-    """A concurrent consumer committed one of the round's message ids or new orders first: redo the round."""
-
-
 async def write(
     connection: AsyncConnection,
     consumer: str,
@@ -55,7 +52,7 @@ async def write(
     quarantined: Sequence[QuarantineRow],
     messages: Sequence[OutboxMessage],
 ) -> None:
-    """Write a round's rows in the caller's transaction; raise `Taken` when a concurrent consumer won a race."""
+    """Write a round's rows in the caller's transaction; raise `ConcurrentWrite` when another consumer won a race."""
     if not (inbox_rows or created or changed or new_effects or quarantined or messages):
         return
     try:
@@ -73,7 +70,7 @@ async def write(
         )
     except exc.IntegrityError as error:
         if _constraint(error) in _RACED_KEYS:
-            raise Taken from error
+            raise ConcurrentWrite("a message id or order was written concurrently") from error
         raise
 
 

@@ -27,7 +27,7 @@ log = structlog.get_logger("order_service.consumer")
 
 _MAX_WAIT_SECONDS = 0.5
 _FETCH_WAIT_MS = 500
-_ROUND_BATCHES = 2  # a round attempts up to this many fetch batches; a lane holds as many before it pauses
+_ROUND_BATCHES = 2  # a round attempts up to this many fetch batches
 _ROUNDS_IN_FLIGHT = 2  # one round plans while the other's transaction runs
 # Records fetched and not terminal, in rounds: the two in flight and the next one, decoded while they write. With
 # only the two, both rounds tended to finish together and leave nothing to start until the fetcher had

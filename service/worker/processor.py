@@ -29,7 +29,7 @@ from service.domain import model
 from service.domain.codes import ErrorCode, FailureKind
 from service.domain.messages import DecodeFailure, OrderMessage, OrderPlacedV1, OrderPlacedV2, decode, sequence_of
 from service.durations import format_duration
-from service.errors import InfrastructureUnavailable, RecordFailure
+from service.errors import ConcurrentWrite, InfrastructureUnavailable, RecordFailure
 from service.faults import crash_point
 from service.metrics import Metrics
 from service.policy import ordering, redelivery
@@ -161,10 +161,6 @@ class _Write:
     outcomes: list[tuple[Pending, Outcome, ErrorCode | None]] = field(default_factory=list)
 
 
-class _Conflict(Exception):
-    """A concurrent consumer wrote the same message id or order first: redo the round."""
-
-
 class Processor:
     """Applies rounds of records; the Kafka loop fetches, keeps lanes and commits offsets."""
 
@@ -244,7 +240,7 @@ class Processor:
         for _ in range(_MAX_CONFLICT_ROUNDS):
             try:
                 return await self._attempt(list(due))
-            except _Conflict:
+            except ConcurrentWrite:
                 continue
             except InfrastructureUnavailable:
                 # The database is away: nothing was written and no attempt is spent; wait and retry.
@@ -267,7 +263,7 @@ class Processor:
         if ready:
             try:
                 done = await self._write(ready, plan)
-            except (_Conflict, InfrastructureUnavailable):
+            except (ConcurrentWrite, InfrastructureUnavailable):
                 raise
             except Exception as error:
                 if len(ready) == 1:
@@ -379,7 +375,7 @@ class Processor:
                 continue
             try:
                 done |= await self._write([pending], plan)
-            except (_Conflict, InfrastructureUnavailable):
+            except (ConcurrentWrite, InfrastructureUnavailable):
                 raise
             except Exception as error:
                 log.debug("record_write_failed", message_id=pending.message_id, exc_info=error)
@@ -396,7 +392,7 @@ class Processor:
             write = self._plan(ready, plan, current)
             reopened = await inbox.reopen(c, self._consumer, write.reopened)
             if len(reopened) != len(write.reopened):
-                raise _Conflict
+                raise ConcurrentWrite("a quarantined message was moved concurrently")
             await quarantine.mark_reprocessed(c, write.reprocessed)
             await parking.unblock_failures(c, self._consumer, write.reprocessed)
             for again, failed_code in write.requarantined:
@@ -404,19 +400,16 @@ class Processor:
                 await quarantine.requarantine(
                     c, again.origin.failure_id, failed_code.value, history.attempts, history.last_failed_at
                 )
-            try:
-                await batch.write(
-                    c,
-                    self._consumer,
-                    inbox_rows=write.inbox_rows,
-                    created=write.created,
-                    changed=write.changed,
-                    new_effects=write.effects,
-                    quarantined=write.quarantined,
-                    messages=write.messages,
-                )
-            except batch.Taken:
-                raise _Conflict from None
+            await batch.write(
+                c,
+                self._consumer,
+                inbox_rows=write.inbox_rows,
+                created=write.created,
+                changed=write.changed,
+                new_effects=write.effects,
+                quarantined=write.quarantined,
+                messages=write.messages,
+            )
             await parking.park(c, self._consumer, write.parked)
             await parking.unpark(c, write.unparked)
             await parking.block(c, self._consumer, write.blocks)
