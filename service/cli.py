@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 from datetime import datetime, timedelta
-from pathlib import Path
+from importlib.metadata import version as package_version
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -53,6 +53,22 @@ parked_app = typer.Typer(help="Records parked behind a held key (ORDERS_ORDERING
 app.add_typer(parked_app, name="parked")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"order-service {package_version('order-service')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Apply order events from Kafka to PostgreSQL; every record reaches a known terminal state."""
 
 
 def _settings() -> Settings:
@@ -124,20 +140,26 @@ async def _provide(container: Container, name: str) -> Any:
 @app.command()
 def migrate() -> None:
     """Bring the database schema to the latest revision (`alembic upgrade head`)."""
-    from alembic import command
-    from alembic.config import Config
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from service.store import schema
 
     settings = _settings()
-    root = Path(__file__).resolve().parent.parent
-    config = Config(str(root / "alembic.ini"))
-    config.set_main_option("script_location", str(root / "migrations"))
-    config.set_main_option("sqlalchemy.url", settings.database_url.replace("%", "%%"))
     try:
-        command.upgrade(config, "head")
+        head = schema.upgrade_to_head(settings.database_url)
     except OSError as error:
         typer.echo(f"migrate: database unreachable ({type(error).__name__})", err=True)
         raise typer.Exit(1) from None
-    typer.echo("database schema is at the latest revision")
+    except SQLAlchemyError as error:
+        typer.echo(f"migrate: failed: {_first_line(getattr(error, 'orig', None) or error)}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"database schema is at the latest revision ({head})")
+
+
+def _first_line(error: BaseException) -> str:
+    """The first line of a driver's message (PostgreSQL's own words, e.g. `database "x" does not exist`)."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 @app.command()

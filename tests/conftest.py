@@ -28,13 +28,9 @@ KAFKA = os.environ.get("ORDERS_TEST_KAFKA", "127.0.0.1:19092")
 
 def migrate(host: str, port: int, user: str, dbname: str, password: str | None = None, **_: Any) -> None:
     """Load the template database with `alembic upgrade head`, exactly as `order-service migrate` does."""
-    from alembic import command
-    from alembic.config import Config
+    from service.store.schema import upgrade_to_head
 
-    config = Config(str(ROOT / "alembic.ini"))
-    config.set_main_option("script_location", str(ROOT / "migrations"))
-    config.set_main_option("sqlalchemy.url", f"postgresql+asyncpg://{user}@{host}:{port}/{dbname}")
-    command.upgrade(config, "head")
+    upgrade_to_head(f"postgresql+asyncpg://{user}@{host}:{port}/{dbname}")
 
 
 postgresql_noproc = factories.postgresql_noproc(

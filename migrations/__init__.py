@@ -1,0 +1,1 @@
+"""Alembic migrations; installed as `service.migrations`, found by `service.store.schema`."""

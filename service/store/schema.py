@@ -1,0 +1,39 @@
+"""The database schema: Alembic's `upgrade head`, run from the migrations that travel inside the package.
+
+The revisions live in the checkout's top-level `migrations/` and are installed as `service.migrations`, so an
+installed wheel migrates from any directory without an `alembic.ini`; `alembic` in the checkout still works.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import as_file, files
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.ext.asyncio import create_async_engine
+
+MIGRATIONS = "service.migrations"
+
+
+def upgrade_to_head(database_url: str) -> str:
+    """Apply every migration not yet applied; returns the head revision the schema is now at."""
+    with as_file(files(MIGRATIONS)) as location:
+        config = Config()
+        config.set_main_option("script_location", str(location))
+        # Config values are interpolated: a literal % in a password must be doubled.
+        config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+        command.upgrade(config, "head")
+        head = ScriptDirectory.from_config(config).get_current_head()
+    return head or "base"
+
+
+async def current_revision(database_url: str) -> str | None:
+    """The revision the database is at, or None when it was never migrated."""
+    engine = create_async_engine(database_url)
+    try:
+        async with engine.connect() as connection:
+            return await connection.run_sync(lambda sync: MigrationContext.configure(sync).get_current_revision())
+    finally:
+        await engine.dispose()
