@@ -97,10 +97,23 @@ def test_long_running_services_have_healthchecks_and_run_after_migrate(compose: 
         assert spec["depends_on"]["migrate"]["condition"] == "service_completed_successfully", name
 
 
-def test_the_platform_is_postgres_16_and_kafka_3_in_kraft_mode(compose: dict[str, Any]) -> None:
+def _local_kafka_version() -> str:
+    """The Kafka version scripts/kafka-local runs by default (and its pom's default)."""
+    script = (ROOT / "scripts" / "kafka-local").read_text()
+    version = re.search(r"VERSION=\$\{KAFKA_LOCAL_VERSION:-([\d.]+)\}", script)
+    pom = re.search(r"<kafka.version>([\d.]+)</kafka.version>", (ROOT / "scripts" / "kafka" / "pom.xml").read_text())
+    assert version and pom
+    assert version.group(1) == pom.group(1), "scripts/kafka-local and scripts/kafka/pom.xml name other versions"
+    return version.group(1)
+
+
+def test_the_platform_is_postgres_16_and_the_local_kafka_4_in_kraft_mode(compose: dict[str, Any]) -> None:
     services = compose["services"]
+    version = _local_kafka_version()
+    assert version.startswith("4.")
     assert services["postgres"]["image"].startswith("postgres:16")
-    assert re.match(r"apache/kafka:3\.\d+", services["kafka"]["image"])
+    assert services["kafka"]["image"] == f"apache/kafka:{version}"
+    assert services["kafka-topics"]["image"] == f"apache/kafka:{version}"
     assert "controller" in services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"]
     assert "KAFKA_ZOOKEEPER_CONNECT" not in services["kafka"]["environment"]
 
@@ -119,12 +132,33 @@ def test_the_topics_created_are_the_contract_topics(compose: dict[str, Any]) -> 
     }
 
 
-def test_the_image_runs_the_cli_with_migrations_inside() -> None:
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    assert 'ENTRYPOINT ["order-service"]' in dockerfile
-    for needed in ("service", "migrations", "alembic.ini", "pyproject.toml"):
-        assert needed in dockerfile
-        assert (ROOT / needed).exists()
+def _stages(dockerfile: str) -> list[str]:
+    """The Dockerfile's build stages, each from its FROM line to the next."""
+    return ["FROM" + part for part in re.split(r"^FROM", dockerfile, flags=re.MULTILINE)[1:]]
+
+
+def test_the_image_installs_the_built_wheel_with_hashed_pins_into_a_slim_non_root_stage() -> None:
+    build, final = _stages((ROOT / "Dockerfile").read_text())
+
+    assert "python -m build --wheel" in build
+    assert "pip install --no-deps /dist/order_service-*.whl" in build
+    assert "--require-hashes --no-deps -r requirements/runtime.txt" in build
+    assert "pip install -e" not in build + final
+    assert final.startswith("FROM python:3.11-slim\n")
+    assert "COPY --from=build /opt/order-service /opt/order-service" in final
+    assert not re.search(r"\b(gcc|build-essential|apt-get)\b", final), "the final stage installs no compilers"
+    assert re.search(r"^USER 10001$", final, flags=re.MULTILINE)
+    assert 'ENTRYPOINT ["order-service"]' in final
+    for copied in re.findall(r"^COPY (?!--from)(.+) \S+$", build, flags=re.MULTILINE):
+        for path in copied.split():
+            assert (ROOT / path).exists(), path
+
+
+def test_compose_migrates_with_the_image(compose: dict[str, Any]) -> None:
+    migrate = compose["services"]["migrate"]
+    assert migrate["image"] == "order-service:local"
+    assert migrate["build"] == "."
+    assert migrate["command"] == ["migrate"]
 
 
 def _exposed_names() -> set[str]:
