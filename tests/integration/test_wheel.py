@@ -4,6 +4,7 @@ index would run it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -12,6 +13,7 @@ import uuid
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
+from subprocess import PIPE
 
 import psycopg
 import pytest
@@ -101,17 +103,18 @@ async def test_the_installed_wheel_migrates_a_fresh_database_and_consumes_record
     env["PATH"] = f"{installed}{os.pathsep}{env.get('PATH', '')}"
 
     # Given a fresh database migrated by the installed command, run from a directory outside the checkout
-    migrated = subprocess.run(
-        [str(installed / "order-service"), "migrate"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    migrate = await asyncio.create_subprocess_exec(
+        installed / "order-service", "migrate", cwd=tmp_path, env=env, stdout=PIPE, stderr=PIPE
     )
-    assert migrated.returncode == 0, migrated.stderr
-    assert "latest revision" in migrated.stdout
+    out, err = await asyncio.wait_for(migrate.communicate(), timeout=120)
+    assert migrate.returncode == 0, err.decode()
+    assert "latest revision" in out.decode()
 
     # When it consumes a handful of orders
     await produce(kafka, topics.source, [(f"W-{n}", placed_order(f"W-{n}"), {}) for n in range(5)])
     log = (tmp_path / "consume.log").open("wb")
-    consumer = subprocess.Popen(
-        [str(installed / "order-service"), "consume"], cwd=tmp_path, env=env, stdout=log, stderr=log
+    consumer = await asyncio.create_subprocess_exec(
+        installed / "order-service", "consume", cwd=tmp_path, env=env, stdout=log, stderr=log
     )
     engine: AsyncEngine = make_engine(fresh_database)
     try:
@@ -123,7 +126,7 @@ async def test_the_installed_wheel_migrates_a_fresh_database_and_consumes_record
         assert orders == [{"order_id": f"W-{n}", "status": "placed"} for n in range(5)]
     finally:
         consumer.send_signal(signal.SIGTERM)
-        code = consumer.wait(timeout=60)
+        code = await asyncio.wait_for(consumer.wait(), timeout=60)
         log.close()
         await engine.dispose()
     assert code == 0, (tmp_path / "consume.log").read_text(errors="replace")[-3000:]

@@ -102,7 +102,8 @@ def _local_kafka_version() -> str:
     script = (ROOT / "scripts" / "kafka-local").read_text()
     version = re.search(r"VERSION=\$\{KAFKA_LOCAL_VERSION:-([\d.]+)\}", script)
     pom = re.search(r"<kafka.version>([\d.]+)</kafka.version>", (ROOT / "scripts" / "kafka" / "pom.xml").read_text())
-    assert version and pom
+    assert version
+    assert pom
     assert version.group(1) == pom.group(1), "scripts/kafka-local and scripts/kafka/pom.xml name other versions"
     return version.group(1)
 
