@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -143,6 +143,25 @@ async def produce(
                 headers=[(name, item.encode()) for name, item in headers.items()],
                 partition=partition,
             )
+    finally:
+        await producer.stop()
+
+
+async def produce_raw(
+    bootstrap: str,
+    topic: str,
+    records: Iterable[tuple[bytes | None, bytes | None, Sequence[tuple[str, bytes]]]],
+    partition: int | None = None,
+) -> None:
+    """Produce (key, value, headers) records exactly as these bytes, as a producer in another language could."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    await producer.start()
+    try:
+        sent = [
+            await producer.send(topic, value, key=key, headers=list(headers), partition=partition)
+            for key, value, headers in records
+        ]
+        await asyncio.gather(*sent)
     finally:
         await producer.stop()
 

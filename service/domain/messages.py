@@ -6,7 +6,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AwareDatetime,
@@ -16,12 +16,16 @@ from pydantic import (
     StringConstraints,
     TypeAdapter,
     ValidationError,
+    model_validator,
 )
 
 from service.domain.codes import ErrorCode
 
 NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
 Currency = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
+# What the store's columns hold: `orders.sequence` and `amount_cents` are bigint; text cannot hold NUL.
+BIGINT_MAX = 2**63 - 1
+Sequence = Annotated[int, Field(ge=1, le=BIGINT_MAX)]
 
 
 class _Message(BaseModel):
@@ -49,6 +53,12 @@ class OrderPlacedV1(_Message):
     currency: Currency
     items: list[Item] = Field(min_length=1, max_length=10_000)
 
+    @model_validator(mode="after")
+    def _total_fits_its_column(self) -> Self:
+        if self.amount_cents > BIGINT_MAX:
+            raise ValueError("the order total exceeds what amount_cents holds")
+        return self
+
     @property
     def amount_cents(self) -> int:
         """The order total."""
@@ -60,7 +70,7 @@ class OrderPlacedV2(OrderPlacedV1):
 
     schema_name: Literal["order.placed.v2"] = Field(alias="schema")  # type: ignore[assignment]
     placed_at: AwareDatetime
-    sequence: int | None = Field(default=None, ge=1)
+    sequence: Sequence | None = None
 
 
 class OrderShippedV1(_Message):
@@ -69,7 +79,7 @@ class OrderShippedV1(_Message):
     schema_name: Literal["order.shipped.v1"] = Field(alias="schema")
     carrier: NonEmpty
     tracking_number: NonEmpty
-    sequence: int | None = Field(default=None, ge=1)
+    sequence: Sequence | None = None
 
 
 class OrderCancelledV1(_Message):
@@ -77,7 +87,7 @@ class OrderCancelledV1(_Message):
 
     schema_name: Literal["order.cancelled.v1"] = Field(alias="schema")
     reason: NonEmpty
-    sequence: int | None = Field(default=None, ge=1)
+    sequence: Sequence | None = None
 
 
 OrderMessage = OrderPlacedV1 | OrderPlacedV2 | OrderShippedV1 | OrderCancelledV1
@@ -110,9 +120,14 @@ def decode(value: bytes | None) -> OrderMessage | DecodeFailure:
     if value is not None:
         try:
             # The common case in one pass (parse and validate in pydantic-core); failures are sorted out below.
-            return _ANY_MESSAGE.validate_json(value, strict=True)
+            message = _ANY_MESSAGE.validate_json(value, strict=True)
         except (ValidationError, RecursionError):
             pass
+        else:
+            # JSON can spell NUL only as the escape \u0000, so only a value holding that text needs the walk.
+            if b"\\u0000" in value and _holds_nul(message.model_dump()):
+                return DecodeFailure(code=ErrorCode.INVALID_FIELD, schema_name=message.schema_name)
+            return message
     try:
         document: Any = json.loads(value) if value is not None else None
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -128,11 +143,24 @@ def decode(value: bytes | None) -> OrderMessage | DecodeFailure:
         return DecodeFailure(code=ErrorCode.SCHEMA_UNSUPPORTED, schema_name=_safe_schema_name(schema_name))
     try:
         # Strict JSON validation: `"quantity": "2"` or `true` is an ill-typed field, not a number.
-        message = model.model_validate_json(value, strict=True)  # type: ignore[arg-type]
+        validated = model.model_validate_json(value, strict=True)  # type: ignore[arg-type]
     except ValidationError:
         return DecodeFailure(code=ErrorCode.INVALID_FIELD, schema_name=schema_name)
-    assert isinstance(message, OrderPlacedV1 | OrderShippedV1 | OrderCancelledV1)
-    return message
+    assert isinstance(validated, OrderPlacedV1 | OrderShippedV1 | OrderCancelledV1)
+    if _holds_nul(validated.model_dump()):
+        return DecodeFailure(code=ErrorCode.INVALID_FIELD, schema_name=schema_name)
+    return validated
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a text anywhere in a validated message holds NUL, which no text column can store."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(item) for item in value.values())
+    if isinstance(value, list):
+        return any(_holds_nul(item) for item in value)
+    return False
 
 
 _SCHEMA_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")

@@ -5,12 +5,13 @@ Only identifiers and codes go in: never exception text, payload fields or anythi
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from service.domain.codes import ErrorCode
-from service.policy.records import Coordinates, SourceRecord
+from service.policy.records import Coordinates, SourceRecord, id_bytes
 from service.policy.retry import AttemptHistory
 
 
@@ -49,16 +50,27 @@ def failure_envelope(
 ) -> Envelope:
     """Build the envelope of a record that failed; `origin` is where it was first read, at `timestamp_ms`."""
     when = record.timestamp if timestamp_ms is None else datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
+    source: dict[str, Any] = {
+        "topic": origin.topic,
+        "partition": origin.partition,
+        "offset": origin.offset,
+        "timestamp": iso(when),
+    }
+    # Keys and ids that are not text a reader can take as it is travel as their bytes in base64 (contract §8).
+    if record.key is not None and record.key_text is None:
+        source["keyBase64"] = base64.b64encode(record.key).decode("ascii")
+    else:
+        source["key"] = record.key_text
+    raw_id = id_bytes(record.message_id)
+    identity = (
+        {"messageIdBase64": base64.b64encode(raw_id).decode("ascii")}
+        if raw_id is not None
+        else {"messageId": record.message_id}
+    )
     document = {
         "failureId": origin.failure_id,
-        "messageId": record.message_id,
-        "source": {
-            "topic": origin.topic,
-            "partition": origin.partition,
-            "offset": origin.offset,
-            "timestamp": iso(when),
-            "key": record.key_text,
-        },
+        **identity,
+        "source": source,
         "consumer": consumer,
         "attempt": history.attempts,
         "firstFailedAt": iso(history.first_failed_at),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -9,6 +11,12 @@ from typing import NamedTuple
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 _MAX_MESSAGE_ID = 300
+# A message id whose header bytes are not text a column can hold (invalid UTF-8, or NUL) is this prefix and the
+# bytes in base64; a text id that starts with the prefix is encoded the same way, so no two byte strings share one.
+BYTES_PREFIX = "base64:"
+# A longer key is not taken as text: keys are indexed (parked records, held keys, the outbox), and a b-tree
+# entry holds at most about 2,700 bytes. Order ids are at most 200 characters.
+_MAX_KEY_TEXT = 512
 
 
 class Coordinates(NamedTuple):
@@ -38,19 +46,18 @@ class SourceRecord:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
-    key_text: str | None = field(init=False)  # the key as text (the order id), None when missing or not UTF-8
+    # The key as text (the order id); None when missing, not UTF-8, holding NUL (no text column can store it) or
+    # longer than 512 bytes.
+    key_text: str | None = field(init=False)
     # The producer's `message-id` header, else the coordinates: two records with one id have one effect.
     message_id: str = field(init=False)
     # The W3C trace id from `traceparent`, only when well formed (it ends up in envelopes and logs).
     trace_id: str | None = field(init=False)
 
     def __post_init__(self) -> None:
-        self.key_text = _text(self.key)
-        given = self.header("message-id") if self.headers else None
-        if given and given.strip() and len(given) <= _MAX_MESSAGE_ID:
-            self.message_id = given.strip()
-        else:
-            self.message_id = f"{self.topic}/{self.partition}/{self.offset}"
+        self.key_text = _text(self.key) if self.key is not None and len(self.key) <= _MAX_KEY_TEXT else None
+        given = message_id_of(self.raw_header("message-id")) if self.headers else None
+        self.message_id = given or f"{self.topic}/{self.partition}/{self.offset}"
         self.trace_id = _trace_id(self.header("traceparent")) if self.headers else None
 
     @property
@@ -59,10 +66,14 @@ class SourceRecord:
         return Coordinates(self.topic, self.partition, self.offset)
 
     def header(self, name: str) -> str | None:
-        """The last value of a header as text, or None when absent or not UTF-8."""
+        """The last value of a header as text, or None when absent, not UTF-8 or holding NUL."""
+        return _text(self.raw_header(name))
+
+    def raw_header(self, name: str) -> bytes | None:
+        """The last value of a header, as its bytes."""
         for key, value in reversed(self.headers):
             if key == name:
-                return _text(value)
+                return value
         return None
 
     @property
@@ -71,13 +82,44 @@ class SourceRecord:
         return datetime.fromtimestamp(self.timestamp_ms / 1000, tz=UTC)
 
 
+def message_id_of(raw: bytes | None) -> str | None:
+    """The message id a `message-id` header's bytes give; None when they give none (empty, blank, too long).
+
+    Text is kept as it is (trimmed); other bytes become `base64:<bytes>`, so that they are stored, compared and
+    shown exactly (contract §8: `messageIdBase64`).
+    """
+    if raw is None or len(raw) > _MAX_MESSAGE_ID * 4:
+        return None
+    text = _text(raw)
+    if text is not None:
+        text = text.strip()
+        if not text or len(text) > _MAX_MESSAGE_ID:
+            return None
+        if not text.startswith(BYTES_PREFIX):
+            return text
+    elif not raw.strip() or len(raw) > _MAX_MESSAGE_ID:
+        return None
+    return BYTES_PREFIX + base64.b64encode(raw).decode("ascii")
+
+
+def id_bytes(message_id: str) -> bytes | None:
+    """The header bytes behind a `base64:` message id; None for a text id."""
+    if not message_id.startswith(BYTES_PREFIX):
+        return None
+    try:
+        return base64.b64decode(message_id[len(BYTES_PREFIX) :], validate=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
 def _text(value: bytes | None) -> str | None:
     if value is None:
         return None
     try:
-        return value.decode("utf-8")
+        text = value.decode("utf-8")
     except UnicodeDecodeError:
         return None
+    return None if "\x00" in text else text
 
 
 def _trace_id(parent: str | None) -> str | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from service.domain.codes import ErrorCode
-from service.policy.records import Coordinates, SourceRecord
+from service.policy.records import Coordinates, SourceRecord, id_bytes
 from service.policy.retry import AttemptHistory
 
 _OURS = frozenset(
@@ -66,9 +66,10 @@ def tier_headers(
 ) -> list[tuple[str, bytes]]:
     """Headers of the copy sent to a retry tier; the record's own headers are kept (traceparent)."""
     kept = [(name, value) for name, value in record.headers if name not in _OURS]
+    # The id's own bytes, so that the copy is read back as the same message id.
     return [
         *kept,
-        ("message-id", message_id.encode()),
+        ("message-id", id_bytes(message_id) or message_id.encode()),
         ("failure-id", origin.failure_id.encode()),
         ("origin-timestamp", str(origin_timestamp_ms).encode()),
         ("retry-attempt", str(history.attempts).encode()),

@@ -46,7 +46,7 @@ COLUMNS = Columns(
     ("status", "text"),
     ("amount_cents", "bigint"),
     ("currency", "text"),
-    ("sequence", "int"),
+    ("sequence", "bigint"),
     ("details", "jsonb"),
 )
 CREATE_ROWS = f"""

@@ -10,6 +10,7 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.policy.headers import Headers, from_json
 from service.store.recordset import Columns
 
 
@@ -19,7 +20,8 @@ class OutboxMessage:
 
     topic: str
     key: str | None
-    headers: dict[str, str]
+    # Our own headers as {name: text}; a copy's original headers as `service.policy.headers.to_json` stores them.
+    headers: dict[str, str] | list[list[str]]
     payload: bytes
 
     @staticmethod
@@ -35,7 +37,7 @@ class ClaimedRow:
     id: int
     topic: str
     key: str | None
-    headers: dict[str, str]
+    headers: Headers
     payload: bytes
 
 
@@ -82,7 +84,7 @@ async def claim(connection: AsyncConnection, limit: int) -> list[ClaimedRow]:
     claim, so two relays never publish one key's messages out of order.
     """
     result = await connection.execute(_CLAIM, {"limit": limit})
-    rows = [ClaimedRow(r.id, r.topic, r.key, dict(r.headers), bytes(r.payload)) for r in result]
+    rows = [ClaimedRow(r.id, r.topic, r.key, from_json(r.headers), bytes(r.payload)) for r in result]
     keys = sorted({row.key for row in rows if row.key is not None})
     if not keys:
         return rows

@@ -60,7 +60,7 @@ orders = Table(
     Column("status", String(16), nullable=False),
     Column("amount_cents", BigInteger, nullable=False),
     Column("currency", String(3), nullable=False),
-    Column("sequence", Integer),
+    Column("sequence", BigInteger),
     Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),

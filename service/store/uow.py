@@ -15,10 +15,23 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransactio
 
 from service.errors import InfrastructureUnavailable
 
+# SQLSTATEs that say the server is going away or not taking connections, whatever class the driver maps them to:
+# class 08 (connection exception), admin and crash shutdown, "cannot connect now" (starting up or shutting
+# down) and too many connections. Matching classes alone let `CannotConnectNowError` through.
+_UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    state = getattr(getattr(error, "orig", None), "sqlstate", None) or getattr(error, "sqlstate", None)
+    return state if isinstance(state, str) else None
+
 
 def is_unavailable(error: BaseException) -> bool:
     """True for errors that say the database cannot be reached, not that a statement is wrong."""
     if isinstance(error, exc.DBAPIError) and error.connection_invalidated:
+        return True
+    state = _sqlstate(error)
+    if state is not None and (state.startswith("08") or state in _UNAVAILABLE_STATES):
         return True
     return isinstance(error, exc.OperationalError | exc.InterfaceError | exc.DisconnectionError | OSError)
 

@@ -36,6 +36,7 @@ from service.policy import ordering, redelivery
 from service.policy.backpressure import BackpressurePolicy, pause_for
 from service.policy.classify import Action, Failure, classify
 from service.policy.envelope import event_headers, failure_envelope, iso
+from service.policy.headers import from_json, to_json
 from service.policy.owners import owner_for, parse_owners
 from service.policy.records import Coordinates, SourceRecord
 from service.policy.retry import AttemptHistory, RetryPolicy
@@ -221,8 +222,10 @@ class Processor:
             timestamp_ms=parked.timestamp_ms,
             key=parked.order_key.encode(),
             value=parked.value,
-            headers=tuple((name, value.encode()) for name, value in parked.headers),
+            headers=from_json(parked.headers),
         )
+        # The id it was parked under, computed once at the source: never recomputed from a copy.
+        record.message_id = parked.message_id
         return Pending(record, decode(record.value), record.coordinates, record.timestamp_ms, stored.id)
 
     async def releasable(self, busy: set[str], keys: int = 50, per_key: int = 100) -> list[Pending]:
@@ -533,7 +536,7 @@ class Processor:
                 source_offset=record.offset,
                 timestamp_ms=record.timestamp_ms,
                 value=record.value,
-                headers=[[name, value.decode("utf-8", "replace")] for name, value in record.headers],
+                headers=to_json(record.headers),
             )
         )
         write.outcomes.append((pending, Outcome.PARKED, None))
@@ -556,9 +559,7 @@ class Processor:
         )
         topic = self._topics.retry(format_duration(pending.next_tier))
         value = pending.record.value or b""
-        write.messages.append(
-            OutboxMessage(topic, pending.key, {name: v.decode("utf-8", "replace") for name, v in headers}, value)
-        )
+        write.messages.append(OutboxMessage(topic, pending.key, to_json(headers), value))
         write.retrying.append(
             RetryRow(
                 message_id=pending.message_id,
@@ -622,7 +623,7 @@ class Processor:
                 order_key=key,
                 envelope=envelope.document,
                 payload=pending.record.value,
-                source_headers=[[name, value.decode("utf-8", "replace")] for name, value in pending.record.headers],
+                source_headers=to_json(pending.record.headers),
                 attempts=history.attempts,
                 first_failed_at=history.first_failed_at,
                 last_failed_at=history.last_failed_at,

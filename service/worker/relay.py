@@ -75,9 +75,8 @@ class Relay:
                 return 0
             sent = []
             for row in rows:
-                headers = [(name, value.encode()) for name, value in row.headers.items()]
                 key = row.key.encode() if row.key is not None else None
-                sent.append(await producer.send(row.topic, row.payload, key=key, headers=headers))
+                sent.append(await producer.send(row.topic, row.payload, key=key, headers=list(row.headers)))
             await asyncio.gather(*sent)
             crash_point("after-publish", self._settings.fault_crash_at)
             await outbox.mark_published(uow.connection, [row.id for row in rows])

@@ -24,6 +24,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
 from service.domain.messages import DecodeFailure, decode
+from service.policy.headers import from_json, to_json
+from service.policy.records import id_bytes
 from service.stopping import sleep_unless_stopped
 from service.store import outbox
 from service.store import reprocess as store
@@ -213,19 +215,22 @@ class Reprocessor:
             c = uow.connection
             item.before = await store.state_of(c, self._consumer, candidate)
             item.attempt = await store.attempts_so_far(c, candidate.failure_id) + 1
-            headers = {name: value for name, value in candidate.source_headers if name not in _OUR_HEADERS}
-            headers |= {
-                "message-id": candidate.message_id,
-                "failure-id": candidate.failure_id,
-                "reprocess-run-id": run_id,
-                "reprocess-attempt": str(item.attempt),
-            }
+            original = from_json(candidate.source_headers)
+            headers = [(name, value) for name, value in original if name not in _OUR_HEADERS]
+            # The id's own bytes, so that the copy is read back as the same message id.
+            identity = id_bytes(candidate.message_id) or candidate.message_id.encode()
+            headers += [
+                ("message-id", identity),
+                ("failure-id", candidate.failure_id.encode()),
+                ("reprocess-run-id", run_id.encode()),
+                ("reprocess-attempt", str(item.attempt).encode()),
+            ]
             stamp = _epoch_ms(candidate.envelope.get("source", {}).get("timestamp"))
             if stamp is not None:
-                headers["origin-timestamp"] = str(stamp)
+                headers.append(("origin-timestamp", str(stamp).encode()))
             topic = self._settings.topics.reprocess
             [item.outbox_id] = await outbox.add(
-                c, [OutboxMessage(topic, candidate.order_key, headers, candidate.payload or b"")]
+                c, [OutboxMessage(topic, candidate.order_key, to_json(headers), candidate.payload or b"")]
             )
             await store.add_item(
                 c,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -76,8 +77,8 @@ def test_the_message_id_is_the_producers_message_id_header() -> None:
         pytest.param((), id="no-header"),
         pytest.param((("message-id", b""),), id="empty"),
         pytest.param((("message-id", b"   "),), id="blank"),
-        pytest.param((("message-id", b"\xff\xfe"),), id="not-utf8"),
         pytest.param((("message-id", b"m" * 10_000),), id="too-long"),
+        pytest.param((("message-id", b"\xff" * 301),), id="too-long-bytes"),
         pytest.param((("Message-Id-Other", b"A-1001.2/order.shipped"),), id="other-header"),
     ],
 )
@@ -85,6 +86,11 @@ def test_without_a_usable_message_id_header_the_message_id_is_topic_partition_of
     headers: tuple[tuple[str, bytes], ...],
 ) -> None:
     assert record(headers=headers).message_id == "orders/12/884193"
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xfe", b"A\x00B", b"base64:QQ=="])
+def test_a_message_id_header_that_is_not_plain_text_is_its_bytes_in_base64(raw: bytes) -> None:
+    assert record(headers=(("message-id", raw),)).message_id == "base64:" + base64.b64encode(raw).decode()
 
 
 def test_two_records_with_the_same_message_id_header_share_one_message_id_whatever_their_offsets() -> None:
@@ -210,20 +216,53 @@ def test_a_moment_in_any_zone_is_written_in_utc_with_a_z(moment: datetime) -> No
     assert parse_z(written) == moment
 
 
-def test_a_record_without_a_readable_key_has_a_null_source_key() -> None:
-    for key in (None, b"\xff\xfe"):
-        source = record(key=key)
-        envelope = failure_envelope(
-            source,
-            source.coordinates,
-            consumer="order-service",
-            history=history(1),
-            code=ErrorCode.MALFORMED_PAYLOAD,
-            payload_schema=None,
-        )
+def test_a_record_without_a_key_has_a_null_source_key() -> None:
+    source = record(key=None)
+    envelope = failure_envelope(
+        source,
+        source.coordinates,
+        consumer="order-service",
+        history=history(1),
+        code=ErrorCode.MALFORMED_PAYLOAD,
+        payload_schema=None,
+    )
 
-        assert envelope.document["source"]["key"] is None
-        assert envelope.document["payloadSchema"] is None
+    assert envelope.document["source"]["key"] is None
+    assert "keyBase64" not in envelope.document["source"]
+    assert envelope.document["payloadSchema"] is None
+
+
+@pytest.mark.parametrize("key", [b"\xff\xfe", b"\x00\x00\x00\x00\x00\x0009", b"A-1\x00"])
+def test_a_key_that_is_not_text_without_nul_travels_as_base64_and_never_as_source_key(key: bytes) -> None:
+    source = record(key=key)
+    envelope = failure_envelope(
+        source,
+        source.coordinates,
+        consumer="order-service",
+        history=history(1),
+        code=ErrorCode.MALFORMED_PAYLOAD,
+        payload_schema=None,
+    )
+
+    assert "key" not in envelope.document["source"]
+    assert base64.b64decode(envelope.document["source"]["keyBase64"]) == key
+
+
+def test_a_message_id_of_bytes_travels_as_message_id_base64() -> None:
+    source = record(headers=(("message-id", b"\xffA\x00"),))
+    envelope = failure_envelope(
+        source,
+        source.coordinates,
+        consumer="order-service",
+        history=history(1),
+        code=ErrorCode.MALFORMED_PAYLOAD,
+        payload_schema=None,
+    )
+
+    assert "messageId" not in envelope.document
+    assert base64.b64decode(envelope.document["messageIdBase64"]) == b"\xffA\x00"
+    assert envelope.headers()["message-id"] == source.message_id
+    assert "\x00" not in json.dumps(envelope.document)
 
 
 def test_the_envelope_headers_are_exactly_failure_id_message_id_and_error_code() -> None:
