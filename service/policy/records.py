@@ -13,7 +13,7 @@ _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}
 _MAX_MESSAGE_ID = 300
 # A message id whose header bytes are not text a column can hold (invalid UTF-8, or NUL) is this prefix and the
 # bytes in base64; a text id that starts with the prefix is encoded the same way, so no two byte strings share one.
-BYTES_PREFIX = "base64:"
+BYTES_PREFIX = "base64:"  # (7 characters: message_id_of compares a slice, cheaper than startswith)
 # A longer key is not taken as text: keys are indexed (parked records, held keys, the outbox), and a b-tree
 # entry holds at most about 2,700 bytes. Order ids are at most 200 characters.
 _MAX_KEY_TEXT = 512
@@ -67,7 +67,10 @@ class SourceRecord:
 
     def header(self, name: str) -> str | None:
         """The last value of a header as text, or None when absent, not UTF-8 or holding NUL."""
-        return _text(self.raw_header(name))
+        for key, value in reversed(self.headers):
+            if key == name:
+                return _text(value)
+        return None
 
     def raw_header(self, name: str) -> bytes | None:
         """The last value of a header, as its bytes."""
@@ -88,14 +91,17 @@ def message_id_of(raw: bytes | None) -> str | None:
     Text is kept as it is (trimmed); other bytes become `base64:<bytes>`, so that they are stored, compared and
     shown exactly (contract §8: `messageIdBase64`).
     """
-    if raw is None or len(raw) > _MAX_MESSAGE_ID * 4:
+    if raw is None:
         return None
-    text = _text(raw)
-    if text is not None:
+    try:
+        text: str | None = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and "\x00" not in text:
         text = text.strip()
         if not text or len(text) > _MAX_MESSAGE_ID:
             return None
-        if not text.startswith(BYTES_PREFIX):
+        if text[:7] != BYTES_PREFIX:
             return text
     elif not raw.strip() or len(raw) > _MAX_MESSAGE_ID:
         return None
