@@ -25,7 +25,7 @@ from service.containers import Container
 from service.durations import parse_duration
 from service.errors import InfrastructureUnavailable
 from service.runtime import collect_garbage, tune_garbage_collector
-from service.store import parking, quarantine
+from service.store import outbox, parking, quarantine
 from service.store.uow import UnitOfWork
 from service.worker.reprocess import Options, Selection
 
@@ -51,6 +51,8 @@ quarantine_app = typer.Typer(help="Operate the quarantine queue.", no_args_is_he
 app.add_typer(quarantine_app, name="quarantine")
 parked_app = typer.Typer(help="Records parked behind a held key (ORDERS_ORDERING=key).", no_args_is_help=True)
 app.add_typer(parked_app, name="parked")
+outbox_app = typer.Typer(help="Outbox rows the relay set aside (Kafka refused them).", no_args_is_help=True)
+app.add_typer(outbox_app, name="outbox")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -533,6 +535,34 @@ def parked_release(
         _print_json({"key": key, "released": released})
         return
     typer.echo(f"{key}: released" if released else f"{key}: was not blocked (nothing to release)")
+
+
+@outbox_app.command("set-aside")
+def outbox_set_aside(as_json: JsonFlag = False) -> None:
+    """Rows Kafka refused for their content (too large): the relay passes over them; oldest first."""
+    settings = _settings()
+    found = _run(lambda _: _read(settings, lambda c: outbox.set_aside_rows(c)))
+    if as_json:
+        _print_json([asdict(row) for row in found])
+        return
+    table = Table("outbox id", "topic", "key", "code", "bytes", "set aside")
+    for row in found:
+        table.add_row(str(row.id), row.topic, row.key or "", row.code, str(row.payload_bytes), _age(row.set_aside_at))
+    Console().print(table)
+
+
+@outbox_app.command("put-back")
+def outbox_put_back(
+    row_id: Annotated[int, typer.Argument(metavar="ID", help="The outbox id `outbox set-aside` shows.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Hand a set-aside row to the relay again, once the broker takes it (e.g. its size limit was raised)."""
+    settings = _settings()
+    done = _run(lambda _: _read(settings, lambda c: outbox.put_back(c, row_id), commit=True))
+    if as_json:
+        _print_json({"id": row_id, "put_back": done})
+        return
+    typer.echo(f"{row_id}: handed to the relay again" if done else f"{row_id}: no set-aside row with this id")
 
 
 def main() -> None:

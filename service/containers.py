@@ -114,6 +114,7 @@ class Container(containers.DeclarativeContainer):
     )
     kafka_consumer = providers.Factory(kafka.make_consumer, settings=settings)
     kafka_producer = providers.Factory(kafka.make_producer, settings=settings)
+    one_by_one_producer = providers.Factory(kafka.make_producer, settings=settings, idempotent=False)
     consumer_loop = providers.Factory(
         ConsumerLoop,
         processor=processor,
@@ -148,7 +149,12 @@ class Container(containers.DeclarativeContainer):
         lag=providers.Callable(_reprocess_lag, settings),
     )
     relay = providers.Factory(
-        Relay, settings=settings, engine=engine, metrics=metrics, make_producer=kafka_producer.provider
+        Relay,
+        settings=settings,
+        engine=engine,
+        metrics=metrics,
+        make_producer=kafka_producer.provider,
+        make_one_by_one_producer=one_by_one_producer.provider,
     )
     readiness = providers.Callable(functools.partial, _ready, engine, settings)
     gauges = providers.Factory(

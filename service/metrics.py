@@ -57,6 +57,9 @@ class Metrics:
             "orders_quarantine_oldest_age_seconds", "Age of the oldest unresolved quarantine record.", registry=r
         )
         self.outbox_pending = Gauge("orders_outbox_pending", "Outbox rows not yet published.", registry=r)
+        self.outbox_set_aside = Gauge(
+            "orders_outbox_set_aside", "Outbox rows Kafka refused for their content, set aside.", registry=r
+        )
         self.outbox_oldest = Gauge(
             "orders_outbox_oldest_age_seconds", "Age of the oldest unpublished outbox row.", registry=r
         )

@@ -42,15 +42,28 @@ def make_consumer(settings: Settings) -> AIOKafkaConsumer:
     )
 
 
-def make_producer(settings: Settings) -> AIOKafkaProducer:
-    """An idempotent producer: broker-side retries never duplicate or reorder a partition's messages."""
+# The client checks a message's size before compression; the broker checks the compressed batch against its
+# `message.max.bytes`. A source record the broker took compressed (a large, repetitive order) must be able to
+# go to a retry tier: the client lets through up to this much, gzip shrinks it, and the broker has the last
+# word (a refusal sets the row aside, see service/worker/relay.py).
+MAX_UNCOMPRESSED_MESSAGE = 32 * 1024 * 1024
+
+
+def make_producer(settings: Settings, *, idempotent: bool = True) -> AIOKafkaProducer:
+    """An idempotent producer: broker-side retries never duplicate or reorder a partition's messages.
+
+    `idempotent=False` is for records sent one at a time and awaited each: a refused record does not break the
+    sequence numbers of the records after it, as it does for an idempotent producer.
+    """
     return AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap_servers,
         client_id=f"{settings.consumer_name}-relay",
-        enable_idempotence=True,
+        enable_idempotence=idempotent,
         acks="all",
         linger_ms=5,
         request_timeout_ms=15_000,
+        compression_type="gzip",
+        max_request_size=MAX_UNCOMPRESSED_MESSAGE,
     )
 
 

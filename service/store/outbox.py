@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -40,6 +41,11 @@ class ClaimedRow:
     headers: Headers
     payload: bytes
 
+    @property
+    def size(self) -> int:
+        """The bytes of the payload and the headers, before compression."""
+        return len(self.payload) + sum(len(name) + len(value) for name, value in self.headers)
+
 
 async def add(connection: AsyncConnection, messages: Sequence[OutboxMessage]) -> list[int]:
     """Add messages in the caller's transaction; return their row ids."""
@@ -60,7 +66,7 @@ _ADD = text(ADD_ROWS + "\n    RETURNING id")
 _CLAIM = text(
     """
     SELECT id, topic, key, headers, payload FROM outbox
-    WHERE published_at IS NULL ORDER BY id LIMIT :limit
+    WHERE published_at IS NULL AND set_aside_at IS NULL ORDER BY id LIMIT :limit
     FOR UPDATE SKIP LOCKED
     """
 )
@@ -68,12 +74,26 @@ _CLAIM = text(
 _BARRIERS = text(
     """
     SELECT key, min(id) FROM outbox
-    WHERE published_at IS NULL AND key = ANY(CAST(:keys AS text[])) AND id <> ALL(CAST(:claimed AS bigint[]))
+    WHERE published_at IS NULL AND set_aside_at IS NULL
+      AND key = ANY(CAST(:keys AS text[])) AND id <> ALL(CAST(:claimed AS bigint[]))
     GROUP BY key
     """
 )
 _UNPUBLISHED = text("SELECT id FROM outbox WHERE published_at IS NULL AND id = ANY(CAST(:ids AS bigint[]))")
 _MARK = text("UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:ids AS bigint[]))")
+_SET_ASIDE = text(
+    "UPDATE outbox SET set_aside_at = now(), set_aside_code = :code WHERE id = ANY(CAST(:ids AS bigint[]))"
+)
+_SET_ASIDE_ROWS = text(
+    """
+    SELECT id, topic, key, set_aside_code AS code, set_aside_at, created_at, length(payload) AS payload_bytes
+    FROM outbox WHERE set_aside_at IS NOT NULL AND published_at IS NULL ORDER BY id LIMIT :limit
+    """
+)
+_PUT_BACK = text(
+    "UPDATE outbox SET set_aside_at = NULL, set_aside_code = NULL"
+    " WHERE id = :id AND set_aside_at IS NOT NULL AND published_at IS NULL"
+)
 
 
 async def claim(connection: AsyncConnection, limit: int) -> list[ClaimedRow]:
@@ -104,3 +124,34 @@ async def mark_published(connection: AsyncConnection, ids: Sequence[int]) -> Non
     """Mark rows published in the claiming transaction."""
     if ids:
         await connection.execute(_MARK, {"ids": list(ids)})
+
+
+async def set_aside(connection: AsyncConnection, ids: Sequence[int], code: str) -> None:
+    """Take claimed rows Kafka refused for their content out of the relay's way, with the reason."""
+    if ids:
+        await connection.execute(_SET_ASIDE, {"ids": list(ids), "code": code})
+
+
+@dataclass(frozen=True)
+class SetAsideRow:
+    """A row the relay set aside, as operators list it (no payload)."""
+
+    id: int
+    topic: str
+    key: str | None
+    code: str
+    set_aside_at: datetime
+    created_at: datetime
+    payload_bytes: int
+
+
+async def set_aside_rows(connection: AsyncConnection, limit: int = 100) -> list[SetAsideRow]:
+    """The rows set aside and not published, oldest first."""
+    result = await connection.execute(_SET_ASIDE_ROWS, {"limit": limit})
+    return [SetAsideRow(**row._mapping) for row in result]
+
+
+async def put_back(connection: AsyncConnection, row_id: int) -> bool:
+    """Hand a set-aside row to the relay again (after the broker's limit was raised); False if there is none."""
+    result = await connection.execute(_PUT_BACK, {"id": row_id})
+    return bool(result.rowcount)

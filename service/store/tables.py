@@ -78,8 +78,12 @@ outbox = Table(
     Column("payload", LargeBinary, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("published_at", DateTime(timezone=True)),
+    # A row Kafka refused for its content (too large, invalid): the relay passes over it (runbook).
+    Column("set_aside_at", DateTime(timezone=True)),
+    Column("set_aside_code", Text),
     # The relay only ever looks at unpublished rows: keep that index small.
     Index("ix_outbox_unpublished", "id", postgresql_where=text("published_at IS NULL")),
+    Index("ix_outbox_set_aside", "id", postgresql_where=text("set_aside_at IS NOT NULL")),
     Index("ix_outbox_unpublished_key", "key", "id", postgresql_where=text("published_at IS NULL")),
 )
 

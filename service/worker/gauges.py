@@ -26,7 +26,11 @@ _QUERIES = {
     "quarantine_oldest": (
         "SELECT extract(epoch FROM now() - min(first_failed_at)) FROM quarantine WHERE status = 'open'"
     ),
-    "outbox": ("SELECT count(*), extract(epoch FROM now() - min(created_at)) FROM outbox WHERE published_at IS NULL"),
+    "outbox": (
+        "SELECT count(*), extract(epoch FROM now() - min(created_at)) FROM outbox"
+        " WHERE published_at IS NULL AND set_aside_at IS NULL"
+    ),
+    "outbox_set_aside": "SELECT count(*) FROM outbox WHERE set_aside_at IS NOT NULL AND published_at IS NULL",
     # `sent` only grows with history, so it is not counted here (its rate is orders_effect_outcomes_total);
     # the unfinished states are a short range of the (state, next_attempt_at) index.
     "effects": "SELECT state, count(*) FROM effects WHERE state IN ('pending', 'in_flight', 'uncertain') GROUP BY 1",
@@ -81,6 +85,8 @@ class GaugeRefresher:
             [(pending, outbox_oldest)] = await rows("outbox")
             m.outbox_pending.set(_number(pending))
             m.outbox_oldest.set(_number(outbox_oldest))
+            [(set_aside,)] = await rows("outbox_set_aside")
+            m.outbox_set_aside.set(_number(set_aside))
             states = dict.fromkeys(_EFFECT_STATES, 0.0) | {state: _number(n) for state, n in await rows("effects")}
             for state, count in states.items():
                 m.effects.labels(state=state).set(count)

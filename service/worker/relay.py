@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.adapters.kafka import start_with_backoff
@@ -21,11 +22,15 @@ from service.faults import crash_point
 from service.metrics import Metrics
 from service.stopping import sleep_unless_stopped
 from service.store import outbox
+from service.store.outbox import ClaimedRow
 from service.store.uow import UnitOfWork
 
 log = structlog.get_logger("order_service.relay")
 
 _IDLE_POLL_SECONDS = 0.2
+# The errors that say Kafka will never take this record as it is, whatever the retry.
+_TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
+SET_ASIDE_TOO_LARGE = "MESSAGE_TOO_LARGE"
 
 
 class Relay:
@@ -37,11 +42,14 @@ class Relay:
         engine: AsyncEngine,
         metrics: Metrics,
         make_producer: Callable[[], AIOKafkaProducer],
+        make_one_by_one_producer: Callable[[], AIOKafkaProducer],
     ) -> None:
         self._settings = settings
         self._engine = engine
         self._metrics = metrics
         self._make_producer = make_producer
+        self._make_one_by_one_producer = make_one_by_one_producer
+        self.spoiled = False  # the producer must be replaced (a refused record broke its sequence numbers)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Publish until `stop` is set; a broker or database outage is waited out, never a crash."""
@@ -51,12 +59,16 @@ class Relay:
             if not await start_with_backoff(producer.start, stop, "relay"):
                 return
             log.info("relay_started")
+            replaced = False
             try:
-                while not stop.is_set():
+                while not stop.is_set() and not self.spoiled:
                     published = await self.publish_once(producer)
                     delay = 1.0
                     if published == 0:
                         await sleep_unless_stopped(stop, _IDLE_POLL_SECONDS)
+                if self.spoiled:
+                    self.spoiled, replaced = False, True
+                    log.info("relay_producer_replaced", reason="a record was refused for its size")
             except InfrastructureUnavailable:
                 log.warning("database_unavailable", retry_in_seconds=delay)
             except KafkaError as error:
@@ -64,22 +76,80 @@ class Relay:
                 log.warning("kafka_publish_failed", error=type(error).__name__, retry_in_seconds=delay)
             finally:
                 await producer.stop()
+            if replaced:
+                continue
             await sleep_unless_stopped(stop, delay)
             delay = min(delay * 2, 30.0)
 
     async def publish_once(self, producer: AIOKafkaProducer) -> int:
-        """Publish one claimed batch; return how many rows were published."""
+        """Publish one claimed batch; return how many rows were published or set aside."""
         async with UnitOfWork(self._engine) as uow:
             rows = await outbox.claim(uow.connection, self._settings.relay_batch_size)
             if not rows:
                 return 0
-            sent = []
-            for row in rows:
-                key = row.key.encode() if row.key is not None else None
-                sent.append(await producer.send(row.topic, row.payload, key=key, headers=list(row.headers)))
-            await asyncio.gather(*sent)
+            outcomes = await _send_all(producer, rows)
+            published = [row for row, outcome in zip(rows, outcomes, strict=True) if outcome is None]
+            failed = [(row, outcome) for row, outcome in zip(rows, outcomes, strict=True) if outcome is not None]
+            refused: list[ClaimedRow] = []
+            if failed:
+                if not any(isinstance(outcome, _TOO_LARGE) for _, outcome in failed):
+                    raise failed[0][1]
+                # After a refusal the idempotent producer's sequence for that partition is broken (the records
+                # after it fail `OutOfOrderSequenceNumber`): it is replaced, and the failed rows go one by one.
+                self.spoiled = True
+                more, refused = await self._one_by_one([row for row, _ in failed])
+                published += more
             crash_point("after-publish", self._settings.fault_crash_at)
-            await outbox.mark_published(uow.connection, [row.id for row in rows])
+            await outbox.mark_published(uow.connection, [row.id for row in published])
+            await outbox.set_aside(uow.connection, [row.id for row in refused], SET_ASIDE_TOO_LARGE)
             await uow.commit()
-        self._metrics.published.inc(len(rows))
+        self._metrics.published.inc(len(published))
+        for row in refused:
+            # Ids, topic and size only: the row's content is whatever a producer sent.
+            log.warning(
+                "outbox_row_set_aside", outbox_id=row.id, topic=row.topic, code=SET_ASIDE_TOO_LARGE, bytes=row.size
+            )
         return len(rows)
+
+    async def _one_by_one(self, rows: list[ClaimedRow]) -> tuple[list[ClaimedRow], list[ClaimedRow]]:
+        """Send each row alone and await it; return those Kafka took and those it refused for their size.
+
+        Any other error propagates: the round is rolled back and claimed again (rows that went out go out again,
+        with the same ids: at least once). In id order, so each key's rows keep their order.
+        """
+        producer = self._make_one_by_one_producer()
+        await producer.start()
+        published: list[ClaimedRow] = []
+        refused: list[ClaimedRow] = []
+        try:
+            for row in rows:
+                try:
+                    await (await _send_row(producer, row))
+                except _TOO_LARGE:
+                    refused.append(row)
+                else:
+                    published.append(row)
+        finally:
+            await producer.stop()
+        return published, refused
+
+
+async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[BaseException | None]:
+    """Send the rows at once; each one's error, or None once Kafka acknowledged it."""
+    outcomes: list[BaseException | None] = [None] * len(rows)
+    sending: list[tuple[int, asyncio.Future[Any]]] = []
+    for index, row in enumerate(rows):
+        try:
+            sending.append((index, await _send_row(producer, row)))
+        except _TOO_LARGE as error:  # refused by the client's own size check, before it was sent
+            outcomes[index] = error
+    results = await asyncio.gather(*(future for _, future in sending), return_exceptions=True)
+    for (index, _), result in zip(sending, results, strict=True):
+        outcomes[index] = result if isinstance(result, BaseException) else None
+    return outcomes
+
+
+async def _send_row(producer: AIOKafkaProducer, row: ClaimedRow) -> asyncio.Future[Any]:
+    key = row.key.encode() if row.key is not None else None
+    future: asyncio.Future[Any] = await producer.send(row.topic, row.payload, key=key, headers=list(row.headers))
+    return future

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 from collections import Counter
 from pathlib import Path
 
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.config import Settings
 from service.policy.records import SourceRecord
+from service.store import outbox
+from service.store.outbox import OutboxMessage
+from service.store.uow import UnitOfWork
 from tests.support import (
     ROOT,
     ServiceProcess,
     Topics,
+    cli,
     eventually,
+    make_engine,
     produce,
     quarantine_directly,
     read_topic,
@@ -115,3 +123,64 @@ async def test_two_relays_publish_every_row_once_and_keep_each_keys_order(
 
 async def _log_contains(process: ServiceProcess, text: str) -> bool:
     return text in process.log()
+
+
+async def _outbox_rows(settings: Settings, messages: list[OutboxMessage]) -> list[int]:
+    """Write outbox rows directly, as a round would."""
+    engine = make_engine(settings.database_url)
+    try:
+        async with UnitOfWork(engine) as uow:
+            ids = await outbox.add(uow.connection, messages)
+            await uow.commit()
+        return ids
+    finally:
+        await engine.dispose()
+
+
+async def test_a_row_kafka_refuses_for_its_size_is_set_aside_and_every_other_row_flows(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics
+) -> None:
+    # Given a topic that takes at most 4 KB a batch, and rows for it (and another topic) around one that is
+    # larger than that even compressed; and a 3 MB row that compresses below the broker's default limit
+    small_topic = f"{topics.source}.small"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(small_topic, 1, 1, topic_configs={"max.message.bytes": "4096"})])
+    finally:
+        await admin.close()
+    settings = settings_for(database_url, kafka, topics)
+    incompressible = random.Random(7).randbytes(20_000)
+    [_, too_large, *_] = await _outbox_rows(
+        settings,
+        [
+            OutboxMessage(small_topic, "K", {"n": "1"}, b"before"),
+            OutboxMessage(small_topic, "K", {"n": "2"}, incompressible),
+            OutboxMessage(small_topic, "K", {"n": "3"}, b"after"),
+            OutboxMessage(topics.events, "L", {"n": "4"}, b"other"),
+            OutboxMessage(topics.events, "M", {"n": "5"}, b"a" * 3_000_000),
+        ],
+    )
+
+    # When a relay runs
+    async with running(settings, "relay"):
+        await eventually(
+            lambda: scalar(engine, "SELECT count(*) = 4 FROM outbox WHERE published_at IS NOT NULL"), timeout=60
+        )
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM outbox WHERE set_aside_at IS NOT NULL"))
+
+        # Then the refused row is set aside with its code, and the others are published, in key order
+        assert await scalar(engine, f"SELECT set_aside_code FROM outbox WHERE id = {too_large}") == "MESSAGE_TOO_LARGE"
+        published = await read_topic(kafka, small_topic, expect=2, timeout=10)
+        assert [record.value for record in published] == [b"before", b"after"]
+        others = await read_topic(kafka, topics.events, expect=2, timeout=10)
+        assert sorted(len(record.value) for record in others) == [5, 3_000_000]
+
+        # And an operator sees it, and can hand it back (Kafka refuses it again: it is set aside again)
+        listed = json.loads((await cli(settings, "outbox", "set-aside", "--json")).stdout)
+        assert [(row["id"], row["code"], row["payload_bytes"]) for row in listed] == [
+            (too_large, "MESSAGE_TOO_LARGE", 20_000)
+        ]
+        put_back = json.loads((await cli(settings, "outbox", "put-back", str(too_large), "--json")).stdout)
+        assert put_back == {"id": too_large, "put_back": True}
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM outbox WHERE set_aside_at IS NOT NULL"))

@@ -1,0 +1,75 @@
+"""Every long-running process survives a PostgreSQL restart without exiting, and resumes on its own.
+
+Regression of issue 13: relays exited on `CannotConnectNowError: the database system is shutting down`, which
+the unit of work did not take for an outage (it matched exception classes, not SQLSTATEs).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.testing.downstream import Downstream
+from tests.support import ROOT, ServiceProcess, Topics, eventually, produce, scalar, settings_for
+
+pytestmark = pytest.mark.slow
+
+
+def placed(order_id: str) -> dict[str, object]:
+    """An `order.placed.v1` for a known tenant and an active customer."""
+    return {
+        "schema": "order.placed.v1",
+        "order_id": order_id,
+        "tenant": "acme",
+        "customer_id": "c-1",
+        "currency": "EUR",
+        "items": [{"sku": "sku-1", "quantity": 1, "unit_price_cents": 700}],
+    }
+
+
+def pg_local(command: str) -> None:
+    """Stop or start the test cluster itself (`pg_ctl -m fast`: sessions end with an admin shutdown)."""
+    subprocess.run([str(ROOT / "scripts" / "pg-local"), command], check=True, capture_output=True, timeout=120)
+
+
+async def test_consume_relay_and_effects_survive_a_database_restart_and_resume_on_their_own(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream, tmp_path: Path
+) -> None:
+    # Given the three long-running processes at work
+    settings = settings_for(
+        database_url, kafka, topics, customers_url=downstream.url, payments_url=downstream.url, max_elapsed="60s"
+    )
+    processes = [ServiceProcess(role, settings, tmp_path / f"{role}.log") for role in ("consume", "relay", "effects")]
+    try:
+        await produce(kafka, topics.source, [(f"P-{n}", placed(f"P-{n}"), {}) for n in range(5)])
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 5 FROM effects WHERE state = 'sent'"), timeout=60)
+
+        # When PostgreSQL restarts under them, and records arrive while it is down
+        pg_local("stop")
+        try:
+            await produce(kafka, topics.source, [(f"Q-{n}", placed(f"Q-{n}"), {}) for n in range(5)])
+        finally:
+            pg_local("start")
+        back = time.monotonic()
+        await engine.dispose()  # this test's own pooled connections died with the server
+
+        # Then every process is still running, and the new records are applied, published and paid
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 10 FROM effects WHERE state = 'sent'"), timeout=60)
+        await eventually(
+            lambda: scalar(engine, "SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL"), timeout=60
+        )
+        resumed = time.monotonic() - back
+        for process in processes:
+            assert process.process.poll() is None, process.log()[-3000:]
+        # No record spent an attempt on the outage
+        assert await scalar(engine, "SELECT count(*) FROM inbox WHERE status <> 'processed'") == 0
+        print(json.dumps({"resumed_within_seconds": round(resumed, 1)}))
+    finally:
+        for process in processes:
+            if process.process.poll() is None:
+                process.terminate()
