@@ -61,6 +61,9 @@ class Order:
     currency: str
     sequence: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    # The order's version: 1 when placed, one more with every change (payment outcomes too), assigned under
+    # the order's row lock; events carry it as `orderVersion` so readers can check and restore per-order order.
+    version: int = 1
 
 
 @value
@@ -171,6 +174,7 @@ def _ship(message: OrderShippedV1, current: Order) -> Applied:
         current,
         status=OrderStatus.SHIPPED,
         sequence=_next_sequence(current, message.sequence),
+        version=current.version + 1,
         details={**current.details, "carrier": message.carrier, "tracking_number": message.tracking_number},
     )
     email = Effect(
@@ -191,6 +195,7 @@ def _cancel(message: OrderCancelledV1, current: Order) -> Applied:
         current,
         status=OrderStatus.CANCELLED,
         sequence=_next_sequence(current, message.sequence),
+        version=current.version + 1,
         details={**current.details, "cancel_reason": message.reason},
     )
     refund = Effect(

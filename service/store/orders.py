@@ -22,6 +22,7 @@ def _to_order(row: Any) -> Order:
         currency=row.currency,
         sequence=row.sequence,
         details=dict(row.details),
+        version=row.version,
     )
 
 
@@ -48,12 +49,14 @@ COLUMNS = Columns(
     ("currency", "text"),
     ("sequence", "bigint"),
     ("details", "jsonb"),
+    ("version", "bigint"),
 )
 CREATE_ROWS = f"""
-    INSERT INTO orders (order_id, tenant, customer_id, status, amount_cents, currency, sequence, details)
-    SELECT order_id, tenant, customer_id, status, amount_cents, currency, sequence, details
+    INSERT INTO orders (order_id, tenant, customer_id, status, amount_cents, currency, sequence, details, version)
+    SELECT order_id, tenant, customer_id, status, amount_cents, currency, sequence, details, version
     FROM ({COLUMNS.select("created_orders")}) AS v"""
 UPDATE_ROWS = f"""
-    UPDATE orders SET status = v.status, sequence = v.sequence, details = v.details, updated_at = now()
+    UPDATE orders SET status = v.status, sequence = v.sequence, details = v.details, version = v.version,
+                      updated_at = now()
     FROM ({COLUMNS.select("changed_orders")}) AS v
     WHERE orders.order_id = v.order_id"""

@@ -62,6 +62,8 @@ orders = Table(
     Column("currency", String(3), nullable=False),
     Column("sequence", BigInteger),
     Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # 1 when placed, one more with every change, under the row lock (events carry it as `orderVersion`).
+    Column("version", BigInteger, nullable=False, server_default="1"),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint("status IN ('placed', 'shipped', 'cancelled')", name="status"),

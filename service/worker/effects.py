@@ -63,23 +63,32 @@ async def record_outcome(
     if not await effects.settle(connection, effect.idempotency_key, decision, from_state=from_state, owner=owner):
         return False
     event = _event_for(effect, decision)
-    if event is not None:
-        event_type, payload = event
-        headers = event_headers(effect.idempotency_key, event_type, None)
-        document = {"type": event_type, "orderId": effect.order_id, "effect": effect.idempotency_key, **payload}
-        await outbox.add(connection, [OutboxMessage.json(topics.events, effect.order_id, headers, document)])
-    if effect.kind.startswith("payment.") and decision.state in ("sent", "failed"):
-        status = {"payment.capture": "captured", "payment.refund": "refunded"}[effect.kind]
-        await connection.execute(
-            text(
-                """
-                UPDATE orders SET details = details || jsonb_build_object('payment_status', CAST(:status AS text)),
-                                  updated_at = now()
-                WHERE order_id = :order_id
-                """
-            ),
-            {"status": status if decision.state == "sent" else "failed", "order_id": effect.order_id},
-        )
+    if event is None:
+        return True
+    # The order's row lock first, then the outbox row: its id is then taken after every change of the order
+    # that committed before, so the relay publishes one order's events in the order they happened.
+    status = {"payment.capture": "captured", "payment.refund": "refunded"}[effect.kind]
+    version = await connection.scalar(
+        text(
+            """
+            UPDATE orders SET details = details || jsonb_build_object('payment_status', CAST(:status AS text)),
+                              version = version + 1, updated_at = now()
+            WHERE order_id = :order_id
+            RETURNING version
+            """
+        ),
+        {"status": status if decision.state == "sent" else "failed", "order_id": effect.order_id},
+    )
+    event_type, payload = event
+    headers = event_headers(effect.idempotency_key, event_type, None)
+    document = {
+        "type": event_type,
+        "orderId": effect.order_id,
+        "orderVersion": version,
+        "effect": effect.idempotency_key,
+        **payload,
+    }
+    await outbox.add(connection, [OutboxMessage.json(topics.events, effect.order_id, headers, document)])
     return True
 
 

@@ -480,7 +480,7 @@ class Processor:
                 touched[message.order_id] = None
                 write.effects.extend(result.effects)
                 for event in result.events:
-                    write.messages.append(self._event(pending, event))
+                    write.messages.append(self._event(pending, event, result.order.version))
                 self._terminal(write, pending, "processed", None)
                 self._leave(write, pending, Outcome.PROCESSED, None)
         # An order created and changed in the same round is inserted once, in its final state.
@@ -519,8 +519,14 @@ class Processor:
             received_ms=pending.record.timestamp_ms,
         )
 
-    def _event(self, pending: Pending, event: model.Event) -> OutboxMessage:
-        document = {"type": event.type, "orderId": event.order_id, "messageId": pending.message_id, **event.payload}
+    def _event(self, pending: Pending, event: model.Event, version: int) -> OutboxMessage:
+        document = {
+            "type": event.type,
+            "orderId": event.order_id,
+            "orderVersion": version,
+            "messageId": pending.message_id,
+            **event.payload,
+        }
         headers = event_headers(pending.message_id, event.type, pending.record.trace_id)
         return OutboxMessage.json(self._topics.events, event.order_id, headers, document)
 

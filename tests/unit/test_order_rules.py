@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -258,3 +259,20 @@ def test_an_update_sets_the_sequence_it_carries_or_the_next_one(
 def test_applying_is_pure_the_same_inputs_give_the_same_result() -> None:
     assert apply(placed(), None, CONTEXT) == apply(placed(), None, CONTEXT)
     assert apply(shipped(), existing(), CONTEXT) == apply(shipped(), existing(), CONTEXT)
+
+
+def test_a_placed_order_is_at_version_one() -> None:
+    result = apply(placed(), None, CONTEXT)
+
+    assert isinstance(result, Applied)
+    assert result.order.version == 1
+
+
+@pytest.mark.parametrize("message", [shipped(), cancelled(), shipped(sequence=9)], ids=["shipped", "cancelled", "seq"])
+def test_every_change_of_an_order_is_one_version_more_whatever_its_sequence(message: OrderMessage) -> None:
+    current = replace(existing(), version=4)
+
+    result = apply(message, current, CONTEXT)
+
+    assert isinstance(result, Applied)
+    assert result.order.version == 5
