@@ -44,6 +44,10 @@ def _answer(response: httpx.Response, reference_field: str) -> CallOutcome:
             return Unknown(ErrorCode.UNEXPECTED_ERROR)
     if status == 402:
         return Refused(ErrorCode.PAYMENT_DECLINED)
+    if status in (401, 403):
+        return NotSent(ErrorCode.PROVIDER_UNAUTHORIZED)
+    if status == 409:
+        return Unknown(ErrorCode.PROVIDER_IN_PROGRESS)
     if status == 429:
         return NotSent(ErrorCode.RATE_LIMITED, retry_after(response))
     if status >= 500:

@@ -41,6 +41,8 @@ class ErrorCode(StrEnum):
     NOT_FOUND_AFTER_RECONCILE = "NOT_FOUND_AFTER_RECONCILE"
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
     CAPTURE_FAILED = "CAPTURE_FAILED"
+    PROVIDER_UNAUTHORIZED = "PROVIDER_UNAUTHORIZED"
+    PROVIDER_IN_PROGRESS = "PROVIDER_IN_PROGRESS"
 
     RATE_LIMITED_EXHAUSTED = "RATE_LIMITED_EXHAUSTED"
     DOWNSTREAM_UNAVAILABLE_EXHAUSTED = "DOWNSTREAM_UNAVAILABLE_EXHAUSTED"
@@ -75,12 +77,17 @@ _KINDS: dict[ErrorCode, FailureKind] = {
     ErrorCode.DOWNSTREAM_UNREACHABLE: FailureKind.TRANSIENT,
     ErrorCode.PROCESSING_TIMEOUT: FailureKind.TRANSIENT,
     ErrorCode.UNEXPECTED_ERROR: FailureKind.UNKNOWN,
-    # Effect outcomes: the provider's permanent answer, or what the reconciler concluded.
+    # Effect outcomes, never a record's failure: the kind only keeps them out of the record retry rules;
+    # service/policy/effects.py decides what each means for its effect.
     ErrorCode.PAYMENT_DECLINED: FailureKind.REJECTED,
     ErrorCode.PROVIDER_REJECTED: FailureKind.REJECTED,
     ErrorCode.NOT_FOUND_AFTER_RECONCILE: FailureKind.REJECTED,
     ErrorCode.OUTCOME_UNKNOWN: FailureKind.REJECTED,
     ErrorCode.CAPTURE_FAILED: FailureKind.REJECTED,
+    # The provider refuses our credentials (401, 403): our configuration; the effect waits, spending no attempt.
+    ErrorCode.PROVIDER_UNAUTHORIZED: FailureKind.REJECTED,
+    # The provider is still working on the same idempotency key (409): the outcome is looked up, never guessed.
+    ErrorCode.PROVIDER_IN_PROGRESS: FailureKind.REJECTED,
     # An exhausted code is where a retryable failure ends: it is terminal like invalid input.
     ErrorCode.RATE_LIMITED_EXHAUSTED: FailureKind.INVALID,
     ErrorCode.DOWNSTREAM_UNAVAILABLE_EXHAUSTED: FailureKind.INVALID,

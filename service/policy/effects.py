@@ -86,6 +86,8 @@ class EffectDecision:
     code: ErrorCode | None = None
     reference: str | None = None
     retry_in: timedelta | None = None
+    # The claim made no call that counts (handed back unmade, or refused our credentials): not an attempt.
+    unmade: bool = False
 
 
 def after_call(outcome: CallOutcome, attempts: int, policy: EffectPolicy, rng: random.Random) -> EffectDecision:
@@ -96,6 +98,9 @@ def after_call(outcome: CallOutcome, attempts: int, policy: EffectPolicy, rng: r
         return EffectDecision("failed", outcome.code)
     if isinstance(outcome, Unknown):
         return EffectDecision("uncertain", outcome.code)
+    if outcome.code is ErrorCode.PROVIDER_UNAUTHORIZED:
+        # Our credentials, not this effect: wait as long as backoff ever does, and keep the budget whole.
+        return EffectDecision("pending", outcome.code, retry_in=policy.max_delay, unmade=True)
     if attempts >= policy.max_attempts:
         return EffectDecision("failed", outcome.code.exhausted())
     ceiling: timedelta = min(policy.max_delay, policy.base_delay * 2 ** min(attempts - 1, 32))

@@ -97,6 +97,7 @@ async def settle(
                 last_error_code = :code,
                 next_attempt_at = now() + :retry_in,
                 reconcile_count = reconcile_count + :reconciled,
+                attempts = attempts - :unmade,
                 lease_owner = NULL, lease_until = NULL, updated_at = now()
             WHERE idempotency_key = :key AND state = :from_state
               AND (CAST(:owner AS text) IS NULL OR lease_owner = :owner)
@@ -108,6 +109,8 @@ async def settle(
             "code": decision.code.value if decision.code else None,
             "retry_in": decision.retry_in or timedelta(0),
             "reconciled": 1 if from_state == "uncertain" and decision.state == "pending" else 0,
+            # A claim counted an attempt in advance; one that made no call gives it back.
+            "unmade": 1 if decision.unmade and from_state == "in_flight" else 0,
             "key": key,
             "from_state": from_state,
             "owner": owner,

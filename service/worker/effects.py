@@ -29,6 +29,7 @@ from service.policy.effects import (
     EffectPolicy,
     Found,
     LookupFailed,
+    Missing,
     NotSent,
     Refused,
     Sent,
@@ -156,7 +157,7 @@ class EffectWorker:
             for effect, outcome in zip(claimed, outcomes, strict=True):
                 if outcome is None:
                     # Not attempted: its lease would have run out mid-call. Hand it back untouched.
-                    decision = EffectDecision("pending", retry_in=timedelta(0))
+                    decision = EffectDecision("pending", retry_in=timedelta(0), unmade=True)
                 else:
                     decision = after_call(outcome, effect.attempts, self._policy, self._rng)
                 kept = await record_outcome(
@@ -179,11 +180,17 @@ class EffectWorker:
                 return Unknown(ErrorCode.DOWNSTREAM_TIMEOUT)
 
     async def _call(self, effect: EffectRow) -> CallOutcome:
-        if effect.kind == "payment.refund" and effect.capture_state == "failed":
-            return Refused(ErrorCode.CAPTURE_FAILED)  # nothing was captured, so nothing to refund
         if effect.kind.startswith("payment."):
             if not self._payments.enabled:
                 return NotSent(ErrorCode.DOWNSTREAM_UNREACHABLE)
+            if effect.kind == "payment.refund" and effect.capture_state == "failed":
+                # A capture that failed on our side (refused, exhausted, never found) may still have happened at
+                # the provider: ask before deciding that there is nothing to refund.
+                captured = await self._payments.find(f"{effect.order_id}/payment.capture")
+                if isinstance(captured, Missing):
+                    return Refused(ErrorCode.CAPTURE_FAILED)
+                if isinstance(captured, LookupFailed):
+                    return NotSent(captured.code)
             return await self._payments.pay(effect.idempotency_key, effect.payload)
         if not self._emails.enabled:
             return NotSent(ErrorCode.DOWNSTREAM_UNREACHABLE)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -536,3 +537,34 @@ async def test_no_ref_gets_a_second_email_when_claims_queue_behind_the_worker_an
     # Then every ref has exactly one email: no call outlived its lease, no look-up raced a live call
     refs = [email["ref"] for email in downstream.emails()]
     assert sorted(refs) == sorted(f"L-{n}/email.shipped" for n in range(33))
+
+
+async def test_a_refund_whose_capture_failed_on_our_side_looks_the_capture_up_and_refunds_what_was_taken(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a capture the provider made (an earlier call, a lost answer), while our own call of it was refused
+    # with a 4xx that is not 402: the capture effect failed PROVIDER_REJECTED
+    body = {"order_id": "RF-1", "amount_cents": 2500, "currency": "EUR", "kind": "capture"}
+    async with httpx.AsyncClient() as client:
+        made = await client.post(
+            f"{downstream.url}/payments", json=body, headers={"Idempotency-Key": "RF-1/payment.capture"}
+        )
+    assert made.status_code in (200, 201)
+    downstream.fail_next("payments.post", times=1, status=410, key="RF-1/payment.capture")
+    settings = effect_settings(database_url, kafka, topics, downstream)
+    await produce(kafka, topics.source, [("RF-1", placed("RF-1"), {})], partition=0)
+    async with running(settings, "consumer_loop", "effect_worker"):
+        await eventually(
+            lambda: scalar(engine, "SELECT last_error_code FROM effects WHERE kind = 'payment.capture'"), timeout=30
+        )
+        assert await scalar(engine, "SELECT state FROM effects WHERE kind = 'payment.capture'") == "failed"
+
+        # When the order is cancelled
+        await produce(kafka, topics.source, [("RF-1", cancelled("RF-1"), {})], partition=0)
+
+        # Then the refund asks the provider about the capture first, finds it, and refunds it
+        await eventually(
+            lambda: scalar(engine, "SELECT state = 'sent' FROM effects WHERE kind = 'payment.refund'"), timeout=30
+        )
+    assert downstream.calls("payments.get", key="RF-1/payment.capture") >= 1
+    assert downstream.payments()["RF-1/payment.refund"]["kind"] == "refund"

@@ -1,0 +1,76 @@
+"""What a provider's answer means for an effect (README "Effects and the reconciler"): a documented table,
+decided without I/O."""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+
+import httpx
+import pytest
+
+from service.adapters.providers import _answer
+from service.domain.codes import ErrorCode
+from service.policy.effects import (
+    EffectDecision,
+    EffectPolicy,
+    NotSent,
+    Refused,
+    Sent,
+    Unknown,
+    after_call,
+)
+
+POLICY = EffectPolicy(max_attempts=3)
+
+
+def answered(status: int, body: object = None, headers: dict[str, str] | None = None) -> object:
+    """The call outcome a payments answer with this status means."""
+    response = httpx.Response(status, json=body if body is not None else {}, headers=headers)
+    return _answer(response, "payment_id")
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (201, Sent("p-1")),
+        (200, Sent("p-1")),
+        (402, Refused(ErrorCode.PAYMENT_DECLINED)),
+        (422, Refused(ErrorCode.PROVIDER_REJECTED)),
+        (400, Refused(ErrorCode.PROVIDER_REJECTED)),
+        (401, NotSent(ErrorCode.PROVIDER_UNAUTHORIZED)),
+        (403, NotSent(ErrorCode.PROVIDER_UNAUTHORIZED)),
+        (409, Unknown(ErrorCode.PROVIDER_IN_PROGRESS)),
+        (429, NotSent(ErrorCode.RATE_LIMITED)),
+        (500, NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)),
+        (503, NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)),
+    ],
+)
+def test_each_provider_status_means_one_documented_outcome(status: int, expected: object) -> None:
+    assert answered(status, {"payment_id": "p-1"}) == expected
+
+
+def test_credentials_refused_wait_the_longest_backoff_and_spend_no_attempt_however_often() -> None:
+    decision = after_call(NotSent(ErrorCode.PROVIDER_UNAUTHORIZED), 99, POLICY, random.Random(1))
+
+    assert decision == EffectDecision(
+        "pending", ErrorCode.PROVIDER_UNAUTHORIZED, retry_in=POLICY.max_delay, unmade=True
+    )
+
+
+def test_a_provider_still_working_on_the_key_makes_the_effect_uncertain_for_a_look_up() -> None:
+    decision = after_call(Unknown(ErrorCode.PROVIDER_IN_PROGRESS), 1, POLICY, random.Random(1))
+
+    assert decision.state == "uncertain"
+    assert decision.code is ErrorCode.PROVIDER_IN_PROGRESS
+
+
+def test_a_transient_answer_spends_an_attempt_and_the_last_one_fails_exhausted() -> None:
+    retried = after_call(NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE), 1, POLICY, random.Random(1))
+    last = after_call(NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE), 3, POLICY, random.Random(1))
+
+    assert retried.state == "pending"
+    assert not retried.unmade
+    assert retried.retry_in is not None
+    assert timedelta(0) < retried.retry_in <= POLICY.base_delay
+    assert last == EffectDecision("failed", ErrorCode.DOWNSTREAM_UNAVAILABLE_EXHAUSTED)
