@@ -47,6 +47,12 @@ class Metrics:
             ["state"],
             registry=r,
         )
+        self.effect_errors = Counter(
+            "orders_effect_errors",
+            "Effect calls and look-ups that did not succeed, by error code.",
+            ["error_code"],
+            registry=r,
+        )
         self.consumer_lag = Gauge(
             "orders_consumer_lag", "Records not yet committed, per partition.", ["topic", "partition"], registry=r
         )
@@ -84,9 +90,11 @@ class Metrics:
         """Count one backpressure pause."""
         self.pauses.labels(downstream=downstream).inc()
 
-    def effect(self, state: str) -> None:
-        """Count one effect outcome by the state it moved to."""
+    def effect(self, state: str, error_code: str | None = None) -> None:
+        """Count one effect outcome by the state it moved to, and by its code when it did not succeed."""
         self.effect_outcomes.labels(state=state).inc()
+        if error_code is not None:
+            self.effect_errors.labels(error_code=error_code).inc()
 
     def record(self, outcome: str, error_code: str | None, count: int = 1) -> None:
         """Count `count` records of one outcome; rejections and quarantines also count under their code."""

@@ -204,7 +204,7 @@ class EffectWorker:
         return await self._emails.send(effect.payload)
 
     def _report(self, effect: EffectRow, decision: EffectDecision, kept: bool) -> None:
-        self._metrics.effect(decision.state)
+        self._metrics.effect(decision.state, decision.code.value if decision.code else None)
         log.info(
             "effect_" + (decision.state if kept else "lease_lost"),
             effect=effect.idempotency_key,
