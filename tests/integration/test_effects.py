@@ -294,6 +294,7 @@ async def test_d_a_declined_capture_fails_the_effect_and_emits_one_payment_faile
     assert failed == {
         "type": "payment.failed",
         "orderId": "D-1",
+        "orderVersion": 2,  # placed is 1; the payment outcome changed the order
         "effect": key,
         "kind": "payment.capture",
         "errorCode": "PAYMENT_DECLINED",
