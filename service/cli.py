@@ -17,6 +17,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from service import logs
@@ -241,6 +242,11 @@ def _print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(_jsonable(value), indent=2, sort_keys=True) + "\n")
 
 
+def _tables() -> Console:
+    """A console for tables of record content (keys, ids): shown as they are, never read as Rich markup."""
+    return Console(markup=False, highlight=False)
+
+
 def _age(moment: datetime) -> str:
     seconds = int((datetime.now(moment.tzinfo) - moment).total_seconds())
     return str(timedelta(seconds=max(0, seconds)))
@@ -284,7 +290,7 @@ def quarantine_list(
             str(row["attempts"]),
             _age(row["first_failed_at"]),
         )
-    Console().print(table)
+    _tables().print(table)
 
 
 @quarantine_app.command("show")
@@ -306,7 +312,9 @@ def quarantine_show(
         return
     console = Console()
     for name, value in _jsonable(row).items():
-        console.print(f"[bold]{name}[/bold]: {json.dumps(value) if isinstance(value, dict | list) else value}")
+        # The values come from records: never let them be read as Rich markup.
+        shown = json.dumps(value) if isinstance(value, dict | list) else str(value)
+        console.print(f"[bold]{name}[/bold]: {escape(shown)}")
 
 
 @quarantine_app.command("stats")
@@ -520,7 +528,7 @@ def parked_list(as_json: JsonFlag = False) -> None:
             row["blocked_by"] or "",
             row["retrying"] or "",
         )
-    Console().print(table)
+    _tables().print(table)
 
 
 @parked_app.command("release")
@@ -548,7 +556,7 @@ def outbox_set_aside(as_json: JsonFlag = False) -> None:
     table = Table("outbox id", "topic", "key", "code", "bytes", "set aside")
     for row in found:
         table.add_row(str(row.id), row.topic, row.key or "", row.code, str(row.payload_bytes), _age(row.set_aside_at))
-    Console().print(table)
+    _tables().print(table)
 
 
 @outbox_app.command("put-back")

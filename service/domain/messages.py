@@ -174,7 +174,7 @@ _SCHEMA_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$")
 
 def _safe_schema_name(name: str) -> str | None:
     """Keep a schema name only when it is shaped like one (`order.teleported.v9`): it is producer text."""
-    return name if len(name) <= 64 and _SCHEMA_NAME.match(name) else None
+    return name if len(name) <= 64 and _SCHEMA_NAME.fullmatch(name) else None
 
 
 def sequence_of(message: OrderMessage) -> int | None:

@@ -12,7 +12,8 @@ from typing import NamedTuple
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 _MAX_MESSAGE_ID = 300
 # A message id whose header bytes are not text a column can hold (invalid UTF-8, or NUL) is this prefix and the
-# bytes in base64; a text id that starts with the prefix is encoded the same way, so no two byte strings share one.
+# bytes in base64; a text id that starts with the prefix is encoded the same way, so an encoded id never equals
+# a text id. (Text ids are trimmed, as they always were: ` A` and `A` are one id.)
 BYTES_PREFIX = "base64:"  # (7 characters: message_id_of compares a slice, cheaper than startswith)
 # A longer key is not taken as text: keys are indexed (parked records, held keys, the outbox), and a b-tree
 # entry holds at most about 2,700 bytes. Order ids are at most 200 characters.
@@ -103,7 +104,10 @@ def message_id_of(raw: bytes | None) -> str | None:
             return None
         if text[:7] != BYTES_PREFIX:
             return text
-    elif not raw.strip() or len(raw) > _MAX_MESSAGE_ID:
+    elif not raw.strip():
+        return None
+    # Encoded whole (untrimmed): bound the bytes, so the id (indexed in the inbox and retries) stays short.
+    if len(raw) > _MAX_MESSAGE_ID:
         return None
     return BYTES_PREFIX + base64.b64encode(raw).decode("ascii")
 

@@ -56,6 +56,7 @@ class Relay:
         delay = 1.0
         while not stop.is_set():
             producer = self._make_producer()
+            self.spoiled = False
             if not await start_with_backoff(producer.start, stop, "relay"):
                 return
             log.info("relay_started")
@@ -91,19 +92,23 @@ class Relay:
             published = [row for row, outcome in zip(rows, outcomes, strict=True) if outcome is None]
             failed = [(row, outcome) for row, outcome in zip(rows, outcomes, strict=True) if outcome is not None]
             refused: list[ClaimedRow] = []
-            if failed:
-                if not any(isinstance(outcome, _TOO_LARGE) for _, outcome in failed):
-                    raise failed[0][1]
+            error: BaseException | None = None
+            if failed and any(isinstance(outcome, _TOO_LARGE) for _, outcome in failed):
                 # After a refusal the idempotent producer's sequence for that partition is broken (the records
                 # after it fail `OutOfOrderSequenceNumber`): it is replaced, and the failed rows go one by one.
                 self.spoiled = True
-                more, refused = await self._one_by_one([row for row, _ in failed])
+                more, refused, error = await self._one_by_one([row for row, _ in failed])
                 published += more
+            elif failed:
+                error = failed[0][1]
             crash_point("after-publish", self._settings.fault_crash_at)
+            # What Kafka acknowledged is marked even when others failed: else it would go out again each round.
             await outbox.mark_published(uow.connection, [row.id for row in published])
             await outbox.set_aside(uow.connection, [row.id for row in refused], SET_ASIDE_TOO_LARGE)
             await uow.commit()
         self._metrics.published.inc(len(published))
+        if error is not None:
+            raise error
         for row in refused:
             # Ids, topic and size only: the row's content is whatever a producer sent.
             log.warning(
@@ -111,17 +116,15 @@ class Relay:
             )
         return len(rows)
 
-    async def _one_by_one(self, rows: list[ClaimedRow]) -> tuple[list[ClaimedRow], list[ClaimedRow]]:
-        """Send each row alone and await it; return those Kafka took and those it refused for their size.
-
-        Any other error propagates: the round is rolled back and claimed again (rows that went out go out again,
-        with the same ids: at least once). In id order, so each key's rows keep their order.
-        """
+    async def _one_by_one(self, rows: list[ClaimedRow]) -> tuple[list[ClaimedRow], list[ClaimedRow], KafkaError | None]:
+        """Send each row alone and await it, in id order (so each key's rows keep their order); return those
+        Kafka took, those it refused for their size, and the error that stopped it early, if one did (the rows
+        after that one are left unpublished, for the next round)."""
         producer = self._make_one_by_one_producer()
-        await producer.start()
         published: list[ClaimedRow] = []
         refused: list[ClaimedRow] = []
         try:
+            await producer.start()
             for row in rows:
                 try:
                     await (await _send_row(producer, row))
@@ -129,9 +132,11 @@ class Relay:
                     refused.append(row)
                 else:
                     published.append(row)
+        except KafkaError as error:
+            return published, refused, error
         finally:
             await producer.stop()
-        return published, refused
+        return published, refused, None
 
 
 async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[BaseException | None]:

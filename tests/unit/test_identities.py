@@ -103,3 +103,14 @@ def test_a_key_is_text_only_when_a_column_can_hold_it(key: bytes) -> None:
 
 def test_a_long_serializer_key_is_not_text() -> None:
     assert SourceRecord("orders", 0, 1, 0, struct.pack(">q", 12345), None).key_text is None
+
+
+def test_a_long_header_that_trims_short_still_gives_no_long_id() -> None:
+    raw = b" " * 10_000 + b"base64:x"
+
+    assert with_message_id(raw).message_id == "orders/0/7"
+
+
+@given(hostile_bytes.map(lambda raw: b" " * 400 + raw))
+def test_no_message_id_is_longer_than_an_index_entry_holds(raw: bytes) -> None:
+    assert len(with_message_id(raw).message_id.encode()) <= 1000
