@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from service.domain.codes import ErrorCode
-from service.policy.records import Coordinates, SourceRecord, id_bytes
+from service.policy.records import BYTES_PREFIX, Coordinates, SourceRecord
 from service.policy.retry import AttemptHistory
 
 
@@ -61,10 +61,10 @@ def failure_envelope(
         source["keyBase64"] = base64.b64encode(record.key).decode("ascii")
     else:
         source["key"] = record.key_text
-    raw_id = id_bytes(record.message_id)
+    # A `base64:` id is always one of ours (a text id with that prefix is encoded too): its rest is the base64.
     identity = (
-        {"messageIdBase64": base64.b64encode(raw_id).decode("ascii")}
-        if raw_id is not None
+        {"messageIdBase64": record.message_id.removeprefix(BYTES_PREFIX)}
+        if record.message_id.startswith(BYTES_PREFIX)
         else {"messageId": record.message_id}
     )
     document = {

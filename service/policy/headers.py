@@ -12,11 +12,9 @@ import base64
 from collections.abc import Iterable
 from typing import Any
 
+from service.policy.records import text_of
+
 Headers = tuple[tuple[str, bytes], ...]
-
-
-def _plain(text: str) -> bool:
-    return "\x00" not in text
 
 
 def to_json(headers: Iterable[tuple[str, bytes]]) -> list[list[str]]:
@@ -24,14 +22,11 @@ def to_json(headers: Iterable[tuple[str, bytes]]) -> list[list[str]]:
     stored: list[list[str]] = []
     for name, value in headers:
         encoded = []
-        if not _plain(name):
+        if "\x00" in name:
             name = base64.b64encode(name.encode("utf-8", "surrogateescape")).decode("ascii")
             encoded.append("name")
-        try:
-            text = value.decode("utf-8")
-        except UnicodeDecodeError:
-            text = None
-        if text is None or not _plain(text):
+        text = text_of(value)
+        if text is None:
             text = base64.b64encode(value).decode("ascii")
             encoded.append("value")
         stored.append([name, text, ",".join(encoded)] if encoded else [name, text])

@@ -56,7 +56,7 @@ class SourceRecord:
     trace_id: str | None = field(init=False)
 
     def __post_init__(self) -> None:
-        self.key_text = _text(self.key) if self.key is not None and len(self.key) <= _MAX_KEY_TEXT else None
+        self.key_text = text_of(self.key) if self.key is not None and len(self.key) <= _MAX_KEY_TEXT else None
         given = message_id_of(self.raw_header("message-id")) if self.headers else None
         self.message_id = given or f"{self.topic}/{self.partition}/{self.offset}"
         self.trace_id = _trace_id(self.header("traceparent")) if self.headers else None
@@ -68,10 +68,7 @@ class SourceRecord:
 
     def header(self, name: str) -> str | None:
         """The last value of a header as text, or None when absent, not UTF-8 or holding NUL."""
-        for key, value in reversed(self.headers):
-            if key == name:
-                return _text(value)
-        return None
+        return text_of(self.raw_header(name))
 
     def raw_header(self, name: str) -> bytes | None:
         """The last value of a header, as its bytes."""
@@ -122,7 +119,8 @@ def id_bytes(message_id: str) -> bytes | None:
         return None
 
 
-def _text(value: bytes | None) -> str | None:
+def text_of(value: bytes | None) -> str | None:
+    """The bytes as text a column can hold: UTF-8 without NUL; None otherwise."""
     if value is None:
         return None
     try:

@@ -44,7 +44,7 @@ class ClaimedRow:
     @property
     def size(self) -> int:
         """The bytes of the payload and the headers, before compression."""
-        return len(self.payload) + sum(len(name) + len(value) for name, value in self.headers)
+        return len(self.payload) + sum(len(name.encode()) + len(value) for name, value in self.headers)
 
 
 async def add(connection: AsyncConnection, messages: Sequence[OutboxMessage]) -> list[int]:

@@ -26,11 +26,13 @@ _QUERIES = {
     "quarantine_oldest": (
         "SELECT extract(epoch FROM now() - min(first_failed_at)) FROM quarantine WHERE status = 'open'"
     ),
+    # One pass over the unpublished rows: those waiting for the relay, and those it set aside.
     "outbox": (
-        "SELECT count(*), extract(epoch FROM now() - min(created_at)) FROM outbox"
-        " WHERE published_at IS NULL AND set_aside_at IS NULL"
+        "SELECT count(*) FILTER (WHERE set_aside_at IS NULL),"
+        " extract(epoch FROM now() - min(created_at) FILTER (WHERE set_aside_at IS NULL)),"
+        " count(*) FILTER (WHERE set_aside_at IS NOT NULL)"
+        " FROM outbox WHERE published_at IS NULL"
     ),
-    "outbox_set_aside": "SELECT count(*) FROM outbox WHERE set_aside_at IS NOT NULL AND published_at IS NULL",
     # `sent` only grows with history, so it is not counted here (its rate is orders_effect_outcomes_total);
     # the unfinished states are a short range of the (state, next_attempt_at) index.
     "effects": "SELECT state, count(*) FROM effects WHERE state IN ('pending', 'in_flight', 'uncertain') GROUP BY 1",
@@ -82,10 +84,9 @@ class GaugeRefresher:
                 m.quarantine_open.labels(error_code=code, owner=owner).set(_number(count))
             [(oldest,)] = await rows("quarantine_oldest")
             m.quarantine_oldest.set(_number(oldest))
-            [(pending, outbox_oldest)] = await rows("outbox")
+            [(pending, outbox_oldest, set_aside)] = await rows("outbox")
             m.outbox_pending.set(_number(pending))
             m.outbox_oldest.set(_number(outbox_oldest))
-            [(set_aside,)] = await rows("outbox_set_aside")
             m.outbox_set_aside.set(_number(set_aside))
             states = dict.fromkeys(_EFFECT_STATES, 0.0) | {state: _number(n) for state, n in await rows("effects")}
             for state, count in states.items():
