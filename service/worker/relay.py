@@ -7,8 +7,8 @@ with the same `event-id` / `failure-id` headers, so readers deduplicate on those
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaProducer
@@ -26,8 +26,11 @@ from service.store.outbox import ClaimedRow
 from service.store.uow import UnitOfWork
 
 log = structlog.get_logger("order_service.relay")
+T = TypeVar("T")
 
 _IDLE_POLL_SECONDS = 0.2
+# Longer than the producer's request timeout (15 s), so that Kafka's own answer, when there is one, comes first.
+_WAITING_LOG_SECONDS = 20.0
 # The errors that say Kafka will never take this record as it is, whatever the retry.
 _TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
 SET_ASIDE_TOO_LARGE = "MESSAGE_TOO_LARGE"
@@ -88,7 +91,7 @@ class Relay:
             rows = await outbox.claim(uow.connection, self._settings.relay_batch_size)
             if not rows:
                 return 0
-            outcomes = await _send_all(producer, rows)
+            outcomes = await _said_while_waiting(_send_all(producer, rows))
             published = [row for row, outcome in zip(rows, outcomes, strict=True) if outcome is None]
             failed = [(row, outcome) for row, outcome in zip(rows, outcomes, strict=True) if outcome is not None]
             refused: list[ClaimedRow] = []
@@ -137,6 +140,26 @@ class Relay:
         finally:
             await producer.stop()
         return published, refused, None
+
+
+async def _said_while_waiting(sending: Coroutine[Any, Any, T]) -> T:
+    """Await a send, with one log line per interval while it waits.
+
+    aiokafka waits for a topic's first metadata without end while the broker is away (its metadata update
+    retries forever). Cancelling that send would not help: stopping the producer flushes what it holds, and
+    the rows would go out twice. So the relay waits, and says so.
+    """
+    task = asyncio.ensure_future(sending)
+    waited = 0.0
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_WAITING_LOG_SECONDS)
+            if done:
+                return task.result()
+            waited += _WAITING_LOG_SECONDS
+            log.warning("kafka_publish_waiting", waited_seconds=waited)
+    finally:
+        task.cancel()  # (a no-op once it is done; else the send ends with the caller)
 
 
 async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[BaseException | None]:
