@@ -518,17 +518,22 @@ def parked_list(as_json: JsonFlag = False) -> None:
     if as_json:
         _print_json(held)
         return
-    table = Table("key", "parked", "oldest parked", "blocked by (quarantined)", "retrying")
+    table = Table("key", "parked", "oldest parked", "held by")
     for row in held:
         oldest = row["oldest_parked_at"]
-        table.add_row(
-            row["order_key"],
-            str(row["parked"]),
-            _age(oldest) if oldest else "-",
-            row["blocked_by"] or "",
-            row["retrying"] or "",
-        )
+        table.add_row(row["order_key"], str(row["parked"]), _age(oldest) if oldest else "-", _holder(row))
     _tables().print(table)
+
+
+def _holder(row: dict[str, Any]) -> str:
+    """What holds a key, in words an operator acts on."""
+    if row["blocked_by"]:
+        return f"quarantined head {row['blocked_by']}"
+    if row["retrying"]:
+        return f"head in a retry tier {row['retrying']}"
+    if row["releasing_by"]:
+        return f"nothing: being released by {row['releasing_by']}"
+    return "nothing: waiting for a consumer to release it"
 
 
 @parked_app.command("release")
@@ -536,13 +541,32 @@ def parked_release(
     key: Annotated[str, typer.Argument(help="The order key to free; its parked records are then applied in order.")],
     as_json: JsonFlag = False,
 ) -> None:
-    """Free a key held by a quarantined head; a running consumer applies its parked records in order."""
+    """Free a key whatever holds it (a quarantined head, or a head in a retry tier, which keeps retrying on its
+    own); a running consumer then applies its parked records in order."""
     settings = _settings()
     released = _run(lambda _: _read(settings, lambda c: parking.release(c, settings.consumer_name, key), commit=True))
     if as_json:
-        _print_json({"key": key, "released": released})
+        _print_json(
+            {
+                "key": key,
+                "released": released.freed,
+                "blockedBy": released.blocked_by,
+                "retrying": released.retrying,
+                "parked": released.parked,
+            }
+        )
         return
-    typer.echo(f"{key}: released" if released else f"{key}: was not blocked (nothing to release)")
+    if released.blocked_by:
+        typer.echo(f"{key}: released (was held by quarantined head {released.blocked_by}); {released.parked} parked")
+    elif released.retrying:
+        heads = ", ".join(released.retrying)
+        typer.echo(
+            f"{key}: released (was held by {heads} in a retry tier, which retries on its own); {released.parked} parked"
+        )
+    elif released.parked:
+        typer.echo(f"{key}: nothing held it; its {released.parked} parked records are released by a running consumer")
+    else:
+        typer.echo(f"{key}: nothing held it and nothing is parked behind it")
 
 
 @outbox_app.command("set-aside")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, exists, func, select, text
+from sqlalchemy import and_, delete, exists, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -65,18 +66,77 @@ async def unblock_failures(connection: AsyncConnection, consumer: str, failure_i
         )
 
 
-async def release(connection: AsyncConnection, consumer: str, key: str) -> bool:
-    """Unblock a key; its parked records are then applied in order by a consumer. True if it was blocked."""
-    result = await connection.execute(
-        delete(key_blocks).where(key_blocks.c.consumer_name == consumer, key_blocks.c.order_key == key)
-    )
-    return bool(result.rowcount)
+@dataclass(frozen=True)
+class Released:
+    """What `release` freed a key from: a quarantined head, a retrying head, or nothing."""
+
+    blocked_by: str | None  # the failure id of the quarantined head that held it
+    retrying: list[str]  # message ids of retry-tier heads that no longer hold it (they keep retrying)
+    parked: int  # parked records of the key, which a consumer now applies in order
+
+    @property
+    def freed(self) -> bool:
+        """Whether anything held the key."""
+        return self.blocked_by is not None or bool(self.retrying)
+
+
+async def release(connection: AsyncConnection, consumer: str, key: str) -> Released:
+    """Free a key whatever holds it; its parked records are then applied in order by a consumer.
+
+    A quarantined head's block is removed (the record stays quarantined). A head waiting in a retry tier keeps
+    its retry row, so its tier copy is still recognised and retried, but no longer holds the key: the records
+    behind it are applied now, before it, as the operator asked.
+    """
+    blocked_by = (
+        await connection.execute(
+            delete(key_blocks)
+            .where(key_blocks.c.consumer_name == consumer, key_blocks.c.order_key == key)
+            .returning(key_blocks.c.failure_id)
+        )
+    ).scalar()
+    retrying = (
+        await connection.execute(
+            update(retries)
+            .where(retries.c.consumer_name == consumer, retries.c.order_key == key)
+            .values(order_key=None)
+            .returning(retries.c.message_id)
+        )
+    ).scalars()
+    waiting = (
+        await connection.execute(
+            select(func.count()).where(parked.c.consumer_name == consumer, parked.c.order_key == key)
+        )
+    ).scalar_one()
+    return Released(blocked_by, sorted(retrying), int(waiting))
 
 
 async def releasable(
-    connection: AsyncConnection, consumer: str, *, exclude: Iterable[str], keys: int, per_key: int
+    connection: AsyncConnection,
+    consumer: str,
+    member: str,
+    *,
+    exclude: Collection[str],
+    keys: int,
+    per_key: int,
+    lease: timedelta,
 ) -> list[StoredParked]:
-    """Parked records of keys that nothing holds any more, oldest first, a bounded number per key."""
+    """Claim parked records of keys that nothing holds any more, oldest first, a bounded number per key.
+
+    Claims are taken one member at a time (a transaction-scoped advisory lock per consumer name), so exactly one
+    member releases a key's records: a key is skipped while another member's lease on any of its records runs.
+    The caller's keys in `exclude` are in its memory already: their leases are renewed instead. Commit after.
+    """
+    await connection.execute(
+        text("SELECT pg_advisory_xact_lock(hashtext('parked-release'), hashtext(:consumer))"), {"consumer": consumer}
+    )
+    until = func.now() + lease
+    if exclude:
+        await connection.execute(
+            update(parked)
+            .where(parked.c.consumer_name == consumer, parked.c.claimed_by == member, parked.c.order_key.in_(exclude))
+            .values(claimed_until=until)
+        )
+    other = parked.alias("other")
     free = (
         select(parked.c.order_key)
         .where(
@@ -84,6 +144,14 @@ async def releasable(
             parked.c.order_key.not_in(list(exclude)),
             ~exists().where(and_(retries.c.consumer_name == consumer, retries.c.order_key == parked.c.order_key)),
             ~exists().where(and_(key_blocks.c.consumer_name == consumer, key_blocks.c.order_key == parked.c.order_key)),
+            ~exists().where(
+                and_(
+                    other.c.consumer_name == consumer,
+                    other.c.order_key == parked.c.order_key,
+                    other.c.claimed_by != member,
+                    other.c.claimed_until > func.now(),
+                )
+            ),
         )
         .group_by(parked.c.order_key)
         .order_by(func.min(parked.c.id))
@@ -93,12 +161,27 @@ async def releasable(
     if not free_keys:
         return []
     numbered = (
-        select(parked, func.row_number().over(partition_by=parked.c.order_key, order_by=parked.c.id).label("n"))
+        select(parked.c.id, func.row_number().over(partition_by=parked.c.order_key, order_by=parked.c.id).label("n"))
         .where(parked.c.consumer_name == consumer, parked.c.order_key.in_(free_keys))
         .subquery()
     )
-    result = await connection.execute(select(numbered).where(numbered.c.n <= per_key).order_by(numbered.c.id))
-    return [_stored(row) for row in result]
+    claimed = await connection.execute(
+        update(parked)
+        .where(parked.c.id.in_(select(numbered.c.id).where(numbered.c.n <= per_key)))
+        .values(claimed_by=member, claimed_until=until)
+        .returning(*parked.c)
+    )
+    return sorted((_stored(row) for row in claimed), key=lambda stored: stored.id)
+
+
+async def unclaim(connection: AsyncConnection, member: str, ids: Sequence[int] | None = None) -> None:
+    """Give up claims: on these parked rows (left parked, their key held again), or all of the member's."""
+    statement = update(parked).where(parked.c.claimed_by == member).values(claimed_by=None, claimed_until=None)
+    if ids is not None:
+        if not ids:
+            return
+        statement = statement.where(parked.c.id.in_(ids))
+    await connection.execute(statement)
 
 
 def _stored(row: Any) -> StoredParked:
@@ -131,8 +214,11 @@ _SUMMARY = text(
                AS oldest_parked_at,
            (SELECT failure_id FROM key_blocks b WHERE b.consumer_name = :consumer AND b.order_key = held.order_key)
                AS blocked_by,
-           (SELECT failure_id FROM retries r WHERE r.consumer_name = :consumer AND r.order_key = held.order_key)
-               AS retrying
+           (SELECT min(message_id) FROM retries r WHERE r.consumer_name = :consumer AND r.order_key = held.order_key)
+               AS retrying,
+           (SELECT min(claimed_by) FROM parked p WHERE p.consumer_name = :consumer AND p.order_key = held.order_key
+                AND p.claimed_until > now())
+               AS releasing_by
     FROM held
     ORDER BY oldest_parked_at NULLS LAST, held.order_key
     """
@@ -140,7 +226,9 @@ _SUMMARY = text(
 
 
 async def summary(connection: AsyncConnection, consumer: str) -> list[dict[str, Any]]:
-    """Held keys: parked records per key, since when, and what holds the key (a quarantined or retrying head)."""
+    """Held keys: parked records per key, since when, and what holds the key: a quarantined head (its failure
+    id), a head in a retry tier (its message id), or nothing, the records then being released by a member
+    (`releasing_by`) or waiting for a consumer to take them."""
     return [dict(row._mapping) for row in await connection.execute(_SUMMARY, {"consumer": consumer})]
 
 

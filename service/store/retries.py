@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete
+from sqlalchemy import and_, delete, exists
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.store.tables import retries
+from service.store.tables import inbox, retries
 
 
 @dataclass(frozen=True)
@@ -49,3 +49,28 @@ async def finish(connection: AsyncConnection, consumer: str, message_ids: Sequen
         await connection.execute(
             delete(retries).where(retries.c.consumer_name == consumer, retries.c.message_id.in_(message_ids))
         )
+
+
+async def drop_finished(connection: AsyncConnection, consumer: str, message_ids: Sequence[str]) -> None:
+    """Remove the retry rows of these records that are terminal already (a hand-off that lost a race)."""
+    await connection.execute(
+        delete(retries).where(
+            retries.c.consumer_name == consumer,
+            retries.c.message_id.in_(message_ids),
+            exists().where(and_(inbox.c.consumer_name == consumer, inbox.c.message_id == retries.c.message_id)),
+        )
+    )
+
+
+async def sweep_orphans(connection: AsyncConnection) -> list[tuple[str, str]]:
+    """Remove retry rows whose record is terminal (in the inbox): (consumer, message id) of each."""
+    result = await connection.execute(
+        delete(retries)
+        .where(
+            exists().where(
+                and_(inbox.c.consumer_name == retries.c.consumer_name, inbox.c.message_id == retries.c.message_id)
+            )
+        )
+        .returning(retries.c.consumer_name, retries.c.message_id)
+    )
+    return [(row.consumer_name, row.message_id) for row in result]

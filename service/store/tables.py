@@ -186,6 +186,9 @@ parked = Table(
     Column("value", LargeBinary),
     Column("headers", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     Column("parked_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The member releasing it now, until its lease ends (database time): one member applies a parked record.
+    Column("claimed_by", Text),
+    Column("claimed_until", DateTime(timezone=True)),
     Index("ix_parked_consumer_name_order_key_id", "consumer_name", "order_key", "id"),
 )
 

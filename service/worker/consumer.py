@@ -34,6 +34,8 @@ _ROUNDS_IN_FLIGHT = 2  # one round plans while the other's transaction runs
 # decoded the next records, with PostgreSQL idle meanwhile.
 _FETCHED_ROUNDS = 3
 _RELEASE_EVERY_SECONDS = 0.5
+# How long a revoked partition waits for the rounds in flight before it goes: well inside the rebalance timeout.
+_HAND_OVER_SECONDS = 10.0
 
 
 class ConsumerLoop:
@@ -73,7 +75,7 @@ class ConsumerLoop:
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set, then finish the in-flight transactions, commit and return."""
         consumer = self._make_consumer()
-        consumer.subscribe(self._topics, listener=_Rebalance(self))
+        consumer.subscribe(self._topics, listener=_Rebalance(self, consumer))
         if not await start_with_backoff(consumer.start, stop, "consumer"):
             return
         log.info("consumer_started", topics=self._topics)
@@ -102,6 +104,7 @@ class ConsumerLoop:
                 await self._committing
             if self._uncommitted:
                 await self._commit(consumer)
+            await self._processor.let_go()
             await consumer.stop()
             log.info("consumer_stopped")
         self._raise_from_failed_rounds()
@@ -139,6 +142,19 @@ class ConsumerLoop:
         timeout = _MAX_WAIT_SECONDS if next_due is None else min(_MAX_WAIT_SECONDS, next_due - now)
         self._arrived.clear()
         await _first(self._arrived.wait(), stop.wait(), within=timeout)
+
+    async def hand_over(self, consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> None:
+        """Before revoked partitions go to another member: let the rounds in flight finish (bounded), commit what
+        they made terminal, then drop the lanes. The next owner then starts after those records instead of racing
+        this member's late writes with its own."""
+        if self._rounds:
+            await asyncio.wait(list(self._rounds), timeout=_HAND_OVER_SECONDS)
+        revoked = set(partitions)
+        if any(partition in revoked for partition in self._uncommitted):
+            if self._committing is not None and not self._committing.done():
+                await asyncio.wait([self._committing], timeout=_HAND_OVER_SECONDS)
+            await self._commit(consumer)
+        self.forget(partitions)
 
     def forget(self, partitions: list[TopicPartition]) -> None:
         """Drop the lanes of revoked partitions: their records were not terminal; the next owner gets them."""
@@ -254,11 +270,12 @@ async def _first(*waits: Coroutine[Any, Any, Any], within: float) -> None:
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     """Log the partitions this member owns after each rebalance, and drop revoked lanes."""
 
-    def __init__(self, loop: ConsumerLoop) -> None:
+    def __init__(self, loop: ConsumerLoop, consumer: AIOKafkaConsumer) -> None:
         self._loop = loop
+        self._consumer = consumer
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        self._loop.forget(list(revoked))
+        await self._loop.hand_over(self._consumer, list(revoked))
         log.info("partitions_revoked", partitions=sorted(f"{tp.topic}/{tp.partition}" for tp in revoked))
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:

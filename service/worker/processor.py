@@ -13,9 +13,12 @@ The consumer loop owns the lanes and the Kafka side; this class only decides and
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import secrets
+import socket
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -55,6 +58,9 @@ Clock = Callable[[], datetime]
 
 _CUSTOMER_LOOKUP_CONCURRENCY = 16
 _MAX_CONFLICT_ROUNDS = 5
+# A member's claim on the parked records it releases; renewed every release cycle (half a second) while they are
+# in its memory, so it only runs out when the member is gone or stalled, and another member then takes them.
+_RELEASE_LEASE = timedelta(seconds=30)
 PARKED_TOPIC = "(parked)"
 _FREE_KEY = ordering.KeyState()  # a key with no retry head, block or parked records
 _PLACEMENTS = frozenset({OrderPlacedV1, OrderPlacedV2})  # messages that create their order
@@ -156,10 +162,13 @@ class _Write:
     quarantined: list[QuarantineRow] = field(default_factory=list)
     parked: list[ParkedRecord] = field(default_factory=list)
     unparked: list[int] = field(default_factory=list)
+    unclaimed: list[int] = field(default_factory=list)  # parked rows left parked: their key is held again
     retrying: list[RetryRow] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     blocks: list[tuple[str, str]] = field(default_factory=list)
     outcomes: list[tuple[Pending, Outcome, ErrorCode | None]] = field(default_factory=list)
+    stepped: Collection[str] = ()  # message ids with a retry row, per the round's look-up
+    holding: Collection[str] = ()  # of those, the ones that hold their key (a retrying head)
 
 
 class Processor:
@@ -192,6 +201,8 @@ class Processor:
         self._failing: dict[str, int] = defaultdict(int)  # consecutive transient failures per downstream
         # A reprocessed record gets the blocking retries only; if it fails again it goes back to quarantine.
         self._reprocess_policy = replace(policy, tiers=())
+        # Who claims parked records for release: one process, one lease holder (several members share a table).
+        self._member = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
     def pending(self, record: SourceRecord) -> Pending:
         """A fetched record as a Pending; a tier copy carries its origin and history in headers."""
@@ -229,10 +240,29 @@ class Processor:
         return Pending(record, decode(record.value), record.coordinates, record.timestamp_ms, stored.id)
 
     async def releasable(self, busy: set[str], keys: int = 50, per_key: int = 100) -> list[Pending]:
-        """Parked records of keys that are free again, oldest first; `busy` keys are already in memory."""
+        """Claim parked records of keys that are free again, oldest first; `busy` keys are already in memory
+        (their claims are renewed). Another member's claimed keys are left to it until its lease ends."""
         async with UnitOfWork(self._engine) as uow:
-            stored = await parking.releasable(uow.connection, self._consumer, exclude=busy, keys=keys, per_key=per_key)
+            stored = await parking.releasable(
+                uow.connection,
+                self._consumer,
+                self._member,
+                exclude=busy,
+                keys=keys,
+                per_key=per_key,
+                lease=_RELEASE_LEASE,
+            )
+            await uow.commit()
         return [self.unparked(row) for row in stored]
+
+    async def let_go(self) -> None:
+        """Give up this member's claims on parked records (on the way out), so another member takes them now."""
+        try:
+            async with UnitOfWork(self._engine) as uow:
+                await parking.unclaim(uow.connection, self._member)
+                await uow.commit()
+        except InfrastructureUnavailable:
+            pass  # the leases end on their own
 
     async def attempt(self, due: Sequence[Pending], stop: asyncio.Event) -> set[Pending]:
         """Attempt the due records once; return those that left (committed), in any outcome.
@@ -415,8 +445,13 @@ class Processor:
             )
             await parking.park(c, self._consumer, write.parked)
             await parking.unpark(c, write.unparked)
+            await parking.unclaim(c, self._member, write.unclaimed)
             await parking.block(c, self._consumer, write.blocks)
             await retries.upsert(c, self._consumer, write.retrying)
+            if write.retrying:
+                # A member that lost the partition while it wrote may hand over a record the new owner has already
+                # finished: no retry row may outlive its record's terminal state.
+                await retries.drop_finished(c, self._consumer, [row.message_id for row in write.retrying])
             await retries.finish(c, self._consumer, write.finished)
             crash_point("mid-write", self._settings.fault_crash_at)
             await uow.commit()
@@ -439,7 +474,7 @@ class Processor:
 
     def _plan(self, ready: list[Pending], plan: _Plan, current: dict[str, model.Order]) -> _Write:
         """Decide, in memory and in lane order, what each ready record writes."""
-        write = _Write()
+        write = _Write(stepped=plan.facts.known.steps.keys(), holding=plan.facts.known.heads.values())
         state = dict(current)
         touched: dict[str, None] = {}  # insertion-ordered set of changed order ids
         seen_now: set[str] = set()
@@ -447,10 +482,12 @@ class Processor:
         for pending in ready:
             route = plan.routes[pending]
             if route is ordering.Route.HOLD:
+                if pending.parked_id is not None:
+                    write.unclaimed.append(pending.parked_id)
                 write.outcomes.append((pending, Outcome.HELD, None))
                 continue
             if pending in plan.duplicates or pending.message_id in seen_now:
-                self._leave(write, pending, Outcome.DUPLICATE, None)
+                self._leave(write, pending, Outcome.DUPLICATE, None, orphan=self._orphaned(pending, facts))
                 continue
             seen_now.add(pending.message_id)
             pending.reopen = pending.reprocess and facts.known.seen.get(pending.message_id) == "quarantined"
@@ -488,13 +525,28 @@ class Processor:
         write.changed = [state[order_id] for order_id in touched if order_id in current]
         return write
 
-    def _leave(self, write: _Write, pending: Pending, outcome: Outcome, code: ErrorCode | None) -> None:
-        """Book-keeping every departing record shares: out of the parked table and the retry table."""
+    def _leave(
+        self, write: _Write, pending: Pending, outcome: Outcome, code: ErrorCode | None, *, orphan: bool = False
+    ) -> None:
+        """Book-keeping every departing record shares: out of the parked table and the retry table.
+
+        A record that reaches its terminal state takes its retry row with it in the same transaction. A duplicate
+        keeps the row (a tier copy of an old step must not end the record's current step) unless the record is
+        terminal already: then the row is an `orphan` that a revoked member's late hand-off left behind.
+        """
         if pending.parked_id is not None:
             write.unparked.append(pending.parked_id)
-        if pending.in_tier and outcome is not Outcome.DUPLICATE:
+        if orphan or (outcome is not Outcome.DUPLICATE and (pending.in_tier or pending.message_id in write.stepped)):
             write.finished.append(pending.message_id)
+        if orphan:
+            log.warning("retry_orphan_removed", message_id=pending.message_id)
         write.outcomes.append((pending, outcome, code))
+
+    @staticmethod
+    def _orphaned(pending: Pending, facts: _Facts) -> bool:
+        """A duplicate whose record is terminal while a retry row for it still exists."""
+        known = facts.known
+        return pending.message_id in known.steps and known.seen.get(pending.message_id) is not None
 
     def _terminal(self, write: _Write, pending: Pending, status: str, code: ErrorCode | None) -> None:
         """The inbox row of a record that reached `status`; a reprocessed quarantined record moves its row."""
@@ -635,8 +687,14 @@ class Processor:
                 last_failed_at=history.last_failed_at,
             )
         )
-        # A head that waited in a retry tier and is now quarantined keeps its key held (ORDERS_ORDERING=key).
-        if pending.in_tier and key is not None and self._settings.ordering == "key":
+        # A head that waited in a retry tier and is now quarantined keeps its key held (ORDERS_ORDERING=key),
+        # unless an operator released the key while it waited (its retry row no longer holds the key).
+        if (
+            pending.in_tier
+            and key is not None
+            and self._settings.ordering == "key"
+            and pending.message_id in write.holding
+        ):
             write.blocks.append((key, envelope.failure_id))
         write.inbox_rows.append(self._inbox_row(pending, "quarantined", code))
         self._leave(write, pending, Outcome.QUARANTINED, code)

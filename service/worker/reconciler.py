@@ -1,5 +1,6 @@
-"""The reconciler: one bounded pass for cron. It takes back expired effect leases, resolves uncertain effects
-through the providers' look-ups, and purges inbox (and published outbox) rows older than the dedup window.
+"""The reconciler: one bounded pass for cron. It takes back expired effect leases, removes orphan retry rows,
+resolves uncertain effects through the providers' look-ups, and purges inbox (and published outbox) rows older
+than the dedup window.
 
 Only one pass runs at a time: a PostgreSQL advisory lock; a second concurrent run returns at once.
 """
@@ -19,7 +20,7 @@ from service.config import Settings
 from service.domain.codes import ErrorCode
 from service.metrics import Metrics
 from service.policy.effects import EffectPolicy, LookupFailed, LookupOutcome, after_lookup
-from service.store import effects
+from service.store import effects, retries
 from service.store.effects import EffectRow
 from service.store.tables import reconcile_runs
 from service.store.uow import UnitOfWork, translated_errors
@@ -42,6 +43,7 @@ class Summary:
     still_uncertain: int = 0
     inbox_purged: int = 0
     outbox_purged: int = 0
+    retry_orphans_removed: int = 0
     seconds: float = 0.0
     complete: bool = True  # False when the time budget ended the pass early
 
@@ -51,7 +53,8 @@ class Summary:
             f"reconcile: {self.leases_expired} expired leases taken back; uncertain effects: "
             f"{self.resolved_sent} sent, {self.sent_back_to_pending} back to pending, {self.failed} failed, "
             f"{self.still_uncertain} still uncertain; purged {self.inbox_purged} inbox and {self.outbox_purged} "
-            f"outbox rows; {self.seconds:.2f}s" + ("" if self.complete else " (time budget reached, run again)")
+            f"outbox rows; {self.retry_orphans_removed} orphan retry rows removed; {self.seconds:.2f}s"
+            + ("" if self.complete else " (time budget reached, run again)")
         )
 
 
@@ -89,6 +92,7 @@ class Reconciler:
             try:
                 summary = Summary()
                 await self._expire(summary)
+                await self._sweep(summary)
                 await self._resolve(summary, deadline)
                 await self._purge(summary, deadline)
                 summary.seconds = time.monotonic() - clock
@@ -105,6 +109,16 @@ class Reconciler:
         summary.leases_expired = len(expired)
         for key in expired:
             log.warning("effect_lease_expired", effect=key)
+
+    async def _sweep(self, summary: Summary) -> None:
+        """Remove retry rows whose record is terminal: they would hold its key for ever. The consumer removes
+        them itself when a late tier copy arrives; this covers a copy that never comes (a crash, a purge)."""
+        async with UnitOfWork(self._engine) as uow:
+            orphans = await retries.sweep_orphans(uow.connection)
+            await uow.commit()
+        summary.retry_orphans_removed = len(orphans)
+        for consumer, message_id in orphans:
+            log.warning("retry_orphan_removed", consumer=consumer, message_id=message_id)
 
     async def _resolve(self, summary: Summary, deadline: float) -> None:
         async with UnitOfWork(self._engine) as uow:

@@ -143,7 +143,7 @@ async def test_a_quarantined_head_keeps_its_key_parked_until_an_operator_release
 
         # When an operator releases the key
         released = await cli(settings, "parked", "release", "K", "--json")
-        assert json.loads(released.stdout) == {"key": "K", "released": True}
+        assert json.loads(released.stdout)["released"] is True
 
         # Then the parked record is applied (its order never existed, so it is rejected), and K is free
         await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM inbox WHERE message_id = 'K.2/cancel'"))

@@ -34,6 +34,9 @@ class _Processor:
     def pending(self, record: SourceRecord) -> Pending:
         return Pending(record, decode(record.value), record.coordinates, 0)
 
+    async def let_go(self) -> None:
+        pass
+
     async def releasable(self, busy: set[str]) -> list[Pending]:
         return []
 
@@ -156,6 +159,32 @@ async def test_at_its_bound_the_fetcher_stops_asking_without_pausing_and_asks_ag
     await eventually(lambda: _true(consumer.fetched == 12 + len(round_)), timeout=5, interval=0.01)
     await _settle()
     assert consumer.fetched == 12 + len(round_)
+    stop.set()
+    for _, release in processor.rounds:
+        release.set()
+    await asyncio.wait_for(running, timeout=5)
+
+
+async def test_a_revoked_partition_waits_for_its_round_in_flight_and_commits_it_before_it_goes() -> None:
+    # Given a round in flight on the only partition
+    processor = _Processor()
+    consumer = _Consumer(available=2, partitions=1)
+    loop = ConsumerLoop(processor, Metrics(), lambda: consumer, [TOPIC], 2)  # type: ignore[arg-type]
+    stop = asyncio.Event()
+    running = asyncio.create_task(loop.run(stop))
+    await eventually(lambda: _true(len(processor.rounds) == 1), timeout=5, interval=0.01)
+    partition = TopicPartition(TOPIC, 0)
+
+    # When the partition is revoked, the hand-over waits for the round
+    handing_over = asyncio.create_task(loop.hand_over(consumer, [partition]))  # type: ignore[arg-type]
+    await _settle()
+    assert not handing_over.done()
+
+    # Then once the round commits, its offset is committed before the partition goes to another member
+    (round_, release), *_ = processor.rounds
+    release.set()
+    await asyncio.wait_for(handing_over, timeout=5)
+    assert consumer.commits[-1] == {partition: max(p.record.offset for p in round_) + 1}
     stop.set()
     for _, release in processor.rounds:
         release.set()
