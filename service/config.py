@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # Test instrumentation only (see service/faults.py): a named point where the process kills itself.
     fault_crash_at: Literal["after-commit", "mid-write", "after-publish"] | None = None
+    # Test instrumentation only: a named write that fails as if the store refused its content.
+    fault_fail_at: Literal["quarantine-write"] | None = None
 
     @field_validator("known_tenants", mode="before")
     @classmethod

@@ -4,12 +4,25 @@
 and before the offset commit; `mid-write` makes it die with a batch's transaction written but not committed;
 `after-publish` makes a relay die after Kafka acknowledged and before the rows are marked published.
 Unset in production. A real SIGKILL, not an exception, so no `finally` runs.
+
+`ORDERS_FAULT_FAIL_AT=quarantine-write` makes every ordinary quarantine write fail, so the last-resort path
+(service/worker/processor.py) is shown to quarantine the record anyway.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+
+
+class InjectedFault(Exception):
+    """A failure a test asked for (ORDERS_FAULT_FAIL_AT), standing for content the store refuses."""
+
+
+def fail_point(name: str, armed: str | None) -> None:
+    """Fail here, as a write the database refuses would, when this point is the armed one."""
+    if armed == name:
+        raise InjectedFault(name)
 
 
 def crash_point(name: str, armed: str | None) -> None:

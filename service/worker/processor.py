@@ -33,7 +33,7 @@ from service.domain.codes import ErrorCode, FailureKind
 from service.domain.messages import DecodeFailure, OrderMessage, OrderPlacedV1, OrderPlacedV2, decode, sequence_of
 from service.durations import format_duration
 from service.errors import ConcurrentWrite, InfrastructureUnavailable, RecordFailure
-from service.faults import crash_point
+from service.faults import crash_point, fail_point
 from service.metrics import Metrics
 from service.policy import ordering, redelivery
 from service.policy.backpressure import BackpressurePolicy, pause_for
@@ -300,8 +300,7 @@ class Processor:
                 raise
             except Exception as error:
                 if len(ready) == 1:
-                    log.debug("record_write_failed", message_id=ready[0].message_id, exc_info=error)
-                    failures[ready[0]] = Failure(ErrorCode.UNEXPECTED_ERROR)
+                    done = await self._write_failed(ready[0], plan, failures, error)
                 else:
                     # One bad record must not fail its neighbours: apply them one at a time.
                     done = await self._write_one_by_one(ready, plan, failures)
@@ -411,18 +410,40 @@ class Processor:
             except (ConcurrentWrite, InfrastructureUnavailable):
                 raise
             except Exception as error:
-                log.debug("record_write_failed", message_id=pending.message_id, exc_info=error)
-                failures[pending] = Failure(ErrorCode.UNEXPECTED_ERROR)
-                blocked.add(pending.thread)
+                left = await self._write_failed(pending, plan, failures, error)
+                if not left:
+                    blocked.add(pending.thread)
+                done |= left
         return done
 
-    async def _write(self, ready: list[Pending], plan: _Plan) -> set[Pending]:
-        """Apply the ready records in one transaction and commit it."""
+    async def _write_failed(
+        self, pending: Pending, plan: _Plan, failures: dict[Pending, Failure], error: Exception
+    ) -> set[Pending]:
+        """A record whose write failed on its own. One on its way to quarantine is quarantined by the last-resort
+        path, whose rows hold nothing taken from the record but its bytes (`bytea`), so that it cannot fail the
+        same way again; any other record failed `UNEXPECTED_ERROR` and is retried within its budget."""
+        log.debug("record_write_failed", message_id=pending.message_id, error=type(error).__name__)
+        if _quarantine_bound(pending, plan):
+            log.error("quarantine_write_failed", message_id=pending.message_id, error=type(error).__name__)
+            try:
+                return await self._write([pending], plan, last_resort=True)
+            except (ConcurrentWrite, InfrastructureUnavailable):
+                raise
+            except Exception as again:
+                log.error("last_resort_quarantine_failed", message_id=pending.message_id, error=type(again).__name__)
+        failures[pending] = Failure(ErrorCode.UNEXPECTED_ERROR)
+        return set()
+
+    async def _write(self, ready: list[Pending], plan: _Plan, *, last_resort: bool = False) -> set[Pending]:
+        """Apply the ready records in one transaction and commit it (`last_resort`: quarantine the one record
+        with an envelope of nothing but its identities, see `_write_failed`)."""
         async with UnitOfWork(self._engine) as uow:
             c = uow.connection
             wanted = (p.order_id for p in ready if plan.routes[p] is ordering.Route.APPLY and self._reads(p, plan))
             current = await orders.lock(c, filter(None, wanted))
-            write = self._plan(ready, plan, current)
+            write = self._plan(ready, plan, current, last_resort=last_resort)
+            if write.quarantined and not last_resort:
+                fail_point("quarantine-write", self._settings.fault_fail_at)
             reopened = await inbox.reopen(c, self._consumer, write.reopened)
             if len(reopened) != len(write.reopened):
                 raise ConcurrentWrite("a quarantined message was moved concurrently")
@@ -472,7 +493,9 @@ class Processor:
             self._metrics.record(outcome.value, code.value if code else None, count)
         return {pending for pending, _, _ in write.outcomes}
 
-    def _plan(self, ready: list[Pending], plan: _Plan, current: dict[str, model.Order]) -> _Write:
+    def _plan(
+        self, ready: list[Pending], plan: _Plan, current: dict[str, model.Order], *, last_resort: bool = False
+    ) -> _Write:
         """Decide, in memory and in lane order, what each ready record writes."""
         write = _Write(stepped=plan.facts.known.steps.keys(), holding=plan.facts.known.heads.values())
         state = dict(current)
@@ -495,7 +518,10 @@ class Processor:
                 self._park(write, pending)
                 continue
             message = pending.decoded
-            if pending.next_tier is not None:
+            if last_resort:
+                code = pending.verdict or (message.code if isinstance(message, DecodeFailure) else None)
+                self._quarantine(write, pending, code or ErrorCode.UNEXPECTED_ERROR, last_resort=True)
+            elif pending.next_tier is not None:
                 self._to_tier(write, pending)
             elif pending.verdict is not None:
                 self._quarantine(write, pending, pending.verdict)
@@ -651,7 +677,7 @@ class Processor:
         self._terminal(write, pending, "rejected", code)
         self._leave(write, pending, Outcome.REJECTED, code)
 
-    def _quarantine(self, write: _Write, pending: Pending, code: ErrorCode) -> None:
+    def _quarantine(self, write: _Write, pending: Pending, code: ErrorCode, *, last_resort: bool = False) -> None:
         if pending.reprocess:
             # It failed again: back to the queue with a higher repeat count, nothing flows back on its own.
             write.requarantined.append((pending, code))
@@ -667,21 +693,26 @@ class Processor:
             consumer=self._consumer,
             history=history,
             code=code,
-            payload_schema=pending.schema_name,
+            payload_schema=None if last_resort else pending.schema_name,
             timestamp_ms=pending.origin_timestamp_ms,
         )
+        if last_resort:
+            envelope.document["lastResort"] = True
         key = pending.key
-        write.messages.append(OutboxMessage.json(self._topics.quarantine, key, envelope.headers(), envelope.document))
+        stored_key = None if last_resort else key  # the last resort stores nothing taken from the record as text
+        write.messages.append(
+            OutboxMessage.json(self._topics.quarantine, stored_key, envelope.headers(), envelope.document)
+        )
         write.quarantined.append(
             QuarantineRow(
                 failure_id=envelope.failure_id,
                 message_id=pending.message_id,
                 error_code=code.value,
                 owner=owner_for(code, self._owners),
-                order_key=key,
+                order_key=stored_key,
                 envelope=envelope.document,
                 payload=pending.record.value,
-                source_headers=to_json(pending.record.headers),
+                source_headers=to_json(pending.record.headers),  # every name and value as base64 when not text
                 attempts=history.attempts,
                 first_failed_at=history.first_failed_at,
                 last_failed_at=history.last_failed_at,
@@ -773,6 +804,15 @@ class Processor:
                 await uow.commit()
         except InfrastructureUnavailable:
             log.warning("database_unavailable", what="pause log")
+
+
+def _quarantine_bound(pending: Pending, plan: _Plan) -> bool:
+    """Whether the record's write was its quarantine (a spent budget or input that does not decode)."""
+    if pending.reprocess or pending.next_tier is not None or plan.routes[pending] is not ordering.Route.APPLY:
+        return False
+    if pending in plan.duplicates:
+        return False
+    return pending.verdict is not None or pending.failed
 
 
 def _tier_of(pending: Pending) -> str:

@@ -7,6 +7,7 @@ overflowed its column.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import struct
@@ -16,6 +17,8 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.policy.headers import from_json
+from service.policy.records import SourceRecord
 from service.testing.downstream import Downstream
 from tests.support import (
     ServiceProcess,
@@ -158,3 +161,35 @@ async def test_numbers_a_column_holds_are_applied_and_numbers_it_cannot_hold_are
     assert found[f"{topics.source}/2/2"] == ("quarantined", "INVALID_FIELD")
     attempts = await rows(engine, "SELECT attempts FROM quarantine")
     assert [row["attempts"] for row in attempts] == [1, 1]
+
+
+async def test_a_record_whose_quarantine_write_fails_is_quarantined_by_the_last_resort_and_neighbours_apply(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics
+) -> None:
+    # Given a store that refuses every ordinary quarantine write, and a bad record between two good ones
+    settings = settings_for(database_url, kafka, topics, fault_fail_at="quarantine-write")
+    records = [
+        SourceRecord(topics.source, 0, 0, 0, b"G-1", placed("G-1")),
+        SourceRecord(topics.source, 0, 1, 0, b"B-1", b"\x00not json", (("x-binary", b"\x00\xff"),)),
+        SourceRecord(topics.source, 0, 2, 0, b"G-2", placed("G-2")),
+    ]
+
+    # When one processor round attempts them
+    async with running(settings) as container:
+        processor = await container.processor()
+        pending = [processor.pending(record) for record in records]
+        left = await processor.attempt(pending, asyncio.Event())
+
+    # Then all three are terminal in that one round: the good ones applied, the bad one quarantined by the last
+    # resort with its bytes and headers kept exactly, its envelope saying so
+    assert left == set(pending)
+    assert await scalar(engine, "SELECT count(*) FROM orders") == 2
+    [row] = await rows(engine, "SELECT error_code, order_key, payload, source_headers, envelope FROM quarantine")
+    assert row["error_code"] == "MALFORMED_PAYLOAD"
+    assert row["order_key"] is None
+    assert bytes(row["payload"]) == b"\x00not json"
+    assert from_json(row["source_headers"]) == (("x-binary", b"\x00\xff"),)
+    assert row["envelope"]["lastResort"] is True
+    assert row["envelope"]["payloadSchema"] is None
+    assert await scalar(engine, "SELECT status FROM inbox WHERE source_offset = 1") == "quarantined"
+    assert await scalar(engine, f"SELECT count(*) FROM outbox WHERE topic = '{topics.quarantine}'") == 1

@@ -182,8 +182,8 @@ async def test_the_reconciler_sweeps_a_retry_row_whose_record_is_terminal(
     # Given a processed record with a retry row left behind (its tier copy never came), and a live one
     await _execute(
         engine,
-        "INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset, received_at) "
-        "VALUES (:c, 'S.1', 'processed', 'orders', 0, 1, now())",
+        "INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset, "
+        "received_at) VALUES (:c, 'S.1', 'processed', 'orders', 0, 1, now())",
         c=settings.consumer_name,
     )
     await _retry_row(engine, settings, "S.1", "S")

@@ -289,8 +289,12 @@ class Members:
 
     def exited_on_their_own(self) -> list[str]:
         """Members that are not running although nobody stopped them, with their exit codes."""
-        gone = [f"{name} exited {p.process.returncode}" for name, p in self.live.items() if p.process.poll() is not None]
-        return gone + [f"{name} (killed) exited {p.process.returncode}" for name, p in self.killed if p.process.returncode != -9]
+        gone = [
+            f"{name} exited {p.process.returncode}" for name, p in self.live.items() if p.process.poll() is not None
+        ]
+        return gone + [
+            f"{name} (killed) exited {p.process.returncode}" for name, p in self.killed if p.process.returncode != -9
+        ]
 
     def stop(self) -> dict[str, int]:
         """SIGTERM every live member and return the exit codes (each must finish its work and exit 0)."""
@@ -311,7 +315,7 @@ class Members:
     def tails(self) -> str:
         """The end of every member's log (JSON lines without payloads), for a failure's report."""
         parts = []
-        for name, process in [*self.killed, *self.live.items()]:
+        for _, process in [*self.killed, *self.live.items()]:
             parts.append(f"----- {process.log_path.name} -----\n{process.log()[-LOG_TAIL_CHARS:]}")
         return "\n".join(parts)
 
@@ -588,11 +592,11 @@ async def check_database(engine: AsyncEngine, plan: Plan) -> list[str]:
     problems: list[str] = []
     inbox = {r["message_id"]: r for r in await rows(engine, "SELECT message_id, status, error_code FROM inbox")}
     planned = {r.message_id: r for r in plan.records}
-    wrong = []
+    wrong: list[tuple[str, object, object]] = []
     for record in plan.records:
         row = inbox.get(record.message_id)
-        got = (row["status"], row["error_code"]) if row else ("parked", None) if record.status == "parked" else None
-        if record.status == "parked" and row is not None:
+        got = (row["status"], row["error_code"]) if row else None
+        if record.status == "parked" and got is not None:
             wrong.append((record.message_id, "parked", got))
         elif record.status != "parked" and not _ended_as(record, got):
             wrong.append((record.message_id, (record.status, record.code), got))
@@ -603,11 +607,10 @@ async def check_database(engine: AsyncEngine, plan: Plan) -> list[str]:
         problems.append(f"inbox rows for message ids nobody sent: {examples(strangers)}")
 
     quarantined = await rows(engine, "SELECT failure_id, message_id, error_code, status, order_key FROM quarantine")
-    healthy = [(q["message_id"], q["error_code"]) for q in quarantined if planned.get(q["message_id"], None) is None
-               or planned[q["message_id"]].status != "quarantined"]
+    meant = {r.message_id for r in plan.records if r.status == "quarantined"}
+    healthy = [(q["message_id"], q["error_code"]) for q in quarantined if q["message_id"] not in meant]
     if healthy:
         problems.append(f"healthy records quarantined: {examples(healthy)}")
-    meant = {r.message_id for r in plan.records if r.status == "quarantined"}
     missing = sorted(meant - {q["message_id"] for q in quarantined})
     if missing:
         problems.append(f"records meant for quarantine without a quarantine row: {examples(missing)}")
@@ -620,10 +623,8 @@ async def check_database(engine: AsyncEngine, plan: Plan) -> list[str]:
     )
     if retries:
         terminal = [r["message_id"] for r in retries if r["message_id"] in inbox]
-        problems.append(
-            f"retry rows left: {examples([(r['message_id'], r['order_key'], r['tier_step'], r['error_code']) for r in retries])}; "
-            f"{len(terminal)} of them for records already terminal"
-        )
+        left = [(r["message_id"], r["order_key"], r["tier_step"], r["error_code"]) for r in retries]
+        problems.append(f"retry rows left: {examples(left)}; {len(terminal)} of them for records already terminal")
 
     blocks = await rows(engine, "SELECT order_key, failure_id FROM key_blocks")
     open_heads = {q["failure_id"]: q for q in quarantined if q["status"] == "open"}
@@ -631,9 +632,10 @@ async def check_database(engine: AsyncEngine, plan: Plan) -> list[str]:
     if unheaded:
         problems.append(f"keys held without a quarantined head: {examples(unheaded)}")
     held = {b["order_key"] for b in blocks}
-    if held != plan.keys_held():
+    meant_held = plan.keys_held()
+    if held != meant_held:
         problems.append(
-            f"held keys differ: unexpected {sorted(held - plan.keys_held())}, not held {sorted(plan.keys_held() - held)}"
+            f"held keys differ: unexpected {sorted(held - meant_held)}, not held {sorted(meant_held - held)}"
         )
     parked = await rows(engine, "SELECT order_key, message_id, source_partition, source_offset FROM parked ORDER BY id")
     loose = [(p["order_key"], p["message_id"]) for p in parked if p["order_key"] not in held]
