@@ -166,6 +166,51 @@ async def produce_raw(
         await producer.stop()
 
 
+class _RawName(str):
+    """A header name that encodes to exactly these bytes (which need not be UTF-8)."""
+
+    raw: bytes
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self.raw
+
+
+async def produce_raw_names(
+    bootstrap: str,
+    topic: str,
+    records: Sequence[tuple[bytes, bytes, Sequence[tuple[bytes, bytes]]]],
+    partition: int,
+    *,
+    batch_each: bool = False,
+) -> list[int]:
+    """Produce records whose header NAMES are raw bytes (the Kafka protocol allows any bytes; Java and librdkafka
+    producers can send them; aiokafka only sends text), in one batch or (`batch_each`) one batch per record;
+    return their offsets. The pure-Python batch builder is swapped in for this one producer, then put back."""
+    import aiokafka.producer.message_accumulator as accumulator
+    import aiokafka.producer.producer as producing
+    from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
+
+    saved = accumulator.DefaultRecordBatchBuilder, producing.DefaultRecordBatchBuilder
+    accumulator.DefaultRecordBatchBuilder = producing.DefaultRecordBatchBuilder = _DefaultRecordBatchBuilderPy
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=200)
+    try:
+        await producer.start()
+        sent = []
+        for key, value, headers in records:
+            named = []
+            for raw, item in headers:
+                name = _RawName(raw.decode("latin-1"))
+                name.raw = raw
+                named.append((name, item))
+            sent.append(await producer.send(topic, value, key=key, headers=named, partition=partition))
+            if batch_each:
+                await sent[-1]
+        return [meta.offset for meta in await asyncio.gather(*sent)]
+    finally:
+        await producer.stop()
+        accumulator.DefaultRecordBatchBuilder, producing.DefaultRecordBatchBuilder = saved
+
+
 async def read_topic(bootstrap: str, topic: str, *, expect: int, timeout: float = 30.0) -> list[Any]:
     """Read a topic from the beginning until `expect` records arrived (or the deadline), then a little
     longer to catch extra ones; return all records read."""

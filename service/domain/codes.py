@@ -20,6 +20,7 @@ class ErrorCode(StrEnum):
     MALFORMED_PAYLOAD = "MALFORMED_PAYLOAD"
     SCHEMA_UNSUPPORTED = "SCHEMA_UNSUPPORTED"
     INVALID_FIELD = "INVALID_FIELD"
+    UNREADABLE_RECORD = "UNREADABLE_RECORD"  # the Kafka client cannot decode the record (e.g. a non-UTF-8 header name)
 
     UNKNOWN_TENANT = "UNKNOWN_TENANT"
     ORDER_NOT_FOUND = "ORDER_NOT_FOUND"
@@ -65,6 +66,7 @@ _KINDS: dict[ErrorCode, FailureKind] = {
     ErrorCode.MALFORMED_PAYLOAD: FailureKind.INVALID,
     ErrorCode.SCHEMA_UNSUPPORTED: FailureKind.INVALID,
     ErrorCode.INVALID_FIELD: FailureKind.INVALID,
+    ErrorCode.UNREADABLE_RECORD: FailureKind.INVALID,
     ErrorCode.UNKNOWN_TENANT: FailureKind.REJECTED,
     ErrorCode.ORDER_NOT_FOUND: FailureKind.REJECTED,
     ErrorCode.ORDER_EXISTS: FailureKind.REJECTED,

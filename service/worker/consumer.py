@@ -34,6 +34,9 @@ _ROUNDS_IN_FLIGHT = 2  # one round plans while the other's transaction runs
 # decoded the next records, with PostgreSQL idle meanwhile.
 _FETCHED_ROUNDS = 3
 _RELEASE_EVERY_SECONDS = 0.5
+# Unreadable records skipped in one go on one partition (the next fetch goes on); the wait for each probe.
+_MAX_UNREADABLE = 10_000
+_PROBE_WAIT_MS = 1_000
 # How long a revoked partition waits for the rounds in flight before it goes: well inside the rebalance timeout.
 _HAND_OVER_SECONDS = 10.0
 
@@ -66,6 +69,7 @@ class ConsumerLoop:
         self._next_release = 0.0
         self._committing: asyncio.Task[None] | None = None
         self._committed: dict[TopicPartition, int] = {}
+        self._fetched_to: dict[TopicPartition, int] = {}  # the offset of the next record to fetch, per partition
         self._next_lag_report = 0.0
         self._arrived = asyncio.Event()
         self._room = asyncio.Event()  # set when records leave the lanes: the fetcher may fetch again
@@ -125,16 +129,67 @@ class ConsumerLoop:
                 self._room.clear()
                 await _first(self._room.wait(), stop.wait(), within=_MAX_WAIT_SECONDS)
                 continue
-            batches = await consumer.getmany(timeout_ms=_FETCH_WAIT_MS, max_records=min(room, self._batch_size))
+            try:
+                batches = await consumer.getmany(timeout_ms=_FETCH_WAIT_MS, max_records=min(room, self._batch_size))
+            except UnicodeDecodeError:
+                await self._skip_unreadable(consumer)
+                continue
             if not batches:
                 continue
-            pending = self._processor.pending
-            for partition, records in batches.items():
+            self._take(batches)
+            self._reconcile_pauses(consumer, loop.time())
+            self._arrived.set()
+
+    def _take(self, batches: dict[TopicPartition, list[Any]]) -> None:
+        """Fetched records into their lanes; remember where each partition's next record is."""
+        pending = self._processor.pending
+        for partition, records in batches.items():
+            if records:
                 self._lanes.add(
                     (partition.topic, partition.partition), [pending(to_source(record)) for record in records]
                 )
-            self._reconcile_pauses(consumer, loop.time())
-            self._arrived.set()
+                self._fetched_to[partition] = records[-1].offset + 1
+
+    async def _skip_unreadable(self, consumer: AIOKafkaConsumer) -> None:
+        """A record batch the Kafka client cannot decode (a header name that is not UTF-8): without this, every
+        fetch fails on it again, for ever.
+
+        The client decodes a whole batch to return any of it, and a failed fetch may have moved other partitions
+        past records it never returned: every partition goes back to the next record this loop took. Then each
+        partition is read alone to find the one that fails; from its position, each offset the client cannot
+        read is handed to the processor as an `UNREADABLE_RECORD` (quarantined by its coordinates: read it with
+        another client, e.g. kcat, to see it) until a record reads again. Records of that batch the client could
+        have read are among them: the client cannot return them.
+        """
+        assigned = consumer.assignment()
+        for partition in assigned:
+            if partition in self._fetched_to:
+                consumer.seek(partition, self._fetched_to[partition])
+            elif not (await consumer.seek_to_committed(partition)).get(partition):
+                await consumer.seek_to_beginning(partition)
+        for partition in sorted(assigned):
+            if partition in self._paused:
+                continue
+            position = await consumer.position(partition)
+            skipped = 0
+            while skipped < _MAX_UNREADABLE:
+                try:
+                    batches = await consumer.getmany(partition, timeout_ms=_PROBE_WAIT_MS, max_records=1)
+                except UnicodeDecodeError:
+                    self._lanes.add(
+                        (partition.topic, partition.partition),
+                        [self._processor.unreadable(partition.topic, partition.partition, position)],
+                    )
+                    position += 1
+                    skipped += 1
+                    self._fetched_to[partition] = position
+                    consumer.seek(partition, position)
+                    continue
+                self._take(batches)
+                break
+            if skipped:
+                log.warning("unreadable_records", topic=partition.topic, partition=partition.partition, records=skipped)
+        self._arrived.set()
 
     async def _wait(self, stop: asyncio.Event, now: float) -> None:
         """Wait for fetched records, a finished round, the next due time or half a second, whichever is first."""
@@ -163,6 +218,7 @@ class ConsumerLoop:
             self._paused.discard(partition)
             self._uncommitted.pop(partition, None)
             self._committed.pop(partition, None)
+            self._fetched_to.pop(partition, None)
         self._room.set()
 
     def _start_round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, due: list[Pending]) -> None:

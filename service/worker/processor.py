@@ -223,6 +223,12 @@ class Processor:
             pending.due = asyncio.get_running_loop().time() + max(0.0, wait)
         return pending
 
+    def unreadable(self, topic: str, partition: int, offset: int) -> Pending:
+        """A record the Kafka client cannot decode: only its coordinates are known (the consumer loop)."""
+        record = SourceRecord(topic, partition, offset, int(self._clock().timestamp() * 1000), None, None)
+        decoded = DecodeFailure(ErrorCode.UNREADABLE_RECORD)
+        return Pending(record, decoded, record.coordinates, record.timestamp_ms)
+
     def unparked(self, stored: StoredParked) -> Pending:
         """A parked record, taken out to be applied now that its key is free."""
         parked = stored.record

@@ -26,6 +26,7 @@ from tests.support import (
     cli,
     eventually,
     produce_raw,
+    produce_raw_names,
     rows,
     running,
     scalar,
@@ -193,3 +194,42 @@ async def test_a_record_whose_quarantine_write_fails_is_quarantined_by_the_last_
     assert row["envelope"]["payloadSchema"] is None
     assert await scalar(engine, "SELECT status FROM inbox WHERE source_offset = 1") == "quarantined"
     assert await scalar(engine, f"SELECT count(*) FROM outbox WHERE topic = '{topics.quarantine}'") == 1
+
+
+async def test_a_batch_the_kafka_client_cannot_decode_is_quarantined_by_coordinates_and_nothing_else_is_lost(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given, on partition 0, a batch of four records, one of them with a header NAME that is not UTF-8 (the
+    # Kafka client cannot decode that batch at all), then good records; and good records on partition 1
+    batch = [(f"U-{n}".encode(), placed(f"U-{n}"), [(b"x-ok", b"1")]) for n in range(4)]
+    batch[2] = (b"U-2", placed("U-2"), [(b"\xffname", b"v")])
+    await produce_raw_names(kafka, topics.source, batch, partition=0)
+    after = [(f"A-{n}".encode(), placed(f"A-{n}"), [("message-id", f"A-{n}/placed".encode())]) for n in range(3)]
+    await produce_raw(kafka, topics.source, after, partition=0)
+    beside = [(f"B-{n}".encode(), placed(f"B-{n}"), [("message-id", f"B-{n}/placed".encode())]) for n in range(3)]
+    await produce_raw(kafka, topics.source, beside, partition=1)
+    settings = settings_for(database_url, kafka, topics, customers_url=downstream.url)
+
+    # When a consumer reads them
+    async with running(settings, "consumer_loop"):
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 10 FROM inbox"), timeout=60)
+
+    # Then the record with that name, and the records of its batch the client could not return, are quarantined
+    # UNREADABLE_RECORD by their coordinates; every other record is applied, and no offset of either partition
+    # is missing
+    found = await rows(engine, "SELECT source_partition, source_offset, status, error_code, message_id FROM inbox")
+    by_offset = {(row["source_partition"], row["source_offset"]): row for row in found}
+    assert sorted(by_offset) == [*((0, n) for n in range(7)), *((1, n) for n in range(3))]
+    assert by_offset[0, 2]["error_code"] == "UNREADABLE_RECORD"
+    assert by_offset[0, 2]["message_id"] == f"{topics.source}/0/2"
+    for n in range(4):
+        assert (by_offset[0, n]["status"], by_offset[0, n]["error_code"]) in {
+            ("processed", None),
+            ("quarantined", "UNREADABLE_RECORD"),
+        }
+    assert (
+        {by_offset[0, n]["status"] for n in range(4, 7)}
+        == {by_offset[1, n]["status"] for n in range(3)}
+        == {"processed"}
+    )
+    assert await scalar(engine, "SELECT owner FROM quarantine LIMIT 1") == "order-producers"
