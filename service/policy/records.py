@@ -109,6 +109,17 @@ def message_id_of(raw: bytes | None) -> str | None:
     return BYTES_PREFIX + base64.b64encode(raw).decode("ascii")
 
 
+def pack_key(key: bytes | None) -> bytes:
+    """A Kafka key, null included, as one `bytea` value: 0x00 for no key, 0x01 and its bytes otherwise. Copies
+    (tier, parked, reprocess) store their original key so, and publish it byte-exact."""
+    return b"\x00" if key is None else b"\x01" + key
+
+
+def unpack_key(packed: bytes) -> bytes | None:
+    """The key `pack_key` stored."""
+    return None if packed[:1] != b"\x01" else bytes(packed[1:])
+
+
 def id_bytes(message_id: str) -> bytes | None:
     """The header bytes behind a `base64:` message id; None for a text id."""
     if not message_id.startswith(BYTES_PREFIX):

@@ -12,6 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.policy.headers import Headers, from_json
+from service.policy.records import unpack_key
 from service.store.recordset import Columns
 
 
@@ -24,6 +25,9 @@ class OutboxMessage:
     # Our own headers as {name: text}; a copy's original headers as `service.policy.headers.to_json` stores them.
     headers: dict[str, str] | list[list[str]]
     payload: bytes
+    # A copy's original Kafka key, exactly (`service.policy.records.pack_key`); None: publish `key` as UTF-8.
+    # `key` stays the ordering key the relay keeps each key's rows in order by.
+    kafka_key: bytes | None = None
 
     @staticmethod
     def json(topic: str, key: str | None, headers: dict[str, str], document: dict[str, Any]) -> OutboxMessage:
@@ -40,6 +44,14 @@ class ClaimedRow:
     key: str | None
     headers: Headers
     payload: bytes
+    kafka_key: bytes | None = None
+
+    @property
+    def key_bytes(self) -> bytes | None:
+        """The key to publish: a copy's original bytes (null included), else the ordering key as UTF-8."""
+        if self.kafka_key is not None:
+            return unpack_key(self.kafka_key)
+        return self.key.encode() if self.key is not None else None
 
     @property
     def size(self) -> int:
@@ -56,16 +68,18 @@ async def add(connection: AsyncConnection, messages: Sequence[OutboxMessage]) ->
 
 
 # Also part of a round's one write statement (service/store/batch.py).
-COLUMNS = Columns(("topic", "text"), ("key", "text"), ("headers", "jsonb"), ("payload", "bytea"))
+COLUMNS = Columns(
+    ("topic", "text"), ("key", "text"), ("headers", "jsonb"), ("payload", "bytea"), ("kafka_key", "bytea")
+)
 ADD_ROWS = f"""
-    INSERT INTO outbox (topic, key, headers, payload)
-    SELECT topic, key, headers, payload FROM ({COLUMNS.select("outbox_rows")}) AS v"""
+    INSERT INTO outbox (topic, key, headers, payload, kafka_key)
+    SELECT topic, key, headers, payload, kafka_key FROM ({COLUMNS.select("outbox_rows")}) AS v"""
 _ADD = text(ADD_ROWS + "\n    RETURNING id")
 
 
 _CLAIM = text(
     """
-    SELECT id, topic, key, headers, payload FROM outbox
+    SELECT id, topic, key, headers, payload, kafka_key FROM outbox
     WHERE published_at IS NULL AND set_aside_at IS NULL ORDER BY id LIMIT :limit
     FOR UPDATE SKIP LOCKED
     """
@@ -104,7 +118,17 @@ async def claim(connection: AsyncConnection, limit: int) -> list[ClaimedRow]:
     claim, so two relays never publish one key's messages out of order.
     """
     result = await connection.execute(_CLAIM, {"limit": limit})
-    rows = [ClaimedRow(r.id, r.topic, r.key, from_json(r.headers), bytes(r.payload)) for r in result]
+    rows = [
+        ClaimedRow(
+            r.id,
+            r.topic,
+            r.key,
+            from_json(r.headers),
+            bytes(r.payload),
+            bytes(r.kafka_key) if r.kafka_key is not None else None,
+        )
+        for r in result
+    ]
     keys = sorted({row.key for row in rows if row.key is not None})
     if not keys:
         return rows

@@ -26,6 +26,7 @@ class ParkedRecord:
     timestamp_ms: int
     value: bytes | None
     headers: list[list[str]]
+    source_key: bytes | None = None  # the original Kafka key, `pack_key`ed; None in rows parked before 0008
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,7 @@ def _stored(row: Any) -> StoredParked:
             timestamp_ms=row.timestamp_ms,
             value=bytes(row.value) if row.value is not None else None,
             headers=list(row.headers),
+            source_key=bytes(row.source_key) if row.source_key is not None else None,
         ),
     )
 

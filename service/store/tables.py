@@ -78,6 +78,8 @@ outbox = Table(
     Column("key", Text),
     Column("headers", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
     Column("payload", LargeBinary, nullable=False),
+    # A copy's original Kafka key (pack_key), published byte-exact; NULL: publish `key`, the ordering key.
+    Column("kafka_key", LargeBinary),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("published_at", DateTime(timezone=True)),
     # A row Kafka refused for its content (too large, invalid): the relay passes over it (runbook).
@@ -189,6 +191,8 @@ parked = Table(
     # The member releasing it now, until its lease ends (database time): one member applies a parked record.
     Column("claimed_by", Text),
     Column("claimed_until", DateTime(timezone=True)),
+    # The record's original Kafka key (service.policy.records.pack_key): unparked records keep it byte-exact.
+    Column("source_key", LargeBinary),
     Index("ix_parked_consumer_name_order_key_id", "consumer_name", "order_key", "id"),
 )
 

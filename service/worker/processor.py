@@ -41,7 +41,7 @@ from service.policy.classify import Action, Failure, classify
 from service.policy.envelope import event_headers, failure_envelope, iso
 from service.policy.headers import from_json, to_json
 from service.policy.owners import owner_for, parse_owners
-from service.policy.records import Coordinates, SourceRecord
+from service.policy.records import Coordinates, SourceRecord, pack_key, unpack_key
 from service.policy.retry import AttemptHistory, RetryPolicy
 from service.stopping import sleep_unless_stopped
 from service.store import batch, inbox, lookups, orders, parking, quarantine, retries
@@ -237,7 +237,7 @@ class Processor:
             partition=parked.source_partition,
             offset=parked.source_offset,
             timestamp_ms=parked.timestamp_ms,
-            key=parked.order_key.encode(),
+            key=unpack_key(parked.source_key) if parked.source_key is not None else parked.order_key.encode(),
             value=parked.value,
             headers=from_json(parked.headers),
         )
@@ -627,6 +627,7 @@ class Processor:
                 timestamp_ms=record.timestamp_ms,
                 value=record.value,
                 headers=to_json(record.headers),
+                source_key=pack_key(record.key),
             )
         )
         write.outcomes.append((pending, Outcome.PARKED, None))
@@ -649,7 +650,7 @@ class Processor:
         )
         topic = self._topics.retry(format_duration(pending.next_tier))
         value = pending.record.value or b""
-        write.messages.append(OutboxMessage(topic, pending.key, to_json(headers), value))
+        write.messages.append(OutboxMessage(topic, pending.key, to_json(headers), value, pack_key(pending.record.key)))
         write.retrying.append(
             RetryRow(
                 message_id=pending.message_id,

@@ -178,6 +178,7 @@ async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[
 
 
 async def _send_row(producer: AIOKafkaProducer, row: ClaimedRow) -> asyncio.Future[Any]:
-    key = row.key.encode() if row.key is not None else None
-    future: asyncio.Future[Any] = await producer.send(row.topic, row.payload, key=key, headers=list(row.headers))
+    future: asyncio.Future[Any] = await producer.send(
+        row.topic, row.payload, key=row.key_bytes, headers=list(row.headers)
+    )
     return future

@@ -10,6 +10,7 @@ item that was already applied gains an effect (an unexpected duplicate), or when
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import time
 import uuid
@@ -25,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.config import Settings
 from service.domain.messages import DecodeFailure, decode
 from service.policy.headers import from_json, to_json
-from service.policy.records import id_bytes
+from service.policy.records import id_bytes, pack_key
 from service.stopping import sleep_unless_stopped
 from service.store import outbox
 from service.store import reprocess as store
@@ -230,7 +231,16 @@ class Reprocessor:
                 headers.append(("origin-timestamp", str(stamp).encode()))
             topic = self._settings.topics.reprocess
             [item.outbox_id] = await outbox.add(
-                c, [OutboxMessage(topic, candidate.order_key, to_json(headers), candidate.payload or b"")]
+                c,
+                [
+                    OutboxMessage(
+                        topic,
+                        candidate.order_key,
+                        to_json(headers),
+                        candidate.payload or b"",
+                        pack_key(_source_key(candidate.envelope.get("source", {}))),
+                    )
+                ],
             )
             await store.add_item(
                 c,
@@ -329,3 +339,11 @@ def _epoch_ms(text: Any) -> int | None:
         return round(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
     except ValueError:
         return None
+
+
+def _source_key(source: dict[str, Any]) -> bytes | None:
+    """The record's original Kafka key, as its envelope gives it (`key`, or `keyBase64` for bytes)."""
+    if source.get("keyBase64") is not None:
+        return base64.b64decode(source["keyBase64"])
+    key = source.get("key")
+    return key.encode() if isinstance(key, str) else None

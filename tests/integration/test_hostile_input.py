@@ -27,6 +27,7 @@ from tests.support import (
     eventually,
     produce_raw,
     produce_raw_names,
+    read_topic,
     rows,
     running,
     scalar,
@@ -233,3 +234,40 @@ async def test_a_batch_the_kafka_client_cannot_decode_is_quarantined_by_coordina
         == {"processed"}
     )
     assert await scalar(engine, "SELECT owner FROM quarantine LIMIT 1") == "order-producers"
+
+
+async def test_a_binary_key_stays_byte_exact_through_its_tier_copy_and_its_parked_record(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a LongSerializer key on a placement that fails until it is quarantined, and a cancellation behind it
+    # (the key is not text: the order id orders them)
+    key = struct.pack(">q", 4242)
+    downstream.fail_next("customers.get", times=1000, status=503, key="c-down")
+    records = [
+        (key, placed("L", customer_id="c-down"), [("message-id", b"L.1/placed")]),
+        (key, cancelled("L"), [("message-id", b"L.2/cancel")]),
+    ]
+    await produce_raw(kafka, topics.source, records, partition=0)
+    settings = settings_for(
+        database_url,
+        kafka,
+        topics,
+        customers_url=downstream.url,
+        retry_tiers="1s",
+        blocking_attempts=1,
+        max_attempts=None,
+        max_elapsed="60s",
+    )
+
+    # When the head goes through its tier and is quarantined
+    async with running(settings, "consumer_loop", "relay"):
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM quarantine"), timeout=60)
+        [parked_row] = await rows(engine, "SELECT order_key, source_key FROM parked")
+
+    # Then the tier copy carried the key's own bytes, the parked record kept them, and so does the envelope
+    [copy] = await read_topic(kafka, topics.retry("1s"), expect=1, timeout=10)
+    assert copy.key == key
+    assert parked_row["order_key"] == "L"
+    assert bytes(parked_row["source_key"]) == b"\x01" + key
+    envelope = await scalar(engine, "SELECT envelope FROM quarantine")
+    assert envelope["source"]["keyBase64"] == base64.b64encode(key).decode()

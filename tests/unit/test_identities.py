@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from service.domain.codes import ErrorCode
 from service.policy.headers import from_json, to_json
-from service.policy.records import BYTES_PREFIX, SourceRecord, id_bytes, message_id_of
+from service.policy.records import BYTES_PREFIX, SourceRecord, id_bytes, message_id_of, pack_key, unpack_key
 from service.policy.redelivery import tier_headers
 from service.policy.retry import AttemptHistory
+from service.worker.reprocess import _source_key
 
 hostile_bytes = st.one_of(
     st.binary(max_size=64),
@@ -114,3 +115,14 @@ def test_a_long_header_that_trims_short_still_gives_no_long_id() -> None:
 @given(hostile_bytes.map(lambda raw: b" " * 400 + raw))
 def test_no_message_id_is_longer_than_an_index_entry_holds(raw: bytes) -> None:
     assert len(with_message_id(raw).message_id.encode()) <= 1000
+
+
+@given(st.one_of(st.none(), hostile_bytes))
+def test_a_packed_key_comes_back_exactly_null_included(key: bytes | None) -> None:
+    assert unpack_key(pack_key(key)) == key
+
+
+def test_a_reprocess_copy_takes_its_key_from_the_envelope_exactly() -> None:
+    assert _source_key({"keyBase64": "AAAAAAAAEJI="}) == struct.pack(">q", 4242)
+    assert _source_key({"key": "A-1"}) == b"A-1"
+    assert _source_key({"key": None}) is None
