@@ -12,7 +12,14 @@ from typing import Any, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError
+from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTimestampError,
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+)
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.adapters.kafka import start_with_backoff
@@ -31,9 +38,19 @@ T = TypeVar("T")
 _IDLE_POLL_SECONDS = 0.2
 # Longer than the producer's request timeout (15 s), so that Kafka's own answer, when there is one, comes first.
 _WAITING_LOG_SECONDS = 20.0
-# The errors that say Kafka will never take this record as it is, whatever the retry.
-_TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError, RecordListTooLargeError)
+# The errors that say Kafka will never take this record as it is, whatever the retry, and the code its row is
+# set aside with: too large, or content the broker refuses (a timestamp outside the topic's window, a record
+# it finds corrupt).
 SET_ASIDE_TOO_LARGE = "MESSAGE_TOO_LARGE"
+SET_ASIDE_INVALID = "MESSAGE_INVALID"
+_REFUSALS: dict[type[KafkaError], str] = {
+    MessageSizeTooLargeError: SET_ASIDE_TOO_LARGE,
+    RecordTooLargeError: SET_ASIDE_TOO_LARGE,
+    RecordListTooLargeError: SET_ASIDE_TOO_LARGE,
+    InvalidTimestampError: SET_ASIDE_INVALID,
+    CorruptRecordException: SET_ASIDE_INVALID,
+}
+_REFUSED = tuple(_REFUSALS)
 
 
 class Relay:
@@ -94,9 +111,9 @@ class Relay:
             outcomes = await _said_while_waiting(_send_all(producer, rows))
             published = [row for row, outcome in zip(rows, outcomes, strict=True) if outcome is None]
             failed = [(row, outcome) for row, outcome in zip(rows, outcomes, strict=True) if outcome is not None]
-            refused: list[ClaimedRow] = []
+            refused: list[tuple[ClaimedRow, str]] = []
             error: BaseException | None = None
-            if failed and any(isinstance(outcome, _TOO_LARGE) for _, outcome in failed):
+            if failed and any(isinstance(outcome, _REFUSED) for _, outcome in failed):
                 # After a refusal the idempotent producer's sequence for that partition is broken (the records
                 # after it fail `OutOfOrderSequenceNumber`): it is replaced, and the failed rows go one by one.
                 self.spoiled = True
@@ -107,32 +124,33 @@ class Relay:
             crash_point("after-publish", self._settings.fault_crash_at)
             # What Kafka acknowledged is marked even when others failed: else it would go out again each round.
             await outbox.mark_published(uow.connection, [row.id for row in published])
-            await outbox.set_aside(uow.connection, [row.id for row in refused], SET_ASIDE_TOO_LARGE)
+            for code in sorted({code for _, code in refused}):
+                await outbox.set_aside(uow.connection, [row.id for row, kept in refused if kept == code], code)
             await uow.commit()
         self._metrics.published.inc(len(published))
         if error is not None:
             raise error
-        for row in refused:
+        for row, code in refused:
             # Ids, topic and size only: the row's content is whatever a producer sent.
-            log.warning(
-                "outbox_row_set_aside", outbox_id=row.id, topic=row.topic, code=SET_ASIDE_TOO_LARGE, bytes=row.size
-            )
+            log.warning("outbox_row_set_aside", outbox_id=row.id, topic=row.topic, code=code, bytes=row.size)
         return len(rows)
 
-    async def _one_by_one(self, rows: list[ClaimedRow]) -> tuple[list[ClaimedRow], list[ClaimedRow], KafkaError | None]:
+    async def _one_by_one(
+        self, rows: list[ClaimedRow]
+    ) -> tuple[list[ClaimedRow], list[tuple[ClaimedRow, str]], KafkaError | None]:
         """Send each row alone and await it, in id order (so each key's rows keep their order); return those
-        Kafka took, those it refused for their size, and the error that stopped it early, if one did (the rows
-        after that one are left unpublished, for the next round)."""
+        Kafka took, those it refused for their content (with the set-aside code), and the error that stopped it
+        early, if one did (the rows after that one are left unpublished, for the next round)."""
         producer = self._make_one_by_one_producer()
         published: list[ClaimedRow] = []
-        refused: list[ClaimedRow] = []
+        refused: list[tuple[ClaimedRow, str]] = []
         try:
             await producer.start()
             for row in rows:
                 try:
                     await (await _send_row(producer, row))
-                except _TOO_LARGE:
-                    refused.append(row)
+                except _REFUSED as refusal:
+                    refused.append((row, _set_aside_code(refusal)))
                 else:
                     published.append(row)
         except KafkaError as error:
@@ -140,6 +158,11 @@ class Relay:
         finally:
             await producer.stop()
         return published, refused, None
+
+
+def _set_aside_code(refusal: KafkaError) -> str:
+    """The code a row Kafka refused for its content is set aside with."""
+    return next(code for kind, code in _REFUSALS.items() if isinstance(refusal, kind))
 
 
 async def _said_while_waiting(sending: Coroutine[Any, Any, T]) -> T:
@@ -169,7 +192,7 @@ async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[
     for index, row in enumerate(rows):
         try:
             sending.append((index, await _send_row(producer, row)))
-        except _TOO_LARGE as error:  # refused by the client's own size check, before it was sent
+        except _REFUSED as error:  # refused by the client's own size check, before it was sent
             outcomes[index] = error
     results = await asyncio.gather(*(future for _, future in sending), return_exceptions=True)
     for (index, _), result in zip(sending, results, strict=True):
