@@ -27,6 +27,7 @@ class Known:
     heads: dict[str, str] = field(default_factory=dict)  # key -> the message id of its record in a retry tier
     blocked: set[str] = field(default_factory=set)  # keys held by a quarantined head
     parked: set[str] = field(default_factory=set)  # keys with parked records
+    parked_ids: set[str] = field(default_factory=set)  # message ids parked already (a redelivery parks nothing)
 
 
 # The inbox and the orders are probed by primary key once per id (`OFFSET 0` keeps each probe a subquery the
@@ -52,6 +53,9 @@ _LOOKUP = text(
     UNION ALL
     SELECT 'blocked', order_key, NULL FROM key_blocks
      WHERE consumer_name = :consumer AND order_key = ANY(ARRAY(SELECT json_array_elements_text(CAST(:keys AS json))))
+    UNION ALL
+    SELECT 'parked_id', message_id, NULL FROM parked
+     WHERE consumer_name = :consumer AND message_id = ANY(ARRAY(SELECT json_array_elements_text(CAST(:ids AS json))))
     UNION ALL
     SELECT DISTINCT 'parked', order_key, NULL FROM parked
      WHERE consumer_name = :consumer AND order_key = ANY(ARRAY(SELECT json_array_elements_text(CAST(:keys AS json))))
@@ -91,6 +95,8 @@ async def known(
             answer.heads[name] = value
         elif kind == "blocked":
             answer.blocked.add(name)
+        elif kind == "parked_id":
+            answer.parked_ids.add(name)
         else:
             answer.parked.add(name)
     return answer

@@ -40,7 +40,11 @@ class StoredParked:
 async def park(connection: AsyncConnection, consumer: str, records: Sequence[ParkedRecord]) -> None:
     """Park records in the caller's transaction (ids keep their arrival order)."""
     if records:
-        await connection.execute(insert(parked).values([{"consumer_name": consumer, **r.__dict__} for r in records]))
+        statement = insert(parked).values([{"consumer_name": consumer, **r.__dict__} for r in records])
+        # Two members parking one record at once (a rebalance): the second one's row is not needed.
+        await connection.execute(
+            statement.on_conflict_do_nothing(index_elements=[parked.c.consumer_name, parked.c.message_id])
+        )
 
 
 async def unpark(connection: AsyncConnection, ids: Sequence[int]) -> None:

@@ -194,6 +194,8 @@ parked = Table(
     # The record's original Kafka key (service.policy.records.pack_key): unparked records keep it byte-exact.
     Column("source_key", LargeBinary),
     Index("ix_parked_consumer_name_order_key_id", "consumer_name", "order_key", "id"),
+    # A record is parked once: a redelivery finds it here (the round's look-up) and parks nothing.
+    Index("ux_parked_consumer_name_message_id", "consumer_name", "message_id", unique=True),
 )
 
 # Each time fetching was paused instead of spending attempts (429 Retry-After, a failing downstream).

@@ -202,14 +202,16 @@ class ConsumerLoop:
         """Before revoked partitions go to another member: let the rounds in flight finish (bounded), commit what
         they made terminal, then drop the lanes. The next owner then starts after those records instead of racing
         this member's late writes with its own."""
-        if self._rounds:
-            await asyncio.wait(list(self._rounds), timeout=_HAND_OVER_SECONDS)
-        revoked = set(partitions)
-        if any(partition in revoked for partition in self._uncommitted):
-            if self._committing is not None and not self._committing.done():
-                await asyncio.wait([self._committing], timeout=_HAND_OVER_SECONDS)
-            await self._commit(consumer)
-        self.forget(partitions)
+        try:
+            if self._rounds:
+                await asyncio.wait(list(self._rounds), timeout=_HAND_OVER_SECONDS)
+            revoked = set(partitions)
+            if any(partition in revoked for partition in self._uncommitted):
+                if self._committing is not None and not self._committing.done():
+                    await asyncio.wait([self._committing], timeout=_HAND_OVER_SECONDS)
+                await self._commit(consumer)
+        finally:
+            self.forget(partitions)  # whatever happened above: the next owner has these partitions
 
     def forget(self, partitions: list[TopicPartition]) -> None:
         """Drop the lanes of revoked partitions: their records were not terminal; the next owner gets them."""
@@ -255,8 +257,10 @@ class ConsumerLoop:
 
     def _reconcile_pauses(self, consumer: AIOKafkaConsumer, now: float) -> None:
         """Pause exactly the partitions that must not fetch now; resume the others."""
-        wanted = {TopicPartition(*lane) for lane in self._lanes.stalled(now)}
-        pause, resume = wanted - self._paused, self._paused - wanted
+        # Only partitions this member owns now: a lane of a partition revoked mid-round is gone or going.
+        assigned = consumer.assignment()
+        wanted = {TopicPartition(*lane) for lane in self._lanes.stalled(now)} & assigned
+        pause, resume = wanted - self._paused, (self._paused - wanted) & assigned
         if pause:
             consumer.pause(*pause)
         if resume:

@@ -36,7 +36,7 @@ from service.errors import ConcurrentWrite, InfrastructureUnavailable, RecordFai
 from service.faults import crash_point, fail_point
 from service.metrics import Metrics
 from service.policy import ordering, redelivery
-from service.policy.backpressure import BackpressurePolicy, pause_for
+from service.policy.backpressure import BackpressurePolicy, pause_for, run_after_round
 from service.policy.classify import Action, Failure, classify
 from service.policy.envelope import event_headers, failure_envelope, iso
 from service.policy.headers import from_json, to_json
@@ -353,6 +353,8 @@ class Processor:
             return status in ("processed", "rejected")
         if status is not None:
             return True
+        if pending.parked_id is None and pending.message_id in facts.known.parked_ids:
+            return True  # parked already: delivered again (its offset had not been committed yet)
         step = facts.known.steps.get(pending.message_id)
         if step is None:
             return pending.in_tier  # a tier copy of a record that is terminal already
@@ -743,13 +745,16 @@ class Processor:
             return
         now = self._clock()
         loop_now = asyncio.get_running_loop().time()
+        failed_on = Counter(
+            f.downstream for f in failures.values() if f.downstream and f.code.kind is FailureKind.TRANSIENT
+        )
+        for downstream, count in failed_on.items():
+            self._failing[downstream] = run_after_round(self._failing[downstream], count, self._backpressure)
         for pending in due:
             failure = failures.get(pending)
             if failure is None:
                 continue
             self._metrics.failure(failure.code.value, _tier_of(pending))
-            if failure.downstream and failure.code.kind is FailureKind.TRANSIENT:
-                self._failing[failure.downstream] += 1
             pause = pause_for(failure, self._failing[failure.downstream or ""], self._backpressure)
             started = pending.history.first_failed_at if pending.history else now
             budget = self._policy.for_kind(failure.code.kind).total.max_elapsed

@@ -223,3 +223,24 @@ async def test_parked_release_frees_a_key_held_by_a_retrying_head_which_keeps_it
 async def test_parked_release_of_a_key_nothing_holds_says_so(settings: Settings, engine: AsyncEngine) -> None:
     released = await cli(settings, "parked", "release", "NOBODY")
     assert released.stdout.strip() == "NOBODY: nothing held it and nothing is parked behind it"
+
+
+async def test_a_parked_record_delivered_again_is_parked_once(
+    engine: AsyncEngine, settings: Settings, members: list[Processor]
+) -> None:
+    # Given a key held by a quarantined head, and a record of it that one member parked
+    await _execute(
+        engine,
+        "INSERT INTO key_blocks (consumer_name, order_key, failure_id, reason) VALUES (:c, 'P', 'P#f', 'quarantined')",
+        c=settings.consumer_name,
+    )
+    record = SourceRecord(settings.source_topic, 0, 3, 0, b"P", cancelled("P"), (("message-id", b"P.2/cancel"),))
+    first, second = members
+    assert len(await first.attempt([first.pending(record)], asyncio.Event())) == 1
+
+    # When it is delivered again, to the same or another member (its offset was not committed yet)
+    assert len(await second.attempt([second.pending(record)], asyncio.Event())) == 1
+    assert len(await first.attempt([first.pending(record)], asyncio.Event())) == 1
+
+    # Then it is parked once
+    assert await rows(engine, "SELECT message_id FROM parked") == [{"message_id": "P.2/cancel"}]

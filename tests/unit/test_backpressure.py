@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from service.domain.codes import ErrorCode, FailureKind
-from service.policy.backpressure import BackpressurePolicy, pause_for
+from service.policy.backpressure import BackpressurePolicy, pause_for, run_after_round
 from service.policy.classify import Failure
 
 POLICY = BackpressurePolicy()
@@ -95,3 +95,21 @@ def test_a_rate_limit_without_retry_after_counts_like_any_transient_failure(
     consecutive: int, expected: timedelta | None
 ) -> None:
     assert pause_for(Failure(ErrorCode.RATE_LIMITED), consecutive, POLICY) == expected
+
+
+@pytest.mark.parametrize(
+    ("before", "failed_now", "after"),
+    [
+        (0, 0, 0),  # nothing failed on it: the run is what it was
+        (0, 1, 1),
+        (0, 3, 3),
+        (0, 50, 5),  # one round of many failures opens the breaker at once ...
+        (5, 50, 6),  # ... and past the threshold the run grows by one per round, whatever the round's size
+        (9, 1, 10),
+        (2, 2, 4),
+    ],
+)
+def test_a_round_of_many_failures_reaches_the_threshold_at_once_and_then_counts_once_per_round(
+    before: int, failed_now: int, after: int
+) -> None:
+    assert run_after_round(before, failed_now, POLICY) == after
