@@ -25,6 +25,7 @@ class Known:
     steps: dict[str, int] = field(default_factory=dict)  # message id -> its step in the retry tiers
     orders: set[str] = field(default_factory=set)  # orders that exist
     heads: dict[str, str] = field(default_factory=dict)  # key -> the message id of its record in a retry tier
+    head_ids: set[str] = field(default_factory=set)  # every record in a retry tier that holds its key
     blocked: set[str] = field(default_factory=set)  # keys held by a quarantined head
     parked: set[str] = field(default_factory=set)  # keys with parked records
     parked_ids: set[str] = field(default_factory=set)  # message ids parked already (a redelivery parks nothing)
@@ -55,7 +56,8 @@ _LOOKUP = text(
      WHERE consumer_name = :consumer AND order_key = ANY(ARRAY(SELECT json_array_elements_text(CAST(:keys AS json))))
     UNION ALL
     SELECT 'parked_id', message_id, NULL FROM parked
-     WHERE consumer_name = :consumer AND message_id = ANY(ARRAY(SELECT json_array_elements_text(CAST(:ids AS json))))
+     WHERE consumer_name = :consumer AND order_key = ANY(ARRAY(SELECT json_array_elements_text(CAST(:keys AS json))))
+       AND message_id = ANY(ARRAY(SELECT json_array_elements_text(CAST(:ids AS json))))
     UNION ALL
     SELECT DISTINCT 'parked', order_key, NULL FROM parked
      WHERE consumer_name = :consumer AND order_key = ANY(ARRAY(SELECT json_array_elements_text(CAST(:keys AS json))))
@@ -93,6 +95,7 @@ async def known(
             answer.orders.add(name)
         elif kind == "head":
             answer.heads[name] = value
+            answer.head_ids.add(value)
         elif kind == "blocked":
             answer.blocked.add(name)
         elif kind == "parked_id":

@@ -136,11 +136,20 @@ async def releasable(
     )
     until = func.now() + lease
     if exclude:
-        await connection.execute(
-            update(parked)
-            .where(parked.c.consumer_name == consumer, parked.c.claimed_by == member, parked.c.order_key.in_(exclude))
-            .values(claimed_until=until)
+        # Only leases past their half, and never a row a round of this member holds (SKIP LOCKED: the round
+        # deletes or releases rows in id order; waiting on it here, in key order, could deadlock with it).
+        renew = (
+            select(parked.c.id)
+            .where(
+                parked.c.consumer_name == consumer,
+                parked.c.claimed_by == member,
+                parked.c.order_key.in_(list(exclude)),
+                parked.c.claimed_until < func.now() + lease / 2,
+            )
+            .order_by(parked.c.id)
+            .with_for_update(skip_locked=True, key_share=False, read=False)
         )
+        await connection.execute(update(parked).where(parked.c.id.in_(renew)).values(claimed_until=until))
     other = parked.alias("other")
     free = (
         select(parked.c.order_key)

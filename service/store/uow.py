@@ -13,7 +13,7 @@ from types import TracebackType
 from sqlalchemy import exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction, create_async_engine
 
-from service.errors import InfrastructureUnavailable
+from service.errors import ConcurrentWrite, InfrastructureUnavailable
 
 # SQLSTATEs that say the server is going away or not taking connections, whatever class the driver maps them to:
 # class 08 (connection exception), admin and crash shutdown, "cannot connect now" (starting up or shutting
@@ -24,6 +24,24 @@ _UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
 def _sqlstate(error: BaseException) -> str | None:
     state = getattr(getattr(error, "orig", None), "sqlstate", None) or getattr(error, "sqlstate", None)
     return state if isinstance(state, str) else None
+
+
+# SQLSTATE classes of a statement that may well succeed when run again: transaction rollback (40: deadlock,
+# serialization), object not in prerequisite state (55: lock not available), operator intervention (57:
+# statement timeout, cancel), insufficient resources (53) and system errors (58).
+_PASSING_CLASSES = frozenset({"40", "53", "55", "57", "58"})
+
+
+def is_passing(error: BaseException) -> bool:
+    """True for a database error that says nothing about the content written (a retry may well succeed)."""
+    state = _sqlstate(error)
+    return state is not None and state[:2] in _PASSING_CLASSES
+
+
+def is_conflict(error: BaseException) -> bool:
+    """True for a deadlock or a serialization failure: the transaction lost a race and can be redone at once."""
+    state = _sqlstate(error)
+    return state is not None and state.startswith("40")
 
 
 def is_unavailable(error: BaseException) -> bool:
@@ -44,6 +62,8 @@ async def translated_errors() -> AsyncIterator[None]:
     except Exception as error:
         if is_unavailable(error):
             raise InfrastructureUnavailable("database unavailable") from error
+        if is_conflict(error):
+            raise ConcurrentWrite("deadlock or serialization failure") from error
         raise
 
 
@@ -91,6 +111,8 @@ class UnitOfWork:
                 await self._connection.close()
         if exc_value is not None and is_unavailable(exc_value):
             raise InfrastructureUnavailable("database unavailable") from exc_value
+        if exc_value is not None and is_conflict(exc_value):
+            raise ConcurrentWrite("deadlock or serialization failure") from exc_value
 
 
 def create_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:

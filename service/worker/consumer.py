@@ -15,7 +15,8 @@ from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
+from sqlalchemy.exc import DBAPIError
 
 from service.adapters.kafka import start_with_backoff, to_source
 from service.errors import InfrastructureUnavailable
@@ -151,6 +152,13 @@ class ConsumerLoop:
                 self._fetched_to[partition] = records[-1].offset + 1
 
     async def _skip_unreadable(self, consumer: AIOKafkaConsumer) -> None:
+        try:
+            await self._skip_unreadable_records(consumer)
+        except IllegalStateError:
+            # A rebalance took a partition meanwhile: the next fetch fails again if the batch is still ours.
+            log.info("unreadable_skip_interrupted")
+
+    async def _skip_unreadable_records(self, consumer: AIOKafkaConsumer) -> None:
         """A record batch the Kafka client cannot decode (a header name that is not UTF-8): without this, every
         fetch fails on it again, for ever.
 
@@ -168,7 +176,7 @@ class ConsumerLoop:
             elif not (await consumer.seek_to_committed(partition)).get(partition):
                 await consumer.seek_to_beginning(partition)
         for partition in sorted(assigned):
-            if partition in self._paused:
+            if partition in self._paused or partition not in consumer.assignment():
                 continue
             position = await consumer.position(partition)
             skipped = 0
@@ -202,6 +210,7 @@ class ConsumerLoop:
         """Before revoked partitions go to another member: let the rounds in flight finish (bounded), commit what
         they made terminal, then drop the lanes. The next owner then starts after those records instead of racing
         this member's late writes with its own."""
+        self._lanes.freeze((partition.topic, partition.partition) for partition in partitions)
         try:
             if self._rounds:
                 await asyncio.wait(list(self._rounds), timeout=_HAND_OVER_SECONDS)
@@ -293,6 +302,11 @@ class ConsumerLoop:
             released = await self._processor.releasable(self._lanes.parked_keys())
         except InfrastructureUnavailable:
             return
+        except DBAPIError as error:  # a deadlock or a timeout of this cycle's claim: the next cycle claims again
+            log.warning(
+                "parked_release_failed", error=type(error.orig).__name__ if error.orig else type(error).__name__
+            )
+            return
         for pending in released:
             self._lanes.add(pending.lane, [pending])
         if released:
@@ -305,7 +319,12 @@ class ConsumerLoop:
 
     async def _commit(self, consumer: AIOKafkaConsumer) -> None:
         """Commit what is terminal; on failure keep it and try again later (the inbox makes redelivery safe)."""
+        assigned = consumer.assignment()
+        for partition in [p for p in self._uncommitted if p not in assigned]:
+            del self._uncommitted[partition]  # revoked: its next owner commits it
         offsets = dict(self._uncommitted)
+        if not offsets:
+            return
         try:
             await consumer.commit(offsets)
         except KafkaError as error:

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from service.adapters.providers import EmailsClient, PaymentsClient
 from service.config import Settings, Topics
 from service.domain.codes import ErrorCode
-from service.errors import InfrastructureUnavailable
+from service.errors import ConcurrentWrite, InfrastructureUnavailable
 from service.metrics import Metrics
 from service.policy.effects import (
     CallOutcome,
@@ -140,6 +140,8 @@ class EffectWorker:
                 await sleep_unless_stopped(stop, delay)
                 delay = min(delay * 2, 30.0)
                 continue
+            except ConcurrentWrite:
+                continue  # a deadlock rolled the batch back: claimed effects come back when their lease ends
             if done == 0:
                 await sleep_unless_stopped(stop, _IDLE_POLL_SECONDS)
 

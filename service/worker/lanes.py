@@ -25,6 +25,7 @@ class Lanes:
         self._lanes: dict[Lane, deque[Pending]] = {}
         self._backpressured: dict[Lane, set[Pending]] = {}  # records waiting because a downstream said so
         self._done: dict[Lane, int] = {}  # per partition: the offset after the highest record that left
+        self._frozen: set[Lane] = set()  # revoked, being handed over: no new round takes from them
 
     def add(self, lane: Lane, records: Iterable[Pending]) -> None:
         """Append records to the end of their lane."""
@@ -59,7 +60,9 @@ class Lanes:
 
     def _due(self, now: float, busy: Sequence[Collection[str | None]]) -> list[Pending]:
         due: list[Pending] = []
-        for records in self._lanes.values():
+        for lane, records in self._lanes.items():
+            if lane in self._frozen:
+                continue
             waiting: set[tuple[str, int, str]] = set()
             for pending in records:
                 if pending.in_flight:
@@ -126,9 +129,14 @@ class Lanes:
         starve them)."""
         return {lane for lane, records in self._lanes.items() if lane[1] >= 0 and self._stalls(lane, records, now)}
 
+    def freeze(self, lanes: Iterable[Lane]) -> None:
+        """Take nothing more from these lanes (their partitions are being revoked) until they are forgotten."""
+        self._frozen.update(lanes)
+
     def forget(self, lanes: Iterable[Lane]) -> None:
         """Drop the lanes of revoked partitions: their records were not terminal; the next owner gets them."""
         for lane in lanes:
+            self._frozen.discard(lane)
             self._lanes.pop(lane, None)
             self._backpressured.pop(lane, None)
             self._done.pop(lane, None)

@@ -50,7 +50,7 @@ from service.store.outbox import OutboxMessage
 from service.store.parking import ParkedRecord, StoredParked
 from service.store.quarantine import QuarantineRow
 from service.store.retries import RetryRow
-from service.store.uow import UnitOfWork
+from service.store.uow import UnitOfWork, is_passing
 
 log = structlog.get_logger("order_service.processor")
 
@@ -431,7 +431,7 @@ class Processor:
         path, whose rows hold nothing taken from the record but its bytes (`bytea`), so that it cannot fail the
         same way again; any other record failed `UNEXPECTED_ERROR` and is retried within its budget."""
         log.debug("record_write_failed", message_id=pending.message_id, error=type(error).__name__)
-        if _quarantine_bound(pending, plan):
+        if _quarantine_bound(pending, plan) and not is_passing(error):
             log.error("quarantine_write_failed", message_id=pending.message_id, error=type(error).__name__)
             try:
                 return await self._write([pending], plan, last_resort=True)
@@ -505,7 +505,7 @@ class Processor:
         self, ready: list[Pending], plan: _Plan, current: dict[str, model.Order], *, last_resort: bool = False
     ) -> _Write:
         """Decide, in memory and in lane order, what each ready record writes."""
-        write = _Write(stepped=plan.facts.known.steps.keys(), holding=plan.facts.known.heads.values())
+        write = _Write(stepped=plan.facts.known.steps.keys(), holding=plan.facts.known.head_ids)
         state = dict(current)
         touched: dict[str, None] = {}  # insertion-ordered set of changed order ids
         seen_now: set[str] = set()

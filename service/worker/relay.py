@@ -13,18 +13,18 @@ from typing import Any, TypeVar
 import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
-    CorruptRecordException,
     InvalidTimestampError,
     KafkaError,
     MessageSizeTooLargeError,
     RecordListTooLargeError,
     RecordTooLargeError,
 )
+from aiokafka.partitioner import DefaultPartitioner
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.adapters.kafka import start_with_backoff
 from service.config import Settings
-from service.errors import InfrastructureUnavailable
+from service.errors import ConcurrentWrite, InfrastructureUnavailable
 from service.faults import crash_point
 from service.metrics import Metrics
 from service.stopping import sleep_unless_stopped
@@ -39,8 +39,8 @@ _IDLE_POLL_SECONDS = 0.2
 # Longer than the producer's request timeout (15 s), so that Kafka's own answer, when there is one, comes first.
 _WAITING_LOG_SECONDS = 20.0
 # The errors that say Kafka will never take this record as it is, whatever the retry, and the code its row is
-# set aside with: too large, or content the broker refuses (a timestamp outside the topic's window, a record
-# it finds corrupt).
+# set aside with: too large, or content the broker refuses (a timestamp outside the topic's window). A record the
+# broker finds corrupt is not among them: a CRC error in transit passes with the next try.
 SET_ASIDE_TOO_LARGE = "MESSAGE_TOO_LARGE"
 SET_ASIDE_INVALID = "MESSAGE_INVALID"
 _REFUSALS: dict[type[KafkaError], str] = {
@@ -48,7 +48,6 @@ _REFUSALS: dict[type[KafkaError], str] = {
     RecordTooLargeError: SET_ASIDE_TOO_LARGE,
     RecordListTooLargeError: SET_ASIDE_TOO_LARGE,
     InvalidTimestampError: SET_ASIDE_INVALID,
-    CorruptRecordException: SET_ASIDE_INVALID,
 }
 _REFUSED = tuple(_REFUSALS)
 
@@ -92,6 +91,9 @@ class Relay:
                     log.info("relay_producer_replaced", reason="a record was refused for its size")
             except InfrastructureUnavailable:
                 log.warning("database_unavailable", retry_in_seconds=delay)
+            except ConcurrentWrite:
+                log.info("relay_batch_redone", reason="deadlock or serialization failure")
+                continue
             except KafkaError as error:
                 # A fresh producer after a broker outage: the old one's idempotence state may be stale.
                 log.warning("kafka_publish_failed", error=type(error).__name__, retry_in_seconds=delay)
@@ -201,7 +203,14 @@ async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[
 
 
 async def _send_row(producer: AIOKafkaProducer, row: ClaimedRow) -> asyncio.Future[Any]:
+    key = row.key_bytes
+    partition = None
+    if key is None and row.key is not None:
+        # A copy of a record that had no key: it goes out without one, to the partition its ordering key picks
+        # (as a keyed copy would), so the copies of one order keep their order.
+        partitions = sorted(await producer.partitions_for(row.topic))
+        partition = DefaultPartitioner()(row.key.encode(), partitions, partitions)
     future: asyncio.Future[Any] = await producer.send(
-        row.topic, row.payload, key=row.key_bytes, headers=list(row.headers)
+        row.topic, row.payload, key=key, partition=partition, headers=list(row.headers)
     )
     return future

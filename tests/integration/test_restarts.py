@@ -1,4 +1,5 @@
-"""Every long-running process survives a PostgreSQL restart without exiting, and resumes on its own.
+"""Every long-running process survives a PostgreSQL restart and a broker restart without exiting, and resumes on
+its own (each test prints how long it took).
 
 Regression of issue 13: relays exited on `CannotConnectNowError: the database system is shutting down`, which
 the unit of work did not take for an outage (it matched exception classes, not SQLSTATEs).
@@ -73,3 +74,45 @@ async def test_consume_relay_and_effects_survive_a_database_restart_and_resume_o
         for process in processes:
             if process.process.poll() is None:
                 process.terminate()
+
+
+def kafka_local(command: str) -> None:
+    """Stop or start the local broker itself (same port, same data)."""
+    subprocess.run([str(ROOT / "scripts" / "kafka-local"), command], check=True, capture_output=True, timeout=300)
+
+
+async def test_consume_relay_and_effects_survive_a_broker_restart_and_resume_on_their_own(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream, tmp_path: Path
+) -> None:
+    # Given the three long-running processes at work
+    settings = settings_for(
+        database_url, kafka, topics, customers_url=downstream.url, payments_url=downstream.url, max_elapsed="60s"
+    )
+    processes = [ServiceProcess(role, settings, tmp_path / f"{role}.log") for role in ("consume", "relay", "effects")]
+    try:
+        await produce(kafka, topics.source, [(f"P-{n}", placed(f"P-{n}"), {}) for n in range(5)])
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 5 FROM effects WHERE state = 'sent'"), timeout=60)
+
+        # When the broker restarts under them
+        kafka_local("stop")
+        kafka_local("start")
+        back = time.monotonic()
+        await produce(kafka, topics.source, [(f"Q-{n}", placed(f"Q-{n}"), {}) for n in range(5)])
+
+        # Then every process is still running, and the new records are applied, published and paid
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 10 FROM effects WHERE state = 'sent'"), timeout=90)
+        await eventually(
+            lambda: scalar(engine, "SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL"), timeout=90
+        )
+        resumed = time.monotonic() - back
+        for process in processes:
+            assert process.process.poll() is None, process.log()[-3000:]
+        # No record spent an attempt on the outage
+        assert await scalar(engine, "SELECT count(*) FROM inbox WHERE status <> 'processed'") == 0
+        assert await scalar(engine, "SELECT count(*) FROM quarantine") == 0
+        print(json.dumps({"broker_resumed_within_seconds": round(resumed, 1)}))
+    finally:
+        for process in processes:
+            if process.process.poll() is None:
+                process.terminate()
+    assert "Traceback" not in "".join(process.log() for process in processes)

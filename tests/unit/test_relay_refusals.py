@@ -23,7 +23,6 @@ from service.worker.relay import _REFUSED, _set_aside_code
         (RecordTooLargeError(), "MESSAGE_TOO_LARGE"),
         (RecordListTooLargeError(), "MESSAGE_TOO_LARGE"),
         (InvalidTimestampError(), "MESSAGE_INVALID"),
-        (CorruptRecordException(), "MESSAGE_INVALID"),
     ],
 )
 def test_a_refusal_for_content_sets_the_row_aside_with_its_code(error: Exception, code: str) -> None:
@@ -31,6 +30,6 @@ def test_a_refusal_for_content_sets_the_row_aside_with_its_code(error: Exception
     assert _set_aside_code(error) == code  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("error", [KafkaConnectionError(), NotLeaderForPartitionError()])
+@pytest.mark.parametrize("error", [KafkaConnectionError(), NotLeaderForPartitionError(), CorruptRecordException()])
 def test_an_outage_or_a_leader_change_is_not_a_refusal(error: Exception) -> None:
     assert not isinstance(error, _REFUSED)
