@@ -8,24 +8,29 @@ import json
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from importlib.metadata import version as package_version
 from typing import Annotated, Any, TypeVar
 
+import structlog
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
+from rich.table import Column, Table
+from typer.exceptions import TyperException
 
 from service import logs
 from service.config import ConfigurationError, Settings, load_settings
 from service.containers import Container
+from service.domain.codes import ErrorCode
 from service.durations import parse_duration
 from service.errors import InfrastructureUnavailable
+from service.explain import explain
 from service.runtime import collect_garbage, tune_garbage_collector
+from service.stopping import sleep_unless_stopped
 from service.store import outbox, parking, quarantine
 from service.store.uow import UnitOfWork
 from service.worker.reprocess import Options, Selection
@@ -74,18 +79,24 @@ def _main(
     """Apply order events from Kafka to PostgreSQL; every record reaches a known terminal state."""
 
 
+_loaded: Settings | None = None  # the settings of the command being run (set by `_settings`)
+
+
 def _settings() -> Settings:
+    global _loaded
     try:
         settings = load_settings()
     except ConfigurationError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
     logs.configure(settings.log_level)
+    _loaded = settings
     return settings
 
 
 def _run(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> T:
-    """Run a coroutine with SIGTERM/SIGINT turned into a graceful stop."""
+    """Run a coroutine with SIGTERM/SIGINT turned into a graceful stop; a failure that ends it is one line on
+    stderr and exit 1 (the stack trace only at ORDERS_LOG_LEVEL=debug)."""
 
     async def runner() -> T:
         stop = asyncio.Event()
@@ -94,7 +105,27 @@ def _run(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> T:
             loop.add_signal_handler(signum, stop.set)
         return await main(stop)
 
-    return asyncio.run(runner())
+    try:
+        return asyncio.run(runner())
+    except (typer.Exit, typer.Abort, TyperException):
+        raise
+    except Exception as error:
+        settings = _loaded
+        if settings is not None and settings.log_level == "debug":
+            raise
+        port = settings.metrics_port if settings is not None else None
+        typer.echo(f"{_command()}: {explain(error, metrics_port=port)}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _command() -> str:
+    """The command being run, as typed up to its first option (`order-service quarantine list`)."""
+    words = []
+    for word in sys.argv[1:]:
+        if word.startswith("-"):
+            break
+        words.append(word)
+    return " ".join(["order-service", *words[:2]])
 
 
 @asynccontextmanager
@@ -118,6 +149,8 @@ def _serve(settings: Settings, *parts: str) -> None:
     """Run long-running loops until SIGTERM/SIGINT, with /metrics, /healthz and /readyz."""
 
     async def serve(stop: asyncio.Event) -> None:
+        if not await _schema_ready(settings, stop):
+            return
         async with _assembled(settings) as container:
             # Every long-running process also keeps the database-derived gauges fresh for its /metrics.
             loops = [await _provide(container, part) for part in (*parts, "gauges")]
@@ -133,6 +166,27 @@ def _serve(settings: Settings, *parts: str) -> None:
                 await health.stop()
 
     _run(serve)
+
+
+async def _schema_ready(settings: Settings, stop: asyncio.Event) -> bool:
+    """Before a long-running command starts: a database that does not exist or is not at this version's schema
+    ends it (one line, exit 1); one that cannot be reached is waited for, one log line per retry. False when
+    stopped while waiting."""
+    from service.store import schema
+    from service.store.uow import is_unavailable
+
+    delay = 1.0
+    while not stop.is_set():
+        try:
+            await schema.require_head(settings.database_url)
+            return True
+        except Exception as error:
+            if not is_unavailable(error):
+                raise
+        structlog.get_logger("order_service.cli").warning("database_unavailable", retry_in_seconds=delay)
+        await sleep_unless_stopped(stop, delay)
+        delay = min(delay * 2, 30.0)
+    return False
 
 
 async def _provide(container: Container, name: str) -> Any:
@@ -247,9 +301,29 @@ def _tables() -> Console:
     return Console(markup=False, highlight=False)
 
 
-def _age(moment: datetime) -> str:
-    seconds = int((datetime.now(moment.tzinfo) - moment).total_seconds())
-    return str(timedelta(seconds=max(0, seconds)))
+def _show(headers: Sequence[str], rows: Sequence[Sequence[str]], *, footer: str | None = None) -> None:
+    """Rows for an operator: a table on a terminal (long values fold, never cut: ids are pasted into other
+    commands), tab-separated values with a header line when piped (tabs and newlines inside values escaped)."""
+    if sys.stdout.isatty():
+        table = Table(*(Column(header, overflow="fold") for header in headers))
+        for row in rows:
+            table.add_row(*row)
+        _tables().print(table)
+    else:
+        for row in (headers, *rows):
+            sys.stdout.write("\t".join(value.replace("\t", "\\t").replace("\n", "\\n") for value in row) + "\n")
+    if footer:
+        typer.echo(footer, err=not sys.stdout.isatty())
+
+
+def _utc(moment: datetime | None) -> str:
+    """A timestamp in UTC, ISO 8601, to the second."""
+    if moment is None:
+        return "-"
+    return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+_STATUSES = ("open", "resolved", "reprocessing", "reprocessed")
 
 
 @quarantine_app.command("list")
@@ -260,37 +334,58 @@ def quarantine_list(
         str | None, typer.Option(help="Only records first failed at least this long ago (5m).")
     ] = None,
     key: Annotated[str | None, typer.Option(help="Only records of this order key.")] = None,
-    limit: Annotated[int, typer.Option(min=1, max=10_000)] = 100,
+    message_id: Annotated[str | None, typer.Option("--message-id", help="Only records of this message id.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="Show at most this many.")] = 100,
+    offset: Annotated[int, typer.Option(min=0, help="Skip this many first (paging).")] = 0,
     as_json: JsonFlag = False,
 ) -> None:
-    """List quarantined records, oldest first."""
+    """List quarantined records, oldest first (N of M shown)."""
     settings = _settings()
+    if status is not None and status not in _STATUSES:
+        raise typer.BadParameter(f"{status!r} is not one of {', '.join(_STATUSES)}", param_hint="--status")
+    if error_code is not None and error_code not in ErrorCode.__members__:
+        raise typer.BadParameter(
+            f"{error_code!r} is not an error code (README, Error codes)", param_hint="--error-code"
+        )
     try:
         age = parse_duration(older_than) if older_than else None
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--older-than") from None
-    rows = _run(
+    rows, total = _run(
         lambda _: _read(
             settings,
-            lambda c: quarantine.listing(c, error_code=error_code, status=status, older_than=age, key=key, limit=limit),
+            lambda c: quarantine.listing(
+                c,
+                error_code=error_code,
+                status=status,
+                older_than=age,
+                key=key,
+                message_id=message_id,
+                limit=limit,
+                offset=offset,
+            ),
         )
     )
     if as_json:
         _print_json(rows)
         return
-    table = Table("failure id", "message id", "error code", "status", "owner", "key", "attempts", "age")
-    for row in rows:
-        table.add_row(
-            row["failure_id"],
-            row["message_id"],
-            row["error_code"],
-            row["status"],
-            row["owner"],
-            row["order_key"] or "",
-            str(row["attempts"]),
-            _age(row["first_failed_at"]),
-        )
-    _tables().print(table)
+    _show(
+        ("failure id", "message id", "error code", "status", "owner", "key", "attempts", "first failed (UTC)"),
+        [
+            (
+                row["failure_id"],
+                row["message_id"],
+                row["error_code"],
+                row["status"],
+                row["owner"],
+                row["order_key"] or "",
+                str(row["attempts"]),
+                _utc(row["first_failed_at"]),
+            )
+            for row in rows
+        ],
+        footer=f"{len(rows)} of {total} shown" + (f" (from {offset + 1})" if offset and rows else ""),
+    )
 
 
 @quarantine_app.command("show")
@@ -518,11 +613,10 @@ def parked_list(as_json: JsonFlag = False) -> None:
     if as_json:
         _print_json(held)
         return
-    table = Table("key", "parked", "oldest parked", "held by")
-    for row in held:
-        oldest = row["oldest_parked_at"]
-        table.add_row(row["order_key"], str(row["parked"]), _age(oldest) if oldest else "-", _holder(row))
-    _tables().print(table)
+    _show(
+        ("key", "parked", "oldest parked (UTC)", "held by"),
+        [(row["order_key"], str(row["parked"]), _utc(row["oldest_parked_at"]), _holder(row)) for row in held],
+    )
 
 
 def _holder(row: dict[str, Any]) -> str:
@@ -577,10 +671,13 @@ def outbox_set_aside(as_json: JsonFlag = False) -> None:
     if as_json:
         _print_json([asdict(row) for row in found])
         return
-    table = Table("outbox id", "topic", "key", "code", "bytes", "set aside")
-    for row in found:
-        table.add_row(str(row.id), row.topic, row.key or "", row.code, str(row.payload_bytes), _age(row.set_aside_at))
-    _tables().print(table)
+    _show(
+        ("outbox id", "topic", "key", "code", "bytes", "set aside (UTC)"),
+        [
+            (str(row.id), row.topic, row.key or "", row.code, str(row.payload_bytes), _utc(row.set_aside_at))
+            for row in found
+        ],
+    )
 
 
 @outbox_app.command("put-back")

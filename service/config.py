@@ -98,6 +98,11 @@ class Settings(BaseSettings):
         parse_owners(value)
         return value
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_level(cls, value: Any) -> Any:
+        return value.strip().lower() if isinstance(value, str) else value
+
     @field_validator("dedup_window")
     @classmethod
     def _check_window(cls, value: timedelta) -> timedelta:
@@ -133,8 +138,8 @@ class Settings(BaseSettings):
         if self.dedup_window < horizon + margin:
             raise ValueError(
                 f"{ENV_PREFIX}DEDUP_WINDOW: {format_duration(self.dedup_window)} is shorter than the retry horizon "
-                f"{format_duration(horizon)} plus a margin of {format_duration(margin)}; raise it, or shorten "
-                f"ORDERS_MAX_ELAPSED / ORDERS_RETRY_TIERS"
+                f"{format_duration(horizon)} plus a margin of {format_duration(margin)}: it must be at least "
+                f"{format_duration(horizon + margin)}; raise it, or shorten ORDERS_MAX_ELAPSED / ORDERS_RETRY_TIERS"
             )
         return self
 

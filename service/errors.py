@@ -39,3 +39,7 @@ class InfrastructureUnavailable(OrderServiceError):
 class ConcurrentWrite(OrderServiceError):
     """Another member of the group wrote one of a round's message ids or orders first: the round's transaction is
     rolled back and the round redone (it then finds them written); no record attempt is spent."""
+
+
+class SchemaNotCurrent(OrderServiceError):
+    """The database is not at the schema revision this version needs: never migrated, or older (run `migrate`)."""

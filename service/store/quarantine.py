@@ -74,19 +74,39 @@ async def listing(
     status: str | None = None,
     older_than: timedelta | None = None,
     key: str | None = None,
+    message_id: str | None = None,
     limit: int = 100,
-) -> list[dict[str, Any]]:
-    """Quarantined records, oldest first, filtered."""
-    query = select(*_SUMMARY).order_by(quarantine.c.first_failed_at, quarantine.c.failure_id).limit(limit)
+    offset: int = 0,
+) -> tuple[list[dict[str, Any]], int]:
+    """Quarantined records, oldest first, filtered: one page of them, and how many match in all."""
+    conditions = []
     if error_code:
-        query = query.where(quarantine.c.error_code == error_code)
+        conditions.append(quarantine.c.error_code == error_code)
     if status:
-        query = query.where(quarantine.c.status == status)
+        conditions.append(quarantine.c.status == status)
     if key:
-        query = query.where(quarantine.c.order_key == key)
+        conditions.append(quarantine.c.order_key == key)
+    if message_id:
+        conditions.append(quarantine.c.message_id == message_id)
     if older_than:
-        query = query.where(quarantine.c.first_failed_at <= func.now() - older_than)
-    return [dict(row._mapping) for row in await connection.execute(query)]
+        conditions.append(quarantine.c.first_failed_at <= func.now() - older_than)
+    query = (
+        select(*_SUMMARY, func.count().over().label("matching"))
+        .where(*conditions)
+        .order_by(quarantine.c.first_failed_at, quarantine.c.failure_id)
+        .limit(limit)
+        .offset(offset)
+    )
+    rows = [dict(row._mapping) for row in await connection.execute(query)]
+    if rows:
+        total = int(rows[0]["matching"])
+    else:
+        total = int(
+            (await connection.execute(select(func.count()).select_from(quarantine).where(*conditions))).scalar_one()
+        )
+    for row in rows:
+        del row["matching"]
+    return rows, total
 
 
 async def get(connection: AsyncConnection, failure_id: str) -> dict[str, Any] | None:

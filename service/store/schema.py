@@ -14,6 +14,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from service.errors import SchemaNotCurrent
+
 MIGRATIONS = "service.migrations"
 
 
@@ -27,6 +29,26 @@ def upgrade_to_head(database_url: str) -> str:
         command.upgrade(config, "head")
         head = ScriptDirectory.from_config(config).get_current_head()
     return head or "base"
+
+
+def head_revision() -> str:
+    """The revision this version of the service needs (the newest migration it carries)."""
+    with as_file(files(MIGRATIONS)) as location:
+        config = Config()
+        config.set_main_option("script_location", str(location))
+        return ScriptDirectory.from_config(config).get_current_head() or "base"
+
+
+async def require_head(database_url: str) -> None:
+    """Raise SchemaNotCurrent unless the database is at `head_revision()` (long-running commands check first)."""
+    current = await current_revision(database_url)
+    head = head_revision()
+    if current is None:
+        raise SchemaNotCurrent("the database is not migrated: run `order-service migrate`")
+    if current != head:
+        raise SchemaNotCurrent(
+            f"the database schema is at {current}, this version needs {head}: run `order-service migrate`"
+        )
 
 
 async def current_revision(database_url: str) -> str | None:

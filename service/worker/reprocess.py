@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
 from service.domain.messages import DecodeFailure, decode
+from service.explain import explain
 from service.policy.headers import from_json, to_json
 from service.policy.records import id_bytes, pack_key
 from service.stopping import sleep_unless_stopped
@@ -156,6 +157,20 @@ class Reprocessor:
                 options={k: v for k, v in asdict(options).items() if k not in {"reason", "actor"}},
             )
             await uow.commit()
+        try:
+            await self._stages(report, usable, options, progress, confirm)
+        except Exception as error:
+            # The run cannot go on (the broker or the database went away mid-run): its audit row says so, with
+            # the reason in one line, instead of staying `running`; the error still ends the command.
+            report.outcome, report.stop_reason = "failed", explain(error)
+            await self._finish(report)
+            raise
+        await self._finish(report)
+        return report
+
+    async def _stages(
+        self, report: Report, usable: list[Any], options: Options, progress: Progress, confirm: Callable[[str], bool]
+    ) -> None:
         sample, rest = _split(usable, options.sample)
         stages = [("sample", sample), ("main", rest)] if sample else [("main", rest)]
         for stage, items in stages:
@@ -164,7 +179,7 @@ class Reprocessor:
             reason = await self._stage(report, stage, items, options, progress)
             if reason is not None:
                 report.outcome, report.stop_reason = "stopped", reason
-                break
+                return
             if stage == "sample" and rest:
                 question = (
                     f"sample of {len(sample)}: {report.reprocessed} reprocessed, {report.noop} already applied, "
@@ -172,12 +187,14 @@ class Reprocessor:
                 )
                 if not confirm(question):
                     report.outcome, report.stop_reason = "stopped", "not confirmed after the sample"
-                    break
+                    return
+
+    async def _finish(self, report: Report) -> None:
+        assert report.run_id is not None
         async with UnitOfWork(self._engine) as uow:
             await store.finish_run(uow.connection, report.run_id, report.outcome, report.stop_reason, report.counts())
             await uow.commit()
         log.info("reprocess_finished", run_id=report.run_id, outcome=report.outcome, stop_reason=report.stop_reason)
-        return report
 
     async def _stage(
         self, report: Report, stage: str, candidates: Sequence[Candidate], options: Options, progress: Progress

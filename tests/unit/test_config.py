@@ -282,12 +282,12 @@ def test_the_shortest_dedup_window_is_accepted_when_the_retry_horizon_fits_in_it
         (
             {"ORDERS_DEDUP_WINDOW": "20s"},
             "invalid configuration: ORDERS_DEDUP_WINDOW: 20s is shorter than the retry horizon 15m plus a margin "
-            "of 90s; raise it, or shorten ORDERS_MAX_ELAPSED / ORDERS_RETRY_TIERS",
+            "of 90s: it must be at least 990s; raise it, or shorten ORDERS_MAX_ELAPSED / ORDERS_RETRY_TIERS",
         ),
         (
             {"ORDERS_DEDUP_WINDOW": "1h", "ORDERS_RETRY_TIERS": "rocketmq"},
             "invalid configuration: ORDERS_DEDUP_WINDOW: 1h is shorter than the retry horizon 1d plus a margin "
-            "of 144m; raise it, or shorten ORDERS_MAX_ELAPSED / ORDERS_RETRY_TIERS",
+            "of 144m: it must be at least 1584m; raise it, or shorten ORDERS_MAX_ELAPSED / ORDERS_RETRY_TIERS",
         ),
         (
             {"ORDERS_EFFECT_LEASE": "2s"},
@@ -305,3 +305,9 @@ def test_a_window_shorter_than_the_retry_horizon_is_refused_in_one_line(
         load_settings()
 
     assert str(refused.value) == expected
+
+
+@pytest.mark.parametrize(("value", "level"), [("DEBUG", "debug"), (" Info ", "info"), ("warning", "warning")])
+def test_the_log_level_is_taken_in_any_case(monkeypatch: pytest.MonkeyPatch, value: str, level: str) -> None:
+    monkeypatch.setenv("ORDERS_LOG_LEVEL", value)
+    assert load_settings().log_level == level

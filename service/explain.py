@@ -1,0 +1,78 @@
+"""One line for an operator, instead of a stack trace: what failed at the edge of a command, and what to do.
+
+The command line (service/cli.py) turns any exception that ends a command into one line on stderr and exit
+code 1 (contract §10); a stack trace only at ORDERS_LOG_LEVEL=debug. The causes an operator can act on are
+named: a database that does not exist or is not migrated, one that cannot be reached, a broker that cannot
+be reached, a port already in use.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+
+from aiokafka.errors import KafkaConnectionError, KafkaError
+
+from service.errors import InfrastructureUnavailable, SchemaNotCurrent
+
+# PostgreSQL's SQLSTATEs for the causes named here.
+_NO_DATABASE = "3D000"  # invalid_catalog_name
+_NO_TABLE = "42P01"  # undefined_table
+_AUTHENTICATION = ("28000", "28P01")
+
+
+def causes(error: BaseException) -> Iterator[BaseException]:
+    """The error, the members of an exception group, their causes and the driver errors under them."""
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        current = pending.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        for linked in (getattr(current, "orig", None), current.__cause__, current.__context__):
+            if isinstance(linked, BaseException):
+                pending.append(linked)
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    state = getattr(error, "sqlstate", None)
+    return state if isinstance(state, str) else None
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def explain(error: BaseException, *, metrics_port: int | None = None) -> str:
+    """One line saying what went wrong and, where there is one, what to do."""
+    found = list(causes(error))
+    for cause in found:
+        if isinstance(cause, SchemaNotCurrent):
+            return str(cause)
+    for cause in found:
+        state = _sqlstate(cause)
+        if state == _NO_DATABASE:
+            return f"{_first_line(cause)} (ORDERS_DATABASE_URL)"
+        if state == _NO_TABLE:
+            return "the database is not migrated: run `order-service migrate`"
+        if state in _AUTHENTICATION:
+            return f"the database refused the login: {_first_line(cause)} (ORDERS_DATABASE_URL)"
+    for cause in found:
+        if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
+            port = f" {metrics_port}" if metrics_port else ""
+            return f"port{port} is already in use: set ORDERS_METRICS_PORT to a free port (0 disables it)"
+    for cause in found:
+        if isinstance(cause, InfrastructureUnavailable):
+            return "the database is unreachable (ORDERS_DATABASE_URL)"
+        if isinstance(cause, KafkaConnectionError):
+            return "Kafka is unreachable (ORDERS_KAFKA_BOOTSTRAP_SERVERS)"
+        if isinstance(cause, KafkaError):
+            return f"Kafka failed: {type(cause).__name__} (ORDERS_KAFKA_BOOTSTRAP_SERVERS)"
+        if isinstance(cause, ConnectionError | TimeoutError):
+            return f"a connection failed: {type(cause).__name__}"
+    return f"unexpected error ({type(error).__name__}); ORDERS_LOG_LEVEL=debug shows the stack trace"
