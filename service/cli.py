@@ -31,6 +31,7 @@ from service.errors import InfrastructureUnavailable
 from service.explain import explain
 from service.runtime import collect_garbage, tune_garbage_collector
 from service.stopping import sleep_unless_stopped
+from service.store import effects as effects_store
 from service.store import outbox, parking, quarantine
 from service.store.uow import UnitOfWork
 from service.worker.reprocess import Options, Selection
@@ -57,6 +58,8 @@ quarantine_app = typer.Typer(help="Operate the quarantine queue.", no_args_is_he
 app.add_typer(quarantine_app, name="quarantine")
 parked_app = typer.Typer(help="Records parked behind a held key (ORDERS_ORDERING=key).", no_args_is_help=True)
 app.add_typer(parked_app, name="parked")
+effects_app = typer.Typer(help="The effects ledger: external calls and their states.", no_args_is_help=True)
+app.add_typer(effects_app, name="effects")
 outbox_app = typer.Typer(help="Outbox rows the relay set aside (Kafka refused them).", no_args_is_help=True)
 app.add_typer(outbox_app, name="outbox")
 
@@ -661,6 +664,57 @@ def parked_release(
         typer.echo(f"{key}: nothing held it; its {released.parked} parked records are released by a running consumer")
     else:
         typer.echo(f"{key}: nothing held it and nothing is parked behind it")
+
+
+_EFFECT_STATES = ("pending", "in_flight", "sent", "uncertain", "failed")
+
+
+@effects_app.command("list")
+def effects_list(
+    state: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--state", help="pending, in_flight, sent, uncertain or failed (repeatable; default: all but sent)."
+        ),
+    ] = None,
+    kind: Annotated[
+        str | None, typer.Option(help="Only this kind (payment.capture, payment.refund, email.shipped).")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="Show at most this many.")] = 100,
+    offset: Annotated[int, typer.Option(min=0, help="Skip this many first (paging).")] = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Effects not yet sent, oldest first: what waits, on what, and why (N of M shown). An effect whose
+    provider URL is unset stays pending until it is set."""
+    settings = _settings()
+    states = state or [s for s in _EFFECT_STATES if s != "sent"]
+    for chosen in states:
+        if chosen not in _EFFECT_STATES:
+            raise typer.BadParameter(f"{chosen!r} is not one of {', '.join(_EFFECT_STATES)}", param_hint="--state")
+    rows, total = _run(
+        lambda _: _read(settings, lambda c: effects_store.listing(c, states, kind=kind, limit=limit, offset=offset))
+    )
+    if as_json:
+        _print_json(rows)
+        return
+    disabled = {
+        family for family, url in (("payment", settings.payments_url), ("email", settings.emails_url)) if not url
+    }
+    _show(
+        ("effect", "kind", "state", "attempts", "last error", "next attempt (UTC)"),
+        [
+            (
+                row["idempotency_key"],
+                row["kind"],
+                row["state"],
+                str(row["attempts"]),
+                row["last_error_code"] or ("provider not configured" if row["kind"].split(".")[0] in disabled else ""),
+                _utc(row["next_attempt_at"]),
+            )
+            for row in rows
+        ],
+        footer=f"{len(rows)} of {total} shown",
+    )
 
 
 @outbox_app.command("set-aside")

@@ -6,6 +6,7 @@ leaves its claim behind, and the reconciler takes it back when the lease has exp
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -54,6 +55,8 @@ _CLAIM = text(
     WHERE e.idempotency_key IN (
         SELECT p.idempotency_key FROM effects p
         WHERE p.state = 'pending' AND p.next_attempt_at <= now()
+          -- Only kinds whose provider is configured: the others wait, pending, until it is.
+          AND split_part(p.kind, '.', 1) = ANY(CAST(:families AS text[]))
           -- A refund waits until its capture is resolved (sent or failed).
           AND (p.kind <> 'payment.refund' OR NOT EXISTS (
                 SELECT 1 FROM effects c
@@ -78,9 +81,15 @@ def _row(row: Any) -> EffectRow:
     )
 
 
-async def claim(connection: AsyncConnection, owner: str, lease: timedelta, limit: int) -> list[EffectRow]:
-    """Lease up to `limit` due pending effects to `owner`."""
-    result = await connection.execute(_CLAIM, {"owner": owner, "lease": lease, "limit": limit})
+async def claim(
+    connection: AsyncConnection, owner: str, lease: timedelta, limit: int, families: Sequence[str]
+) -> list[EffectRow]:
+    """Lease up to `limit` due pending effects to `owner`, of these kind families (`payment`, `email`)."""
+    if not families:
+        return []
+    result = await connection.execute(
+        _CLAIM, {"owner": owner, "lease": lease, "limit": limit, "families": list(families)}
+    )
     return [_row(row) for row in result]
 
 
@@ -146,3 +155,29 @@ async def uncertain(connection: AsyncConnection, limit: int) -> list[EffectRow]:
         {"limit": limit},
     )
     return [_row(row) for row in result]
+
+
+async def listing(
+    connection: AsyncConnection, states: Sequence[str], *, kind: str | None = None, limit: int = 100, offset: int = 0
+) -> tuple[list[dict[str, Any]], int]:
+    """Effects in these states, oldest first: one page of them, and how many match in all."""
+    conditions = ["state = ANY(CAST(:states AS text[]))"]
+    if kind:
+        conditions.append("kind = :kind")
+    where = " AND ".join(conditions)
+    params = {"states": list(states), "kind": kind, "limit": limit, "offset": offset}
+    rows = [
+        dict(row._mapping)
+        for row in await connection.execute(
+            text(
+                f"""
+                SELECT idempotency_key, order_id, kind, state, attempts, reconcile_count, last_error_code,
+                       provider_ref, next_attempt_at, created_at, updated_at
+                FROM effects WHERE {where} ORDER BY created_at, idempotency_key LIMIT :limit OFFSET :offset
+                """
+            ),
+            params,
+        )
+    ]
+    total = (await connection.execute(text(f"SELECT count(*) FROM effects WHERE {where}"), params)).scalar_one()
+    return rows, int(total)

@@ -126,10 +126,15 @@ class EffectWorker:
         self._rng = rng
         self._owner = f"effects-{uuid.uuid4().hex[:12]}"
         self._limit = asyncio.Semaphore(_CONCURRENCY)
+        # An unset provider URL disables its calls: those effects stay pending (visible in `effects list`).
+        self._families = [family for family, client in (("payment", payments), ("email", emails)) if client.enabled]
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until `stop` is set; a database outage is waited out."""
-        log.info("effects_started", owner=self._owner)
+        log.info("effects_started", owner=self._owner, kinds=self._families)
+        for family, variable in (("payment", "ORDERS_PAYMENTS_URL"), ("email", "ORDERS_EMAILS_URL")):
+            if family not in self._families:
+                log.warning("provider_not_configured", kinds=f"{family}.*", variable=variable, effects="stay pending")
         delay = 1.0
         while not stop.is_set():
             try:
@@ -148,7 +153,9 @@ class EffectWorker:
     async def work_once(self) -> int:
         """Claim one batch, execute it, record the outcomes; return how many effects were attempted."""
         async with UnitOfWork(self._engine) as uow:
-            claimed = await effects.claim(uow.connection, self._owner, self._settings.effect_lease, _CLAIM)
+            claimed = await effects.claim(
+                uow.connection, self._owner, self._settings.effect_lease, _CLAIM, self._families
+            )
             await uow.commit()
         if not claimed:
             return 0
