@@ -26,6 +26,7 @@ from service import logs
 from service.config import ConfigurationError, Settings, load_settings
 from service.containers import Container
 from service.domain.codes import ErrorCode
+from service.domain.messages import invalid_field
 from service.durations import parse_duration
 from service.errors import InfrastructureUnavailable
 from service.explain import explain
@@ -395,14 +396,27 @@ def quarantine_list(
 def quarantine_show(
     failure_id: Annotated[str, typer.Argument(help="The failure id, e.g. orders/3/1200.")],
     include_payload: Annotated[bool, typer.Option(help="Also print the original bytes (base64).")] = False,
+    payload_as_text: Annotated[
+        bool, typer.Option("--payload-as-text", help="Also print the original bytes as text, when they are UTF-8.")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Show one quarantined record: envelope, attempts, annotations."""
+    """Show one quarantined record: envelope, attempts, annotations, timeline; for invalid input, the failing
+    field and the rule it breaks (names only, never values)."""
     settings = _settings()
     row = _run(lambda _: _read(settings, lambda c: quarantine.get(c, failure_id)))
     if row is None:
         typer.echo(f"no quarantined record with failure id {failure_id}", err=True)
         raise typer.Exit(1)
+    payload = row.get("payload")
+    if row["error_code"] == "INVALID_FIELD":
+        found = invalid_field(bytes(payload) if payload is not None else None)
+        row["failing_field"] = {"path": found[0], "rule": found[1]} if found else None
+    if payload_as_text and payload is not None:
+        try:
+            row["payload_text"] = bytes(payload).decode("utf-8")
+        except UnicodeDecodeError:
+            row["payload_text"] = None  # not text: ask for --include-payload (base64)
     if not include_payload:
         row.pop("payload", None)
     if as_json:
@@ -474,7 +488,7 @@ def quarantine_resolve(
     async def close(connection: Any) -> str | None:
         previous = await quarantine.resolve(connection, failure_id, reason, author or _who())
         if previous == "open":
-            await parking.unblock_failures(connection, settings.consumer_name, [failure_id])
+            await parking.unblock_failures(connection, [failure_id])
         return previous
 
     previous = _run(lambda _: _read(settings, close, commit=True))
@@ -557,15 +571,21 @@ def reprocess(
         float, typer.Option("--verify-timeout", min=1, help="Seconds to wait for a verdict.")
     ] = 120,
     actor: Annotated[str | None, typer.Option("--actor", help="Who runs it (default: $USER).")] = None,
+    consumer: Annotated[
+        str | None, typer.Option("--consumer", help="The consumer name, when the selection spans several.")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Send quarantined records back via `<source>.reprocess`: selected, checked, rate limited, verified, audited."""
+    """Send quarantined records back via `<source>.reprocess`: selected, checked, rate limited, verified, audited.
+    It acts as the consumer and on the source topic the records were quarantined under, not as
+    ORDERS_CONSUMER_NAME / ORDERS_SOURCE_TOPIC."""
     settings = _settings()
     if not (failure_id or error_code or since or until):
         raise typer.BadParameter("select something: --failure-id, --error-code, --since or --until")
     selection = Selection(
         tuple(failure_id or ()), error_code, _timestamp(since, "--since"), _timestamp(until, "--until")
     )
+    settings = _as_owner_of(settings, selection, consumer)
     options = Options(
         reason=reason,
         actor=actor or _who(),
@@ -606,19 +626,65 @@ def reprocess(
                 typer.echo(f"  selected: {chosen}")
     if report.outcome == "stopped":
         raise typer.Exit(3)
+    if report.unverified:
+        typer.echo(
+            f"reprocess: {report.unverified} items unverified (no business change seen in time): check them with "
+            f"`order-service quarantine show <failure id>` and that a consumer named {settings.consumer_name} runs",
+            err=True,
+        )
+        raise typer.Exit(1)
+
+
+def _as_owner_of(settings: Settings, selection: Selection, consumer: str | None) -> Settings:
+    """The settings of the consumer the selected records were quarantined under (its name and source topic)."""
+    from service.store import reprocess as reprocess_store
+
+    found = _run(
+        lambda _: _read(
+            settings,
+            lambda c: reprocess_store.owners(
+                c,
+                failure_ids=selection.failure_ids,
+                error_code=selection.error_code,
+                since=selection.since,
+                until=selection.until,
+            ),
+        )
+    )
+    pairs = [pair for pair in found if consumer in (None, pair[0])]
+    if len(pairs) > 1:
+        names = ", ".join(f"{name} ({topic})" for name, topic in pairs)
+        typer.echo(f"reprocess: the selection spans several consumers: {names}: pass --consumer", err=True)
+        raise typer.Exit(2)
+    if not pairs:
+        return settings if consumer is None else settings.model_copy(update={"consumer_name": consumer})
+    name, topic = pairs[0]
+    owner = settings.model_copy(update={"consumer_name": name, "source_topic": topic})
+    typer.echo(f"reprocess: as consumer {name}, copies to {owner.topics.reprocess}", err=True)
+    return owner
+
+
+ConsumerOption = Annotated[
+    str | None,
+    typer.Option("--consumer", help="Only this consumer name (default: every consumer with records here)."),
+]
 
 
 @parked_app.command("list")
-def parked_list(as_json: JsonFlag = False) -> None:
-    """Held keys: how many records wait behind each, since when, and what holds the key."""
+def parked_list(consumer: ConsumerOption = None, as_json: JsonFlag = False) -> None:
+    """Held keys of every consumer (the consumer name stored with each record, not ORDERS_CONSUMER_NAME): how many
+    records wait behind each, since when, and what holds the key."""
     settings = _settings()
-    held = _run(lambda _: _read(settings, lambda c: parking.summary(c, settings.consumer_name)))
+    held = _run(lambda _: _read(settings, lambda c: parking.summary(c, consumer)))
     if as_json:
         _print_json(held)
         return
     _show(
-        ("key", "parked", "oldest parked (UTC)", "held by"),
-        [(row["order_key"], str(row["parked"]), _utc(row["oldest_parked_at"]), _holder(row)) for row in held],
+        ("consumer", "key", "parked", "oldest parked (UTC)", "held by"),
+        [
+            (row["consumer_name"], row["order_key"], str(row["parked"]), _utc(row["oldest_parked_at"]), _holder(row))
+            for row in held
+        ],
     )
 
 
@@ -636,16 +702,30 @@ def _holder(row: dict[str, Any]) -> str:
 @parked_app.command("release")
 def parked_release(
     key: Annotated[str, typer.Argument(help="The order key to free; its parked records are then applied in order.")],
+    consumer: ConsumerOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Free a key whatever holds it (a quarantined head, or a head in a retry tier, which keeps retrying on its
-    own); a running consumer then applies its parked records in order."""
+    own), under the consumer name its records are stored with; a running consumer of that name then applies its
+    parked records in order."""
     settings = _settings()
-    released = _run(lambda _: _read(settings, lambda c: parking.release(c, settings.consumer_name, key), commit=True))
+
+    async def release(connection: Any) -> tuple[str | None, parking.Released | None]:
+        names = [name for name in await parking.holders(connection, key) if consumer in (None, name)]
+        if len(names) > 1:
+            return ", ".join(names), None
+        chosen = names[0] if names else (consumer or settings.consumer_name)
+        return chosen, await parking.release(connection, chosen, key)
+
+    chosen, released = _run(lambda _: _read(settings, release, commit=True))
+    if released is None:
+        typer.echo(f"parked release: {key} is held under several consumers ({chosen}): pass --consumer", err=True)
+        raise typer.Exit(2)
     if as_json:
         _print_json(
             {
                 "key": key,
+                "consumer": chosen,
                 "released": released.freed,
                 "blockedBy": released.blocked_by,
                 "retrying": released.retrying,
@@ -653,6 +733,7 @@ def parked_release(
             }
         )
         return
+    typer.echo(f"consumer {chosen}:", err=True)
     if released.blocked_by:
         typer.echo(f"{key}: released (was held by quarantined head {released.blocked_by}); {released.parked} parked")
     elif released.retrying:

@@ -194,3 +194,34 @@ def placed_at(message: OrderMessage) -> datetime | None:
 _SEQUENCED = frozenset({OrderPlacedV2, OrderShippedV1, OrderCancelledV1})
 _PLACEMENTS = frozenset({OrderPlacedV1, OrderPlacedV2})
 _BACKSLASH = ord("\\")
+
+
+_FIELD_PART = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def invalid_field(value: bytes | None) -> tuple[str, str] | None:
+    """For a value that decodes as `INVALID_FIELD`: the path of the first failing field (`items.0.quantity`) and
+    the rule it breaks (pydantic's error type, e.g. `int_type`, `missing`, `less_than_equal`), for an operator.
+    Names only, never values; a part of the path that is not shaped like a field name shows as `?`. None when
+    the value is not an invalid-field case."""
+    if not isinstance(decode(value), DecodeFailure) or value is None:
+        return None
+    try:
+        document = json.loads(value)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not isinstance(document, dict):
+        return None
+    schema_name = document.get("schema")
+    if not isinstance(schema_name, str):
+        return ("schema", "missing" if "schema" not in document else "string_type")
+    model = SCHEMAS.get(schema_name)
+    if model is None:
+        return None
+    try:
+        model.model_validate_json(value, strict=True)
+    except ValidationError as error:
+        first = error.errors()[0]
+        path = ".".join(str(part) if _FIELD_PART.fullmatch(str(part)) else "?" for part in first["loc"])
+        return (path or "(document)", str(first["type"]))
+    return ("(a text field or the total)", "holds NUL or is beyond what its column holds")

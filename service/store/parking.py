@@ -63,12 +63,11 @@ async def block(connection: AsyncConnection, consumer: str, blocks: Sequence[tup
         await connection.execute(insert(key_blocks).values(rows).on_conflict_do_nothing())
 
 
-async def unblock_failures(connection: AsyncConnection, consumer: str, failure_ids: Sequence[str]) -> None:
-    """Free the keys held by these quarantined heads (resolved or reprocessed)."""
+async def unblock_failures(connection: AsyncConnection, failure_ids: Sequence[str]) -> None:
+    """Free the keys held by these quarantined heads (resolved or reprocessed), under whichever consumer: a
+    failure id is one record's, whoever acts on it."""
     if failure_ids:
-        await connection.execute(
-            delete(key_blocks).where(key_blocks.c.consumer_name == consumer, key_blocks.c.failure_id.in_(failure_ids))
-        )
+        await connection.execute(delete(key_blocks).where(key_blocks.c.failure_id.in_(failure_ids)))
 
 
 @dataclass(frozen=True)
@@ -218,33 +217,52 @@ def _stored(row: Any) -> StoredParked:
 _SUMMARY = text(
     """
     WITH held AS (
-        SELECT order_key FROM parked WHERE consumer_name = :consumer
+        SELECT consumer_name, order_key FROM parked
         UNION
-        SELECT order_key FROM key_blocks WHERE consumer_name = :consumer
+        SELECT consumer_name, order_key FROM key_blocks
     )
-    SELECT held.order_key,
-           (SELECT count(*) FROM parked p WHERE p.consumer_name = :consumer AND p.order_key = held.order_key)
+    SELECT held.consumer_name, held.order_key,
+           (SELECT count(*) FROM parked p WHERE p.consumer_name = held.consumer_name AND p.order_key = held.order_key)
                AS parked,
-           (SELECT min(parked_at) FROM parked p WHERE p.consumer_name = :consumer AND p.order_key = held.order_key)
-               AS oldest_parked_at,
-           (SELECT failure_id FROM key_blocks b WHERE b.consumer_name = :consumer AND b.order_key = held.order_key)
-               AS blocked_by,
-           (SELECT min(message_id) FROM retries r WHERE r.consumer_name = :consumer AND r.order_key = held.order_key)
-               AS retrying,
-           (SELECT min(claimed_by) FROM parked p WHERE p.consumer_name = :consumer AND p.order_key = held.order_key
-                AND p.claimed_until > now())
+           (SELECT min(parked_at) FROM parked p
+             WHERE p.consumer_name = held.consumer_name AND p.order_key = held.order_key) AS oldest_parked_at,
+           (SELECT min(source_topic) FROM parked p
+             WHERE p.consumer_name = held.consumer_name AND p.order_key = held.order_key) AS source_topic,
+           (SELECT failure_id FROM key_blocks b
+             WHERE b.consumer_name = held.consumer_name AND b.order_key = held.order_key) AS blocked_by,
+           (SELECT min(message_id) FROM retries r
+             WHERE r.consumer_name = held.consumer_name AND r.order_key = held.order_key) AS retrying,
+           (SELECT min(claimed_by) FROM parked p
+             WHERE p.consumer_name = held.consumer_name AND p.order_key = held.order_key AND p.claimed_until > now())
                AS releasing_by
     FROM held
-    ORDER BY oldest_parked_at NULLS LAST, held.order_key
+    WHERE CAST(:consumer AS text) IS NULL OR held.consumer_name = :consumer
+    ORDER BY oldest_parked_at NULLS LAST, held.consumer_name, held.order_key
     """
 )
 
 
-async def summary(connection: AsyncConnection, consumer: str) -> list[dict[str, Any]]:
-    """Held keys: parked records per key, since when, and what holds the key: a quarantined head (its failure
-    id), a head in a retry tier (its message id), or nothing, the records then being released by a member
-    (`releasing_by`) or waiting for a consumer to take them."""
+async def summary(connection: AsyncConnection, consumer: str | None = None) -> list[dict[str, Any]]:
+    """Held keys of every consumer (or of one): parked records per key, since when, and what holds the key: a
+    quarantined head (its failure id), a head in a retry tier (its message id), or nothing, the records then
+    being released by a member (`releasing_by`) or waiting for a consumer to take them."""
     return [dict(row._mapping) for row in await connection.execute(_SUMMARY, {"consumer": consumer})]
+
+
+async def holders(connection: AsyncConnection, key: str) -> list[str]:
+    """The consumer names under which this key is held or has parked records."""
+    result = await connection.execute(
+        text(
+            """
+            SELECT consumer_name FROM parked WHERE order_key = :key
+            UNION SELECT consumer_name FROM key_blocks WHERE order_key = :key
+            UNION SELECT consumer_name FROM retries WHERE order_key = :key
+            ORDER BY 1
+            """
+        ),
+        {"key": key},
+    )
+    return list(result.scalars())
 
 
 async def log_pause(

@@ -39,16 +39,17 @@ class ItemState:
     effects: int
 
 
-async def select_candidates(
-    connection: AsyncConnection,
+def _selected(
+    query: Any,
     *,
     failure_ids: Sequence[str],
     error_code: str | None,
     since: datetime | None,
     until: datetime | None,
-) -> list[Candidate]:
-    """Named failure ids (whatever their status), or the open records matching the filters; oldest first."""
-    query = select(quarantine).order_by(quarantine.c.first_failed_at, quarantine.c.failure_id)
+    consumer: str | None = None,
+) -> Any:
+    if consumer is not None:
+        query = query.where(quarantine.c.consumer_name == consumer)
     if failure_ids:
         query = query.where(quarantine.c.failure_id.in_(list(failure_ids)))
     else:
@@ -59,6 +60,39 @@ async def select_candidates(
         query = query.where(quarantine.c.first_failed_at >= since)
     if until:
         query = query.where(quarantine.c.first_failed_at < until)
+    return query
+
+
+async def owners(
+    connection: AsyncConnection,
+    *,
+    failure_ids: Sequence[str],
+    error_code: str | None,
+    since: datetime | None,
+    until: datetime | None,
+) -> list[tuple[str, str]]:
+    """The (consumer name, source topic) pairs the selected records were quarantined under."""
+    topic = quarantine.c.envelope["source"]["topic"].astext
+    query = select(quarantine.c.consumer_name, topic).distinct()
+    query = _selected(query, failure_ids=failure_ids, error_code=error_code, since=since, until=until)
+    return sorted((name, source) for name, source in await connection.execute(query))
+
+
+async def select_candidates(
+    connection: AsyncConnection,
+    *,
+    failure_ids: Sequence[str],
+    error_code: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    consumer: str | None = None,
+) -> list[Candidate]:
+    """Named failure ids (whatever their status), or the open records matching the filters, of one consumer when
+    it is given; oldest first."""
+    query = select(quarantine).order_by(quarantine.c.first_failed_at, quarantine.c.failure_id)
+    query = _selected(
+        query, failure_ids=failure_ids, error_code=error_code, since=since, until=until, consumer=consumer
+    )
     return [
         Candidate(
             failure_id=row.failure_id,

@@ -456,7 +456,7 @@ class Processor:
             if len(reopened) != len(write.reopened):
                 raise ConcurrentWrite("a quarantined message was moved concurrently")
             await quarantine.mark_reprocessed(c, write.reprocessed)
-            await parking.unblock_failures(c, self._consumer, write.reprocessed)
+            await parking.unblock_failures(c, write.reprocessed)
             for again, failed_code in write.requarantined:
                 history = again.history or AttemptHistory.first(self._clock())
                 await quarantine.requarantine(

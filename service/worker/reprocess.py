@@ -135,6 +135,7 @@ class Reprocessor:
                 error_code=selection.error_code,
                 since=selection.since,
                 until=selection.until,
+                consumer=self._consumer,
             )
         report = Report(run_id=None, selected=len(candidates), selection=[c.failure_id for c in candidates])
         usable = []

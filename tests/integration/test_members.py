@@ -212,7 +212,14 @@ async def test_parked_release_frees_a_key_held_by_a_retrying_head_which_keeps_it
     released = json.loads((await cli(settings, "parked", "release", "U", "--json")).stdout)
 
     # Then the key is free, the head keeps retrying (its row stays, holding nothing), and its records are released
-    assert released == {"key": "U", "released": True, "blockedBy": None, "retrying": ["U.1"], "parked": 2}
+    assert released == {
+        "key": "U",
+        "consumer": settings.consumer_name,
+        "released": True,
+        "blockedBy": None,
+        "retrying": ["U.1"],
+        "parked": 2,
+    }
     assert await rows(engine, "SELECT message_id, order_key FROM retries") == [{"message_id": "U.1", "order_key": None}]
     assert len(await members[0].releasable(set())) == 2
     assert "being released by" in (await cli(settings, "parked", "list")).stdout

@@ -17,6 +17,7 @@ from service.domain.messages import (
     OrderPlacedV2,
     OrderShippedV1,
     decode,
+    invalid_field,
 )
 
 MISSING = object()
@@ -285,3 +286,32 @@ def test_the_amount_sums_quantity_times_unit_price_over_the_lines(lines: list[tu
 
     assert isinstance(message, OrderPlacedV1)
     assert message.amount_cents == amount
+
+
+@pytest.mark.parametrize(
+    ("document", "expected"),
+    [
+        ({"schema": "order.cancelled.v1", "order_id": "A-1"}, ("reason", "missing")),
+        (
+            {
+                "schema": "order.placed.v1",
+                "order_id": "A-1",
+                "tenant": "acme",
+                "customer_id": "c",
+                "currency": "EUR",
+                "items": [{"sku": "s", "quantity": "2", "unit_price_cents": 1}],
+            },
+            ("items.0.quantity", "int_type"),
+        ),
+        ({"order_id": "A-1"}, ("schema", "missing")),
+    ],
+)
+def test_an_invalid_field_is_named_by_its_path_and_rule_without_its_value(
+    document: dict[str, object], expected: tuple[str, str]
+) -> None:
+    assert invalid_field(json.dumps(document).encode()) == expected
+
+
+def test_a_valid_or_malformed_value_names_no_field() -> None:
+    assert invalid_field(b"{not json") is None
+    assert invalid_field(None) is None
