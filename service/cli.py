@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import os
 import signal
 import sys
@@ -59,7 +60,7 @@ quarantine_app = typer.Typer(help="Operate the quarantine queue.", no_args_is_he
 app.add_typer(quarantine_app, name="quarantine")
 parked_app = typer.Typer(help="Records parked behind a held key (ORDERS_ORDERING=key).", no_args_is_help=True)
 app.add_typer(parked_app, name="parked")
-effects_app = typer.Typer(help="The effects ledger: external calls and their states.", no_args_is_help=True)
+effects_app = typer.Typer(help="Execute pending external effects until stopped; `effects list` shows the ledger.")
 app.add_typer(effects_app, name="effects")
 outbox_app = typer.Typer(help="Outbox rows the relay set aside (Kafka refused them).", no_args_is_help=True)
 app.add_typer(outbox_app, name="outbox")
@@ -206,6 +207,7 @@ def migrate() -> None:
     from service.store import schema
 
     settings = _settings()
+    logging.getLogger("alembic").setLevel(min(logging.INFO, logging.getLogger().level))  # say each upgrade
     try:
         head = schema.upgrade_to_head(settings.database_url)
     except OSError as error:
@@ -237,9 +239,11 @@ def relay() -> None:
     _serve(settings, "relay")
 
 
-@app.command()
-def effects() -> None:
-    """Execute pending external effects (payments, emails) until stopped."""
+@effects_app.callback(invoke_without_command=True)
+def effects(context: typer.Context) -> None:
+    """Execute pending external effects (payments, emails) until stopped; `effects list` shows the ledger."""
+    if context.invoked_subcommand is not None:
+        return
     settings = _settings()
     _serve(settings, "effect_worker")
 

@@ -69,3 +69,5 @@ def configure(level: str) -> None:
     # Client libraries retry on their own and would log every reconnect: keep their errors, not their chatter.
     for noisy in ("aiokafka", "kafka", "sqlalchemy", "httpx", "httpcore", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.ERROR)
+    # Alembic talks at info whenever a process reads the schema revision; `migrate` turns it back up itself.
+    logging.getLogger("alembic").setLevel(logging.DEBUG if debug else logging.WARNING)
