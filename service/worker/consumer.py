@@ -179,6 +179,9 @@ class ConsumerLoop:
             if partition in self._paused or partition not in consumer.assignment():
                 continue
             position = await consumer.position(partition)
+            high = consumer.highwater(partition)
+            if high is not None and position >= high:
+                continue  # nothing to read there: not the one that failed, and probing it would only wait
             skipped = 0
             while skipped < _MAX_UNREADABLE:
                 try:
@@ -197,6 +200,7 @@ class ConsumerLoop:
                 break
             if skipped:
                 log.warning("unreadable_records", topic=partition.topic, partition=partition.partition, records=skipped)
+                break  # found it: the other partitions are fetched as usual
         self._arrived.set()
 
     async def _wait(self, stop: asyncio.Event, now: float) -> None:
