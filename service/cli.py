@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import getpass
 import json
 import logging
-import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from importlib.metadata import version as package_version
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import structlog
@@ -457,7 +458,7 @@ def quarantine_stats(as_json: JsonFlag = False) -> None:
 
 
 def _who() -> str:
-    return os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
+    return _actor(None)
 
 
 @quarantine_app.command("annotate")
@@ -481,31 +482,103 @@ def quarantine_annotate(
 
 @quarantine_app.command("resolve")
 def quarantine_resolve(
-    failure_id: Annotated[str, typer.Argument(help="The failure id, e.g. orders/3/1200.")],
-    reason: Annotated[str, typer.Option("--reason", help="Why it needs no reprocessing (kept in the audit).")],
+    failure_id: Annotated[
+        list[str] | None, typer.Argument(help="Failure ids, e.g. orders/3/1200 (or select with the options).")
+    ] = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why it needs no reprocessing (kept in the audit).")] = "",
+    error_code: Annotated[
+        str | None, typer.Option("--error-code", help="Select the open records with this code.")
+    ] = None,
+    key: Annotated[str | None, typer.Option("--key", help="Select the open records of this order key.")] = None,
+    older_than: Annotated[
+        str | None, typer.Option("--older-than", help="Select the open records first failed this long ago (1h).")
+    ] = None,
+    from_file: Annotated[
+        Path | None, typer.Option("--from-file", help="Failure ids, one per line ('-': standard input).")
+    ] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be resolved; change nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Resolve a selection without asking.")] = False,
     author: Annotated[str | None, typer.Option("--author", help="Who resolves it (default: $USER).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Close an open record without reprocessing it; frees its key if it held one (ORDERS_ORDERING=key)."""
+    """Close open records without reprocessing them, one by id or a selection (code, key, age, a file of ids),
+    with --dry-run first; frees the keys they held (ORDERS_ORDERING=key)."""
     settings = _settings()
+    if not reason.strip():
+        raise typer.BadParameter("say why: --reason", param_hint="--reason")
+    who = _actor(author)
+    ids = list(failure_id or [])
+    if from_file is not None:
+        text = sys.stdin.read() if str(from_file) == "-" else from_file.read_text()
+        ids += [line.strip() for line in text.splitlines() if line.strip()]
+    selecting = error_code is not None or key is not None or older_than is not None
+    if not ids and not selecting:
+        raise typer.BadParameter("name failure ids, --from-file, or select with --error-code / --key / --older-than")
+    try:
+        age = parse_duration(older_than) if older_than else None
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--older-than") from None
 
-    async def close(connection: Any) -> str | None:
-        previous = await quarantine.resolve(connection, failure_id, reason, author or _who())
-        if previous == "open":
-            await parking.unblock_failures(connection, [failure_id])
-        return previous
+    async def chosen(connection: Any) -> list[str]:
+        if not selecting:
+            return ids
+        rows, _ = await quarantine.listing(
+            connection, error_code=error_code, status="open", older_than=age, key=key, limit=100_000
+        )
+        picked = [row["failure_id"] for row in rows]
+        return [one for one in picked if one in ids] if ids else picked
 
-    previous = _run(lambda _: _read(settings, close, commit=True))
-    if previous is None:
-        typer.echo(f"no quarantined record with failure id {failure_id}", err=True)
-        raise typer.Exit(1)
-    if previous != "open":
-        typer.echo(f"{failure_id} is {previous}, not open: nothing to resolve", err=True)
-        raise typer.Exit(1)
+    selection = _run(lambda _: _read(settings, chosen))
+    if dry_run or (len(selection) > 1 and not yes):
+        sample = ", ".join(selection[:5]) + (" …" if len(selection) > 5 else "")
+        typer.echo(f"quarantine resolve: {len(selection)} records selected" + (f": {sample}" if selection else ""))
+        if dry_run or not selection:
+            return
+        if not sys.stdin.isatty() or not typer.confirm(f"resolve {len(selection)} records?", err=True):
+            typer.echo("quarantine resolve: not confirmed (pass --yes): nothing changed", err=True)
+            raise typer.Exit(1)
+
+    async def close(connection: Any) -> dict[str, str | None]:
+        outcomes: dict[str, str | None] = {}
+        for one in selection:
+            previous = await quarantine.resolve(connection, one, reason, who)
+            if previous == "open":
+                await parking.unblock_failures(connection, [one])
+            outcomes[one] = previous
+        return outcomes
+
+    outcomes = _run(lambda _: _read(settings, close, commit=True))
+    resolved = [one for one, previous in outcomes.items() if previous == "open"]
     if as_json:
-        _print_json({"failure_id": failure_id, "status": "resolved"})
+        _print_json(
+            {
+                "resolved": resolved,
+                "skipped": {one: previous or "not found" for one, previous in outcomes.items() if previous != "open"},
+            }
+        )
     else:
-        typer.echo(f"{failure_id}: resolved")
+        for one in resolved:
+            typer.echo(f"{one}: resolved")
+    for one, previous in outcomes.items():
+        if previous is None:
+            typer.echo(f"no quarantined record with failure id {one}", err=True)
+        elif previous != "open":
+            typer.echo(f"{one} is {previous}, not open: nothing to resolve", err=True)
+    if len(resolved) < len(outcomes) or not outcomes:
+        raise typer.Exit(1)
+
+
+def _actor(given: str | None) -> str:
+    """Who changes something: --author, else the OS user; refused when neither is known (an audit needs one)."""
+    who = (given or "").strip()
+    if not who:
+        try:
+            who = getpass.getuser()
+        except (KeyError, OSError):  # no login name and no passwd entry for this uid (some containers)
+            who = ""
+    if not who:
+        raise typer.BadParameter("say who you are: --author (no $USER to take it from)", param_hint="--author")
+    return who
 
 
 class _PlainProgress:

@@ -1,0 +1,70 @@
+"""Bulk operations on the quarantine queue: a selection, a dry run first, a confirmation (issue 14)."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.policy.records import SourceRecord
+from tests.support import Topics, cli, quarantine_directly, rows, settings_for
+
+
+async def test_a_selection_is_resolved_only_after_a_dry_run_and_a_confirmation(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics
+) -> None:
+    # Given three malformed records and one of another code in quarantine
+    records = [SourceRecord(topics.source, 0, n, 0, f"B-{n}".encode(), b"nope") for n in range(3)]
+    records.append(SourceRecord(topics.source, 0, 3, 0, b"B-3", b'{"schema": "order.x.v1"}'))
+    settings = settings_for(database_url, kafka, topics)
+    await quarantine_directly(settings, records)
+
+    # When an operator asks for a dry run of resolving the malformed ones
+    dry = await cli(
+        settings, "quarantine", "resolve", "--error-code", "MALFORMED_PAYLOAD", "--reason", "bad producer", "--dry-run"
+    )
+    # Then it says how many and which, and changes nothing
+    assert dry.stdout.startswith("quarantine resolve: 3 records selected: ")
+    assert f"{topics.source}/0/0" in dry.stdout
+    assert await rows(engine, "SELECT DISTINCT status FROM quarantine") == [{"status": "open"}]
+
+    # And without a terminal or --yes it refuses to go on
+    refused = await cli(
+        settings, "quarantine", "resolve", "--error-code", "MALFORMED_PAYLOAD", "--reason", "bad producer", check=False
+    )
+    assert refused.returncode == 1
+    assert "not confirmed" in refused.stderr
+    assert await rows(engine, "SELECT DISTINCT status FROM quarantine") == [{"status": "open"}]
+
+    # When it is confirmed, exactly the selection is resolved, with its author and reason
+    done = await cli(
+        settings,
+        "quarantine",
+        "resolve",
+        "--error-code",
+        "MALFORMED_PAYLOAD",
+        "--reason",
+        "bad producer",
+        "--author",
+        "oncall-1",
+        "--yes",
+        "--json",
+    )
+    assert sorted(json.loads(done.stdout)["resolved"]) == [f"{topics.source}/0/{n}" for n in range(3)]
+    found = await rows(engine, "SELECT failure_id, status, resolved_by FROM quarantine ORDER BY failure_id")
+    assert [(row["status"], row["resolved_by"]) for row in found] == [("resolved", "oncall-1")] * 3 + [("open", None)]
+
+
+async def test_failure_ids_can_come_from_a_file(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, tmp_path: object
+) -> None:
+    records = [SourceRecord(topics.source, 1, n, 0, f"F-{n}".encode(), b"nope") for n in range(2)]
+    settings = settings_for(database_url, kafka, topics)
+    await quarantine_directly(settings, records)
+    listing = tmp_path / "ids.txt"  # type: ignore[operator]
+    listing.write_text(f"{topics.source}/1/1\n\n")
+
+    await cli(settings, "quarantine", "resolve", "--from-file", str(listing), "--reason", "duplicate")
+
+    found = await rows(engine, "SELECT failure_id, status FROM quarantine ORDER BY failure_id")
+    assert [row["status"] for row in found] == ["open", "resolved"]
