@@ -82,6 +82,15 @@ async def start_with_backoff(start: Callable[[], Awaitable[Any]], stop: asyncio.
     return False
 
 
+async def stop_quietly(client: Any) -> None:
+    """Close a Kafka client that may never have started (stopped while waiting for the broker): without it the
+    client warns `Unclosed AIOKafkaConsumer` on the way out."""
+    try:
+        await client.stop()
+    except Exception as error:  # it was never up: nothing to flush or leave
+        log.debug("kafka_client_stop_failed", error=type(error).__name__)
+
+
 async def group_lag(settings: Settings, topic: str) -> int:
     """Records of `topic` that the consumer group has not committed yet (all partitions)."""
     from aiokafka import TopicPartition

@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 from sqlalchemy.exc import DBAPIError
 
-from service.adapters.kafka import start_with_backoff, to_source
+from service.adapters.kafka import start_with_backoff, stop_quietly, to_source
 from service.errors import InfrastructureUnavailable
 from service.metrics import Metrics
 from service.worker.lanes import Lanes
@@ -82,6 +82,7 @@ class ConsumerLoop:
         consumer = self._make_consumer()
         consumer.subscribe(self._topics, listener=_Rebalance(self, consumer))
         if not await start_with_backoff(consumer.start, stop, "consumer"):
+            await stop_quietly(consumer)
             return
         log.info("consumer_started", topics=self._topics)
         loop = asyncio.get_running_loop()

@@ -22,7 +22,7 @@ from aiokafka.errors import (
 from aiokafka.partitioner import DefaultPartitioner
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.adapters.kafka import start_with_backoff
+from service.adapters.kafka import start_with_backoff, stop_quietly
 from service.config import Settings
 from service.errors import ConcurrentWrite, InfrastructureUnavailable
 from service.faults import crash_point
@@ -77,6 +77,7 @@ class Relay:
             producer = self._make_producer()
             self.spoiled = False
             if not await start_with_backoff(producer.start, stop, "relay"):
+                await stop_quietly(producer)
                 return
             log.info("relay_started")
             replaced = False

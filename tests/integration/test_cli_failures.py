@@ -142,3 +142,19 @@ async def test_a_bad_flag_is_exit_2_without_a_stack_trace(base: Settings, comman
 async def _true(value: bool) -> bool:
     await asyncio.sleep(0)
     return value
+
+
+@pytest.mark.parametrize("command", ["consume", "relay", "run"])
+async def test_a_long_running_command_waits_for_an_unreachable_broker_and_stops_cleanly(
+    base: Settings, command: str, tmp_path: Path
+) -> None:
+    settings = base.model_copy(update={"kafka_bootstrap_servers": "127.0.0.1:1"})
+    process = ServiceProcess(command, settings, tmp_path / "out.log")
+    try:
+        await eventually(lambda: _true("kafka_unavailable" in process.log()), timeout=30)
+        assert process.process.poll() is None
+    finally:
+        code = process.terminate()
+    assert code == 0
+    assert "Traceback" not in process.log()
+    assert "Unclosed" not in process.log()
