@@ -908,4 +908,33 @@ def outbox_put_back(
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    command = typer.main.get_command(app)
+    _plain_help(command)
+    command(prog_name="order-service")
+
+
+def _plain_help(command: Any) -> None:
+    """Help without Python type placeholders (`<bool>`, `<list[str]>`): a flag shows nothing, an option its
+    name in capitals (`--error-code CODE`), an argument its name."""
+    for param in getattr(command, "params", ()):
+        if param.param_type_name == "argument":
+            param.display_type_rich = lambda ctx: None  # the name says what it is
+            if param.metavar is None and param.name:
+                param.metavar = param.name.upper()
+            continue
+        if param.metavar is None:
+            if getattr(param, "is_flag", False):
+                param.metavar = ""
+            elif param.name:
+                param.metavar = param.name.upper().replace("-", "_").removeprefix("AS_")
+    plain = command.get_help_option
+
+    def help_option(context: Any) -> Any:
+        option = plain(context)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = help_option
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help(sub)

@@ -1,0 +1,36 @@
+"""The help of every command shows names, not Python type placeholders (`<bool>`, `<list[str]>`; issue 14)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import typer
+
+from service.cli import _plain_help, app
+
+_PLACEHOLDER = re.compile(r"<(bool|int|float|str|path|list\[[a-z]+\])>")
+
+
+def _command() -> Any:
+    command = typer.main.get_command(app)
+    _plain_help(command)
+    return command
+
+
+def _paths(command: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = [prefix]
+    for name, sub in getattr(command, "commands", {}).items():
+        found += _paths(sub, (*prefix, name))
+    return found
+
+
+@pytest.mark.parametrize("path", _paths(_command()), ids=lambda path: " ".join(path) or "(top)")
+def test_help_shows_no_type_placeholders(path: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as ended:
+        _command()([*path, "--help"], prog_name="order-service")
+    assert ended.value.code == 0
+    shown = capsys.readouterr().out
+    assert "Usage: order-service" in shown
+    assert not _PLACEHOLDER.findall(shown), shown
