@@ -344,6 +344,8 @@ def quarantine_list(
     ] = None,
     key: Annotated[str | None, typer.Option(help="Only records of this order key.")] = None,
     message_id: Annotated[str | None, typer.Option("--message-id", help="Only records of this message id.")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="First failed at or after (RFC 3339).")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="First failed before (RFC 3339).")] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000, help="Show at most this many.")] = 100,
     offset: Annotated[int, typer.Option(min=0, help="Skip this many first (paging).")] = 0,
     as_json: JsonFlag = False,
@@ -360,6 +362,7 @@ def quarantine_list(
         age = parse_duration(older_than) if older_than else None
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--older-than") from None
+    after, before = _timestamp(since, "--since"), _timestamp(until, "--until")
     rows, total = _run(
         lambda _: _read(
             settings,
@@ -370,6 +373,8 @@ def quarantine_list(
                 older_than=age,
                 key=key,
                 message_id=message_id,
+                since=after,
+                until=before,
                 limit=limit,
                 offset=offset,
             ),

@@ -75,6 +75,8 @@ async def listing(
     older_than: timedelta | None = None,
     key: str | None = None,
     message_id: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
     limit: int = 100,
     offset: int = 0,
 ) -> tuple[list[dict[str, Any]], int]:
@@ -90,6 +92,10 @@ async def listing(
         conditions.append(quarantine.c.message_id == message_id)
     if older_than:
         conditions.append(quarantine.c.first_failed_at <= func.now() - older_than)
+    if since:
+        conditions.append(quarantine.c.first_failed_at >= since)
+    if until:
+        conditions.append(quarantine.c.first_failed_at < until)
     query = (
         select(*_SUMMARY, func.count().over().label("matching"))
         .where(*conditions)

@@ -68,3 +68,27 @@ async def test_failure_ids_can_come_from_a_file(
 
     found = await rows(engine, "SELECT failure_id, status FROM quarantine ORDER BY failure_id")
     assert [row["status"] for row in found] == ["open", "resolved"]
+
+
+async def test_the_queue_is_searched_by_time_range_and_message_id(
+    database_url: str, kafka: str, topics: Topics
+) -> None:
+    records = [
+        SourceRecord(topics.source, 2, n, 0, f"T-{n}".encode(), b"nope", (("message-id", f"T-{n}/m".encode()),))
+        for n in range(2)
+    ]
+    settings = settings_for(database_url, kafka, topics)
+    await quarantine_directly(settings, records)
+
+    async def listed(*flags: str) -> list[str]:
+        found = await cli(settings, "quarantine", "list", *flags, "--json")
+        return [row["message_id"] for row in json.loads(found.stdout)]
+
+    assert await listed("--since", "2000-01-01T00:00:00Z") == ["T-0/m", "T-1/m"]
+    assert await listed("--since", "2999-01-01T00:00:00Z") == []
+    assert await listed("--until", "2000-01-01T00:00:00Z") == []
+    assert await listed("--message-id", "T-1/m") == ["T-1/m"]
+    piped = await cli(settings, "quarantine", "list")
+    assert piped.stdout.splitlines()[0].split("\t")[:2] == ["failure id", "message id"]
+    assert f"{topics.source}/2/0\tT-0/m" in piped.stdout  # full ids, tab-separated when piped
+    assert "2 of 2 shown" in piped.stderr

@@ -126,6 +126,7 @@ async def test_a_metrics_port_in_use_names_the_variable_and_exit_1(base: Setting
         ("quarantine", "list", "--error-code", "NOPE"),
         ("quarantine", "list", "--limit", "0"),
         ("quarantine", "list", "--older-than", "soon"),
+        ("quarantine", "list", "--since", "yesterday"),
         ("effects", "list", "--state", "bogus"),
         ("reprocess", "--reason", "r"),
         ("reprocess", "--reason", "r", "--since", "yesterday"),
