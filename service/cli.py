@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import csv
 import getpass
 import json
 import logging
@@ -349,8 +350,9 @@ def quarantine_list(
     limit: Annotated[int, typer.Option(min=1, max=10_000, help="Show at most this many.")] = 100,
     offset: Annotated[int, typer.Option(min=0, help="Skip this many first (paging).")] = 0,
     as_json: JsonFlag = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV (every column) instead of a table.")] = False,
 ) -> None:
-    """List quarantined records, oldest first (N of M shown)."""
+    """List quarantined records, oldest first (N of M shown); --csv exports the selection."""
     settings = _settings()
     if status is not None and status not in _STATUSES:
         raise typer.BadParameter(f"{status!r} is not one of {', '.join(_STATUSES)}", param_hint="--status")
@@ -382,6 +384,14 @@ def quarantine_list(
     )
     if as_json:
         _print_json(rows)
+        return
+    if as_csv:
+        # For a spreadsheet or a hand-over to a producing team: every column of the selection, UTC timestamps.
+        writer = csv.writer(sys.stdout)
+        columns = list(rows[0]) if rows else ["failure_id", "message_id", "error_code", "status"]
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_utc(v) if isinstance(v, datetime) else ("" if v is None else v) for v in row.values()])
         return
     _show(
         ("failure id", "message id", "error code", "status", "owner", "key", "attempts", "first failed (UTC)"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -92,3 +94,16 @@ async def test_the_queue_is_searched_by_time_range_and_message_id(
     assert piped.stdout.splitlines()[0].split("\t")[:2] == ["failure id", "message id"]
     assert f"{topics.source}/2/0\tT-0/m" in piped.stdout  # full ids, tab-separated when piped
     assert "2 of 2 shown" in piped.stderr
+
+
+async def test_a_selection_exports_as_csv(database_url: str, kafka: str, topics: Topics) -> None:
+    records = [SourceRecord(topics.source, 0, n, 0, f"C-{n}".encode(), b"nope") for n in range(2)]
+    settings = settings_for(database_url, kafka, topics)
+    await quarantine_directly(settings, records)
+
+    exported = await cli(settings, "quarantine", "list", "--error-code", "MALFORMED_PAYLOAD", "--csv")
+
+    lines = list(csv.reader(io.StringIO(exported.stdout)))
+    assert lines[0][:3] == ["failure_id", "message_id", "error_code"]
+    assert [line[0] for line in lines[1:]] == [f"{topics.source}/0/0", f"{topics.source}/0/1"]
+    assert {line[2] for line in lines[1:]} == {"MALFORMED_PAYLOAD"}
