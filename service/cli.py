@@ -890,6 +890,25 @@ def effects_list(
     )
 
 
+@effects_app.command("show")
+def effects_show(
+    key: Annotated[str, typer.Argument(help="The effect's idempotency key, e.g. A-1001/payment.capture.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """One effect: its state, attempts, last error, lease, provider reference and payload."""
+    settings = _settings()
+    row = _run(lambda _: _read(settings, lambda c: effects_store.get(c, key)))
+    if row is None:
+        typer.echo(f"no effect with idempotency key {key}", err=True)
+        raise typer.Exit(1)
+    if as_json:
+        _print_json(row)
+        return
+    console = _tables()
+    for name, value in _jsonable(row).items():
+        console.print(f"{name}: {json.dumps(value) if isinstance(value, dict | list) else value}")
+
+
 @outbox_app.command("set-aside")
 def outbox_set_aside(as_json: JsonFlag = False) -> None:
     """Rows Kafka refused for their content (too large): the relay passes over them; oldest first."""

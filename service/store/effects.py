@@ -181,3 +181,20 @@ async def listing(
     ]
     total = (await connection.execute(text(f"SELECT count(*) FROM effects WHERE {where}"), params)).scalar_one()
     return rows, int(total)
+
+
+async def get(connection: AsyncConnection, key: str) -> dict[str, Any] | None:
+    """One effect, every column, by its idempotency key."""
+    row = (
+        await connection.execute(
+            text(
+                """
+                SELECT idempotency_key, order_id, kind, state, payload, attempts, reconcile_count, provider_ref,
+                       last_error_code, lease_owner, lease_until, next_attempt_at, created_at, updated_at
+                FROM effects WHERE idempotency_key = :key
+                """
+            ),
+            {"key": key},
+        )
+    ).first()
+    return dict(row._mapping) if row is not None else None

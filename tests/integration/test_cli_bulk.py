@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
+from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.policy.records import SourceRecord
-from tests.support import Topics, cli, quarantine_directly, rows, settings_for
+from tests.support import (
+    ServiceProcess,
+    Topics,
+    cli,
+    eventually,
+    quarantine_directly,
+    rows,
+    running,
+    scalar,
+    settings_for,
+)
 
 
 async def test_a_selection_is_resolved_only_after_a_dry_run_and_a_confirmation(
@@ -107,3 +119,43 @@ async def test_a_selection_exports_as_csv(database_url: str, kafka: str, topics:
     assert lines[0][:3] == ["failure_id", "message_id", "error_code"]
     assert [line[0] for line in lines[1:]] == [f"{topics.source}/0/0", f"{topics.source}/0/1"]
     assert {line[2] for line in lines[1:]} == {"MALFORMED_PAYLOAD"}
+
+
+async def test_an_unset_payments_url_leaves_the_capture_pending_and_effects_list_says_why(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, tmp_path: Path
+) -> None:
+    # Given an order whose capture is pending, and no ORDERS_PAYMENTS_URL
+    settings = settings_for(database_url, kafka, topics, payments_url=None, emails_url=None)
+    placed = json.dumps(
+        {
+            "schema": "order.placed.v1",
+            "order_id": "E-1",
+            "tenant": "acme",
+            "customer_id": "c-1",
+            "currency": "EUR",
+            "items": [{"sku": "s", "quantity": 1, "unit_price_cents": 100}],
+        }
+    ).encode()
+    async with running(settings) as container:
+        processor = await container.processor()
+        record = SourceRecord(topics.source, 0, 0, 0, b"E-1", placed)
+        await processor.attempt([processor.pending(record)], asyncio.Event())
+
+    # When an effect worker runs
+    worker = ServiceProcess("effects", settings, tmp_path / "effects.log")
+    try:
+        await eventually(lambda: _true("provider_not_configured" in worker.log()), timeout=30)
+    finally:
+        assert worker.terminate() == 0
+
+    # Then the capture is untouched: pending, no attempt, no payment.failed; and the CLI says why it waits
+    shown = json.loads((await cli(settings, "effects", "show", "E-1/payment.capture", "--json")).stdout)
+    assert (shown["state"], shown["attempts"], shown["last_error_code"]) == ("pending", 0, None)
+    assert await scalar(engine, "SELECT count(*) FROM outbox WHERE payload::text LIKE '%payment.failed%'") == 0
+    listed = await cli(settings, "effects", "list")
+    assert "E-1/payment.capture\tpayment.capture\tpending\t0\tprovider not configured" in listed.stdout
+
+
+async def _true(value: bool) -> bool:
+    await asyncio.sleep(0)
+    return value

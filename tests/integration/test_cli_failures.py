@@ -26,6 +26,7 @@ SHORT = [
     ("parked", "list"),
     ("parked", "release", "K-1"),
     ("effects", "list"),
+    ("effects", "show", "A-1/payment.capture"),
     ("outbox", "set-aside"),
     ("outbox", "put-back", "1"),
     ("reconcile",),
