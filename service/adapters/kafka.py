@@ -98,9 +98,9 @@ async def group_lag(settings: Settings, topic: str) -> int:
 
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap_servers, enable_auto_commit=False)
-    await admin.start()
-    await consumer.start()
     try:
+        await admin.start()
+        await consumer.start()
         partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or set())]
         if not partitions:
             await consumer.topics()
@@ -108,8 +108,11 @@ async def group_lag(settings: Settings, topic: str) -> int:
         committed = await admin.list_consumer_group_offsets(settings.consumer_name, partitions=partitions)
         ends = await consumer.end_offsets(partitions)
     finally:
-        await consumer.stop()
-        await admin.close()
+        await stop_quietly(consumer)
+        try:
+            await admin.close()
+        except Exception as error:  # it never connected
+            log.debug("kafka_admin_close_failed", error=type(error).__name__)
     lag = 0
     for partition in partitions:
         done = committed.get(partition)

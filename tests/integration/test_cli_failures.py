@@ -14,7 +14,9 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from tests.support import ServiceProcess, Topics, cli, eventually, settings_for
+from service.domain.codes import ErrorCode
+from service.policy.records import SourceRecord
+from tests.support import ServiceProcess, Topics, cli, eventually, rows, running, settings_for
 
 # Commands that read or change the store and end on their own.
 SHORT = [
@@ -160,3 +162,32 @@ async def test_a_long_running_command_waits_for_an_unreachable_broker_and_stops_
     assert code == 0
     assert "Traceback" not in process.log()
     assert "Unclosed" not in process.log()
+
+
+async def test_a_reprocess_run_that_cannot_reach_kafka_ends_failed_in_its_audit_row(
+    engine: AsyncEngine, base: Settings, topics: Topics
+) -> None:
+    # Given a record quarantined after its retries (its bytes still decode), and a broker that cannot be reached
+    placed = (
+        b'{"schema": "order.placed.v1", "order_id": "R-1", "tenant": "acme", "customer_id": "c-1",'
+        b' "currency": "EUR", "items": [{"sku": "s", "quantity": 1, "unit_price_cents": 100}]}'
+    )
+    async with running(base) as container:
+        processor = await container.processor()
+        pending = processor.pending(SourceRecord(topics.source, 0, 0, 0, b"R-1", placed))
+        pending.verdict = ErrorCode.DOWNSTREAM_UNAVAILABLE_EXHAUSTED
+        assert len(await processor.attempt([pending], asyncio.Event())) == 1
+    settings = base.model_copy(update={"kafka_bootstrap_servers": "127.0.0.1:1"})
+
+    # When an operator reprocesses it
+    finished = await cli(
+        settings, "reprocess", "--failure-id", f"{topics.source}/0/0", "--reason", "fixed", "--yes", check=False
+    )
+
+    # Then the command says so in one line, and the run's audit row says failed, with the reason
+    assert finished.returncode == 1, finished.stderr
+    assert "Kafka is unreachable" in finished.stderr.splitlines()[-1]
+    assert "Traceback" not in finished.stderr
+    [run] = await rows(engine, "SELECT outcome, stop_reason FROM reprocess_runs")
+    assert run["outcome"] == "failed"
+    assert "Kafka is unreachable" in run["stop_reason"]
