@@ -212,8 +212,11 @@ class Demo:
                     cwd=ROOT,
                     env=self.env(ORDERS_PAYMENTS_URL=customers_url, ORDERS_EMAILS_URL=customers_url),
                     stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
                 )
-                stdout, _ = await reconcile.communicate()
+                stdout, stderr = await reconcile.communicate()
+                # Its log lines go with the other processes' logs, not into this human output.
+                (self.workdir / "reconcile.log").write_bytes(stderr)
                 if reconcile.returncode != 0:
                     raise SystemExit(f"demo: reconcile failed with exit code {reconcile.returncode}")
                 console.print(stdout.decode().strip())
@@ -261,14 +264,20 @@ class Demo:
 
     async def wait_for(self, engine: AsyncEngine, sql: str, value: int) -> None:
         deadline = time.monotonic() + 120
-        while True:
-            async with engine.connect() as connection:
-                current = (await connection.execute(text(sql))).scalar()
-            if current == value:
-                return
-            if time.monotonic() > deadline:
-                raise SystemExit(f"demo: timed out waiting for `{sql}` = {value} (now {current}); see {self.workdir}")
-            await asyncio.sleep(0.2)
+        started = time.monotonic()
+        # A spinner with what it waits for and the count so far, on a terminal (nothing when piped).
+        with console.status("") as status:
+            while True:
+                async with engine.connect() as connection:
+                    current = (await connection.execute(text(sql))).scalar()
+                if current == value:
+                    return
+                if time.monotonic() > deadline:
+                    raise SystemExit(
+                        f"demo: timed out waiting for `{sql}` = {value} (now {current}); see {self.workdir}"
+                    )
+                status.update(f"waiting for {value} (now {current}, {time.monotonic() - started:.0f} s): {sql}")
+                await asyncio.sleep(0.2)
 
     async def count(self, engine: AsyncEngine, sql: str) -> int:
         async with engine.connect() as connection:
