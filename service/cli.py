@@ -32,7 +32,7 @@ from service.domain.codes import ErrorCode
 from service.domain.messages import invalid_field
 from service.durations import parse_duration
 from service.errors import InfrastructureUnavailable
-from service.explain import explain
+from service.explain import explain, first_line
 from service.runtime import collect_garbage, tune_garbage_collector
 from service.stopping import sleep_unless_stopped
 from service.store import effects as effects_store
@@ -216,15 +216,9 @@ def migrate() -> None:
         typer.echo(f"migrate: database unreachable ({type(error).__name__})", err=True)
         raise typer.Exit(1) from None
     except SQLAlchemyError as error:
-        typer.echo(f"migrate: failed: {_first_line(getattr(error, 'orig', None) or error)}", err=True)
+        typer.echo(f"migrate: failed: {first_line(getattr(error, 'orig', None) or error)}", err=True)
         raise typer.Exit(1) from None
     typer.echo(f"database schema is at the latest revision ({head})")
-
-
-def _first_line(error: BaseException) -> str:
-    """The first line of a driver's message (PostgreSQL's own words, e.g. `database "x" does not exist`)."""
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__
 
 
 @app.command()
@@ -472,10 +466,6 @@ def quarantine_stats(as_json: JsonFlag = False) -> None:
     console.print(table)
 
 
-def _who() -> str:
-    return _actor(None)
-
-
 @quarantine_app.command("annotate")
 def quarantine_annotate(
     failure_id: Annotated[str, typer.Argument(help="The failure id, e.g. orders/3/1200.")],
@@ -680,7 +670,7 @@ def reprocess(
     settings = _as_owner_of(settings, selection, consumer)
     options = Options(
         reason=reason,
-        actor=actor or _who(),
+        actor=_actor(actor),
         rate=rate,
         sample=sample,
         dry_run=dry_run,

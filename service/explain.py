@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
 from service.errors import InfrastructureUnavailable, SchemaNotCurrent
+from service.store.uow import sqlstate
 
 # PostgreSQL's SQLSTATEs for the causes named here.
 _NO_DATABASE = "3D000"  # invalid_catalog_name
@@ -38,12 +39,8 @@ def causes(error: BaseException) -> Iterator[BaseException]:
                 pending.append(linked)
 
 
-def _sqlstate(error: BaseException) -> str | None:
-    state = getattr(error, "sqlstate", None)
-    return state if isinstance(state, str) else None
-
-
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message (PostgreSQL's own words, e.g. `database "x" does not exist`)."""
     lines = str(error).strip().splitlines()
     return lines[0] if lines else type(error).__name__
 
@@ -55,13 +52,13 @@ def explain(error: BaseException, *, metrics_port: int | None = None) -> str:
         if isinstance(cause, SchemaNotCurrent):
             return str(cause)
     for cause in found:
-        state = _sqlstate(cause)
+        state = sqlstate(cause)
         if state == _NO_DATABASE:
-            return f"{_first_line(cause)} (ORDERS_DATABASE_URL)"
+            return f"{first_line(cause)} (ORDERS_DATABASE_URL)"
         if state == _NO_TABLE:
             return "the database is not migrated: run `order-service migrate`"
         if state in _AUTHENTICATION:
-            return f"the database refused the login: {_first_line(cause)} (ORDERS_DATABASE_URL)"
+            return f"the database refused the login: {first_line(cause)} (ORDERS_DATABASE_URL)"
     for cause in found:
         if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
             port = f" {metrics_port}" if metrics_port else ""

@@ -21,7 +21,8 @@ from service.errors import ConcurrentWrite, InfrastructureUnavailable
 _UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
 
 
-def _sqlstate(error: BaseException) -> str | None:
+def sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of a driver error, or of the driver error a SQLAlchemy error wraps."""
     state = getattr(getattr(error, "orig", None), "sqlstate", None) or getattr(error, "sqlstate", None)
     return state if isinstance(state, str) else None
 
@@ -34,13 +35,13 @@ _PASSING_CLASSES = frozenset({"40", "53", "55", "57", "58"})
 
 def is_passing(error: BaseException) -> bool:
     """True for a database error that says nothing about the content written (a retry may well succeed)."""
-    state = _sqlstate(error)
+    state = sqlstate(error)
     return state is not None and state[:2] in _PASSING_CLASSES
 
 
 def is_conflict(error: BaseException) -> bool:
     """True for a deadlock or a serialization failure: the transaction lost a race and can be redone at once."""
-    state = _sqlstate(error)
+    state = sqlstate(error)
     return state is not None and state.startswith("40")
 
 
@@ -48,7 +49,7 @@ def is_unavailable(error: BaseException) -> bool:
     """True for errors that say the database cannot be reached, not that a statement is wrong."""
     if isinstance(error, exc.DBAPIError) and error.connection_invalidated:
         return True
-    state = _sqlstate(error)
+    state = sqlstate(error)
     if state is not None and (state.startswith("08") or state in _UNAVAILABLE_STATES):
         return True
     return isinstance(error, exc.OperationalError | exc.InterfaceError | exc.DisconnectionError | OSError)
