@@ -163,3 +163,48 @@ async def settle_item(connection: AsyncConnection, run_id: str, failure_id: str,
         .where(reprocess_items.c.run_id == run_id, reprocess_items.c.failure_id == failure_id)
         .values(outcome=outcome, detail=detail, verified_at=func.now())
     )
+
+
+async def runs(connection: AsyncConnection, *, limit: int = 50, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """Reprocess runs, newest first: one page of them, and how many there are."""
+    rows = [
+        dict(row._mapping)
+        for row in await connection.execute(
+            select(reprocess_runs, func.count().over().label("matching"))
+            .order_by(reprocess_runs.c.started_at.desc(), reprocess_runs.c.id)
+            .limit(limit)
+            .offset(offset)
+        )
+    ]
+    total = (
+        int(rows[0]["matching"])
+        if rows
+        else int((await connection.execute(select(func.count()).select_from(reprocess_runs))).scalar_one())
+    )
+    for row in rows:
+        del row["matching"]
+    return rows, total
+
+
+async def run_with_items(connection: AsyncConnection, run_id: str) -> dict[str, Any] | None:
+    """One run's audit row with its items, in the order they were sent."""
+    found = (await connection.execute(select(reprocess_runs).where(reprocess_runs.c.id == run_id))).first()
+    if found is None:
+        return None
+    run = dict(found._mapping)
+    items = await connection.execute(
+        select(
+            reprocess_items.c.failure_id,
+            reprocess_items.c.message_id,
+            reprocess_items.c.stage,
+            reprocess_items.c.attempt,
+            reprocess_items.c.outcome,
+            reprocess_items.c.detail,
+            reprocess_items.c.published_at,
+            reprocess_items.c.verified_at,
+        )
+        .where(reprocess_items.c.run_id == run_id)
+        .order_by(reprocess_items.c.published_at.nulls_last(), reprocess_items.c.failure_id)
+    )
+    run["items"] = [dict(item._mapping) for item in items]
+    return run

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import typer
 
-from service.cli import _plain_help, app
+from service.cli import app
+from service.cli import plain_help as _plain_help
 
 _PLACEHOLDER = re.compile(r"<(bool|int|float|str|path|list\[[a-z]+\])>")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rich.table import Table
 
-from service.cli import _tables
+from service.cli.common import tables as _tables
 
 
 @pytest.mark.parametrize("key", ["[/x]", "[red]not red[/red]", "[bold", "A-1 [link=https://evil]"])

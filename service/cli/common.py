@@ -1,0 +1,194 @@
+"""What every command shares: settings, running, one unit of work, output for people and scripts."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import getpass
+import json
+import signal
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Column, Table
+from typer.exceptions import TyperException
+
+from service import logs
+from service.config import ConfigurationError, Settings, load_settings
+from service.containers import Container
+from service.explain import explain
+from service.store.uow import UnitOfWork
+
+T = TypeVar("T")
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+_loaded: Settings | None = None  # the settings of the command being run (set by `configured`)
+
+
+def configured() -> Settings:
+    """The settings from the environment; a bad one is one line and exit 2. Configures logging."""
+    global _loaded
+    try:
+        settings = load_settings()
+    except ConfigurationError as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
+    logs.configure(settings.log_level)
+    _loaded = settings
+    return settings
+
+
+def run_async(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine with SIGTERM/SIGINT turned into a graceful stop; a failure that ends it is one line on
+    stderr and exit 1 (the stack trace only at ORDERS_LOG_LEVEL=debug)."""
+
+    async def runner() -> T:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        return await main(stop)
+
+    try:
+        return asyncio.run(runner())
+    except (typer.Exit, typer.Abort, TyperException):
+        raise
+    except Exception as error:
+        settings = _loaded
+        if settings is not None and settings.log_level == "debug":
+            raise
+        port = settings.metrics_port if settings is not None else None
+        typer.echo(f"{_command()}: {explain(error, metrics_port=port)}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _command() -> str:
+    """The command being run, as typed up to its first option (`order-service quarantine list`)."""
+    words = []
+    for word in sys.argv[1:]:
+        if word.startswith("-"):
+            break
+        words.append(word)
+    return " ".join(["order-service", *words[:2]])
+
+
+@asynccontextmanager
+async def assembled(settings: Settings) -> AsyncIterator[Container]:
+    """The container with its resources (engine, HTTP client) open for the block, closed after it."""
+    container = Container(settings=settings)
+    await container.init_resources()  # type: ignore[misc]
+    try:
+        yield container
+    finally:
+        await container.shutdown_resources()  # type: ignore[misc]
+
+
+async def use(settings: Settings, name: str, work: Callable[[Any], Awaitable[T]]) -> T:
+    """Build one provider and run `work` with it, resources open."""
+    async with assembled(settings) as container:
+        return await work(await provide(container, name))
+
+
+async def provide(container: Container, name: str) -> Any:
+    """The container's provider `name`, awaited when it is async."""
+    provided = getattr(container, name)()
+    return await provided if isinstance(provided, Awaitable) else provided
+
+
+async def with_connection(settings: Settings, query: Callable[[Any], Awaitable[T]], *, commit: bool = False) -> T:
+    """Run one unit of work for a CLI command; only commands that change something pass `commit=True`."""
+
+    async def work(engine: Any) -> T:
+        async with UnitOfWork(engine) as uow:
+            result = await query(uow.connection)
+            if commit:
+                await uow.commit()
+            return result
+
+    return await use(settings, "engine", work)
+
+
+def jsonable(value: Any) -> Any:
+    """A value JSON can hold: timestamps ISO 8601, bytes base64."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes | memoryview):
+        return base64.b64encode(bytes(value)).decode()
+    if isinstance(value, dict):
+        return {key: jsonable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [jsonable(item) for item in value]
+    return value
+
+
+def print_json(value: Any) -> None:
+    """Print a value as indented JSON with sorted keys."""
+    sys.stdout.write(json.dumps(jsonable(value), indent=2, sort_keys=True) + "\n")
+
+
+def tables() -> Console:
+    """A console for tables of record content (keys, ids): shown as they are, never read as Rich markup."""
+    return Console(markup=False, highlight=False)
+
+
+def show_rows(headers: Sequence[str], rows: Sequence[Sequence[str]], *, footer: str | None = None) -> None:
+    """Rows for an operator: a table on a terminal (long values fold, never cut: ids are pasted into other
+    commands), tab-separated values with a header line when piped (tabs and newlines inside values escaped)."""
+    if sys.stdout.isatty():
+        table = Table(*(Column(header, overflow="fold") for header in headers))
+        for row in rows:
+            table.add_row(*row)
+        tables().print(table)
+    else:
+        for row in (headers, *rows):
+            sys.stdout.write("\t".join(value.replace("\t", "\\t").replace("\n", "\\n") for value in row) + "\n")
+    if footer:
+        typer.echo(footer, err=not sys.stdout.isatty())
+
+
+def utc(moment: datetime | None) -> str:
+    """A timestamp in UTC, ISO 8601, to the second."""
+    if moment is None:
+        return "-"
+    return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+_STATUSES = ("open", "resolved", "reprocessing", "reprocessed")
+
+
+def who_acts(given: str | None) -> str:
+    """Who changes something: --author, else the OS user; refused when neither is known (an audit needs one)."""
+    who = (given or "").strip()
+    if not who:
+        try:
+            who = getpass.getuser()
+        except (KeyError, OSError):  # no login name and no passwd entry for this uid (some containers)
+            who = ""
+    if not who:
+        raise typer.BadParameter("say who you are: --author (no $USER to take it from)", param_hint="--author")
+    return who
+
+
+def timestamp(value: str | None, option: str) -> datetime | None:
+    """An RFC 3339 flag value with its time zone; anything else is a bad flag (exit 2)."""
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not an RFC 3339 timestamp", param_hint=option) from None
+    if moment.tzinfo is None:
+        raise typer.BadParameter(f"{value!r} needs a time zone (e.g. Z)", param_hint=option)
+    return moment
+
+
+ConsumerOption = Annotated[
+    str | None,
+    typer.Option("--consumer", help="Only this consumer name (default: every consumer with records here)."),
+]

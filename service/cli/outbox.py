@@ -1,0 +1,54 @@
+"""`order-service outbox`: rows the relay set aside."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated, TypeVar
+
+import typer
+
+from service.cli.common import (
+    JsonFlag,
+    configured,
+    print_json,
+    run_async,
+    show_rows,
+    utc,
+    with_connection,
+)
+from service.store import outbox
+
+T = TypeVar("T")
+
+app = typer.Typer(help="Outbox rows the relay set aside (Kafka refused them).", no_args_is_help=True)
+
+
+@app.command("set-aside")
+def outbox_set_aside(as_json: JsonFlag = False) -> None:
+    """Rows Kafka refused for their content (too large): the relay passes over them; oldest first."""
+    settings = configured()
+    found = run_async(lambda _: with_connection(settings, lambda c: outbox.set_aside_rows(c)))
+    if as_json:
+        print_json([asdict(row) for row in found])
+        return
+    show_rows(
+        ("outbox id", "topic", "key", "code", "bytes", "set aside (UTC)"),
+        [
+            (str(row.id), row.topic, row.key or "", row.code, str(row.payload_bytes), utc(row.set_aside_at))
+            for row in found
+        ],
+    )
+
+
+@app.command("put-back")
+def outbox_put_back(
+    row_id: Annotated[int, typer.Argument(metavar="ID", help="The outbox id `outbox set-aside` shows.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """Hand a set-aside row to the relay again, once the broker takes it (e.g. its size limit was raised)."""
+    settings = configured()
+    done = run_async(lambda _: with_connection(settings, lambda c: outbox.put_back(c, row_id), commit=True))
+    if as_json:
+        print_json({"id": row_id, "put_back": done})
+        return
+    typer.echo(f"{row_id}: handed to the relay again" if done else f"{row_id}: no set-aside row with this id")

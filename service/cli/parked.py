@@ -1,0 +1,100 @@
+"""`order-service parked`: keys held behind a failed head (ORDERS_ORDERING=key)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from service.cli.common import (
+    ConsumerOption,
+    JsonFlag,
+    configured,
+    print_json,
+    run_async,
+    show_rows,
+    utc,
+    with_connection,
+)
+from service.store import parking
+
+T = TypeVar("T")
+
+app = typer.Typer(help="Records parked behind a held key (ORDERS_ORDERING=key).", no_args_is_help=True)
+
+
+@app.command("list")
+def parked_list(consumer: ConsumerOption = None, as_json: JsonFlag = False) -> None:
+    """Held keys of every consumer (the consumer name stored with each record, not ORDERS_CONSUMER_NAME): how many
+    records wait behind each, since when, and what holds the key."""
+    settings = configured()
+    held = run_async(lambda _: with_connection(settings, lambda c: parking.summary(c, consumer)))
+    if as_json:
+        print_json(held)
+        return
+    show_rows(
+        ("consumer", "key", "parked", "oldest parked (UTC)", "held by"),
+        [
+            (row["consumer_name"], row["order_key"], str(row["parked"]), utc(row["oldest_parked_at"]), _holder(row))
+            for row in held
+        ],
+    )
+
+
+def _holder(row: dict[str, Any]) -> str:
+    """What holds a key, in words an operator acts on."""
+    if row["blocked_by"]:
+        return f"quarantined head {row['blocked_by']}"
+    if row["retrying"]:
+        return f"head in a retry tier {row['retrying']}"
+    if row["releasing_by"]:
+        return f"nothing: being released by {row['releasing_by']}"
+    return "nothing: waiting for a consumer to release it"
+
+
+@app.command("release")
+def parked_release(
+    key: Annotated[str, typer.Argument(help="The order key to free; its parked records are then applied in order.")],
+    consumer: ConsumerOption = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Free a key whatever holds it (a quarantined head, or a head in a retry tier, which keeps retrying on its
+    own), under the consumer name its records are stored with; a running consumer of that name then applies its
+    parked records in order."""
+    settings = configured()
+
+    async def release(connection: Any) -> tuple[str | None, parking.Released | None]:
+        names = [name for name in await parking.holders(connection, key) if consumer in (None, name)]
+        if len(names) > 1:
+            return ", ".join(names), None
+        chosen = names[0] if names else (consumer or settings.consumer_name)
+        return chosen, await parking.release(connection, chosen, key)
+
+    chosen, released = run_async(lambda _: with_connection(settings, release, commit=True))
+    if released is None:
+        typer.echo(f"parked release: {key} is held under several consumers ({chosen}): pass --consumer", err=True)
+        raise typer.Exit(2)
+    if as_json:
+        print_json(
+            {
+                "key": key,
+                "consumer": chosen,
+                "released": released.freed,
+                "blockedBy": released.blocked_by,
+                "retrying": released.retrying,
+                "parked": released.parked,
+            }
+        )
+        return
+    typer.echo(f"consumer {chosen}:", err=True)
+    if released.blocked_by:
+        typer.echo(f"{key}: released (was held by quarantined head {released.blocked_by}); {released.parked} parked")
+    elif released.retrying:
+        heads = ", ".join(released.retrying)
+        typer.echo(
+            f"{key}: released (was held by {heads} in a retry tier, which retries on its own); {released.parked} parked"
+        )
+    elif released.parked:
+        typer.echo(f"{key}: nothing held it; its {released.parked} parked records are released by a running consumer")
+    else:
+        typer.echo(f"{key}: nothing held it and nothing is parked behind it")

@@ -1,0 +1,261 @@
+"""`order-service reprocess`: the controlled reprocess workflow."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from service.cli.common import (
+    JsonFlag,
+    configured,
+    jsonable,
+    print_json,
+    run_async,
+    show_rows,
+    tables,
+    timestamp,
+    use,
+    utc,
+    who_acts,
+    with_connection,
+)
+from service.config import Settings
+from service.worker.reprocess import Options, Selection
+
+T = TypeVar("T")
+
+
+class _PlainProgress:
+    """Progress as plain lines on stderr (not a terminal: logs, CI, pipes)."""
+
+    def start(self, stage: str, total: int) -> None:
+        self._stage, self._total = stage, total
+        typer.echo(f"reprocess {stage}: {total} items", err=True)
+
+    def advance(self, published: int, verified: int) -> None:
+        typer.echo(f"reprocess {self._stage}: published {published}, verified {verified}", err=True)
+
+    def finish(self) -> None:
+        typer.echo(f"reprocess {self._stage}: done", err=True)
+
+
+class _BarProgress:
+    """Progress as a rich bar on a terminal."""
+
+    def __init__(self) -> None:
+        from rich.progress import Progress
+
+        self._progress = Progress(console=Console(stderr=True))
+        self._task: Any = None
+
+    def start(self, stage: str, total: int) -> None:
+        self._progress.start()
+        self._task = self._progress.add_task(f"reprocess {stage}", total=total)
+
+    def advance(self, published: int, verified: int) -> None:
+        self._progress.update(self._task, completed=verified, description=f"published {published}")
+
+    def finish(self) -> None:
+        self._progress.stop()
+
+
+app = typer.Typer(
+    help="Send quarantined records back via `<source>.reprocess`; `reprocess list|show` shows the runs.",
+)
+
+
+@app.callback(invoke_without_command=True)
+def reprocess(
+    context: typer.Context,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why this run is needed (kept in the audit).")] = None,
+    failure_id: Annotated[
+        list[str] | None, typer.Option("--failure-id", help="A failure id to reprocess (repeatable).")
+    ] = None,
+    error_code: Annotated[str | None, typer.Option("--error-code", help="Open records with this code.")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="First failed at or after (RFC 3339).")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="First failed before (RFC 3339).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the volume and selection; write nothing.")] = False,
+    sample: Annotated[int | None, typer.Option("--sample", min=1, help="Verify a sample of N first.")] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Continue after the sample without asking.")] = False,
+    rate: Annotated[float, typer.Option("--rate", min=0.01, help="Records per second (token bucket).")] = 10.0,
+    max_failure_rate: Annotated[
+        float, typer.Option("--max-failure-rate", min=0, max=1, help="Stop when more items fail again.")
+    ] = 0.2,
+    max_lag: Annotated[int, typer.Option("--max-lag", min=0, help="Stop when the consumer lags more.")] = 10_000,
+    verify_timeout: Annotated[
+        float, typer.Option("--verify-timeout", min=1, help="Seconds to wait for a verdict.")
+    ] = 120,
+    actor: Annotated[str | None, typer.Option("--actor", help="Who runs it (default: $USER).")] = None,
+    consumer: Annotated[
+        str | None, typer.Option("--consumer", help="The consumer name, when the selection spans several.")
+    ] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Send quarantined records back via `<source>.reprocess`: selected, checked, rate limited, verified, audited.
+    It acts as the consumer and on the source topic the records were quarantined under, not as
+    ORDERS_CONSUMER_NAME / ORDERS_SOURCE_TOPIC."""
+    if context.invoked_subcommand is not None:
+        return
+    settings = configured()
+    if not reason or not reason.strip():
+        raise typer.BadParameter("say why this run is needed: --reason", param_hint="--reason")
+    if not (failure_id or error_code or since or until):
+        raise typer.BadParameter("select something: --failure-id, --error-code, --since or --until")
+    selection = Selection(tuple(failure_id or ()), error_code, timestamp(since, "--since"), timestamp(until, "--until"))
+    settings = _as_owner_of(settings, selection, consumer)
+    options = Options(
+        reason=reason,
+        actor=who_acts(actor),
+        rate=rate,
+        sample=sample,
+        dry_run=dry_run,
+        max_failure_rate=max_failure_rate,
+        max_lag=max_lag,
+        verify_timeout=verify_timeout,
+    )
+    progress = _BarProgress() if sys.stderr.isatty() and not as_json else _PlainProgress()
+
+    def confirm(question: str) -> bool:
+        if yes:
+            return True
+        if not sys.stdin.isatty():
+            typer.echo(f"{question} (not asked: no terminal; pass --yes)", err=True)
+            return False
+        return typer.confirm(question, err=True)
+
+    report = run_async(
+        lambda _: use(settings, "reprocessor", lambda runner: runner.run(selection, options, progress, confirm))
+    )
+    if as_json:
+        print_json(asdict(report))
+    else:
+        typer.echo(
+            f"reprocess {report.run_id or '(dry run)'}: {report.outcome}"
+            + (f" ({report.stop_reason})" if report.stop_reason else "")
+            + f"; selected {report.selected}, undecodable {len(report.undecodable)}, published {report.published}, "
+            f"reprocessed {report.reprocessed}, already applied {report.noop}, failed again {report.failed_again}, "
+            f"unverified {report.unverified}"
+        )
+        for skipped in report.undecodable:
+            typer.echo(f"  skipped (does not decode with today's schemas): {skipped}")
+        if dry_run:
+            for chosen in report.selection:
+                typer.echo(f"  selected: {chosen}")
+    if report.outcome == "stopped":
+        raise typer.Exit(3)
+    if report.unverified:
+        typer.echo(
+            f"reprocess: {report.unverified} items unverified (no business change seen in time): check them with "
+            f"`order-service quarantine show <failure id>` and that a consumer named {settings.consumer_name} runs",
+            err=True,
+        )
+        raise typer.Exit(1)
+
+
+def _as_owner_of(settings: Settings, selection: Selection, consumer: str | None) -> Settings:
+    """The settings of the consumer the selected records were quarantined under (its name and source topic)."""
+    from service.store import reprocess as reprocess_store
+
+    found = run_async(
+        lambda _: with_connection(
+            settings,
+            lambda c: reprocess_store.owners(
+                c,
+                failure_ids=selection.failure_ids,
+                error_code=selection.error_code,
+                since=selection.since,
+                until=selection.until,
+            ),
+        )
+    )
+    pairs = [pair for pair in found if consumer in (None, pair[0])]
+    if len(pairs) > 1:
+        names = ", ".join(f"{name} ({topic})" for name, topic in pairs)
+        typer.echo(f"reprocess: the selection spans several consumers: {names}: pass --consumer", err=True)
+        raise typer.Exit(2)
+    if not pairs:
+        return settings if consumer is None else settings.model_copy(update={"consumer_name": consumer})
+    name, topic = pairs[0]
+    owner = settings.model_copy(update={"consumer_name": name, "source_topic": topic})
+    typer.echo(f"reprocess: as consumer {name}, copies to {owner.topics.reprocess}", err=True)
+    return owner
+
+
+@app.command("list")
+def reprocess_list(
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="Show at most this many.")] = 50,
+    offset: Annotated[int, typer.Option(min=0, help="Skip this many first (paging).")] = 0,
+    as_json: JsonFlag = False,
+) -> None:
+    """Reprocess runs, newest first: who ran them, why, their outcome and counts (N of M shown)."""
+    from service.store import reprocess as reprocess_store
+
+    settings = configured()
+    rows, total = run_async(
+        lambda _: with_connection(settings, lambda c: reprocess_store.runs(c, limit=limit, offset=offset))
+    )
+    if as_json:
+        print_json(rows)
+        return
+    show_rows(
+        ("run", "actor", "outcome", "selected", "reprocessed", "failed again", "unverified", "started (UTC)", "reason"),
+        [
+            (
+                row["id"],
+                row["actor"],
+                row["outcome"] + (f" ({row['stop_reason']})" if row["stop_reason"] else ""),
+                *(
+                    str(row["counts"].get(name, ""))
+                    for name in ("selected", "reprocessed", "failed_again", "unverified")
+                ),
+                utc(row["started_at"]),
+                row["reason"],
+            )
+            for row in rows
+        ],
+        footer=f"{len(rows)} of {total} shown",
+    )
+
+
+@app.command("show")
+def reprocess_show(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id `reprocess list` shows.")],
+    as_json: JsonFlag = False,
+) -> None:
+    """One reprocess run: its audit row (actor, reason, selection, options, counts) and every item's outcome."""
+    from service.store import reprocess as reprocess_store
+
+    settings = configured()
+    run = run_async(lambda _: with_connection(settings, lambda c: reprocess_store.run_with_items(c, run_id)))
+    if run is None:
+        typer.echo(f"no reprocess run {run_id}", err=True)
+        raise typer.Exit(1)
+    if as_json:
+        print_json(run)
+        return
+    items = run.pop("items")
+    console = tables()
+    for name, value in jsonable(run).items():
+        console.print(f"{name}: {json.dumps(value) if isinstance(value, dict | list) else value}")
+    show_rows(
+        ("failure id", "message id", "stage", "attempt", "outcome", "published (UTC)", "verified (UTC)", "detail"),
+        [
+            (
+                item["failure_id"],
+                item["message_id"],
+                item["stage"],
+                str(item["attempt"]),
+                item["outcome"],
+                utc(item["published_at"]),
+                utc(item["verified_at"]),
+                item["detail"] or "",
+            )
+            for item in items
+        ],
+        footer=f"{len(items)} items",
+    )

@@ -1,0 +1,125 @@
+"""The long-running commands and the one-shot ones that run a part of the service (contract §3)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Annotated, TypeVar
+
+import structlog
+import typer
+
+from service.cli.common import (
+    assembled,
+    configured,
+    provide,
+    run_async,
+    use,
+)
+from service.config import Settings
+from service.errors import InfrastructureUnavailable
+from service.explain import first_line
+from service.runtime import collect_garbage, tune_garbage_collector
+from service.stopping import sleep_unless_stopped
+
+T = TypeVar("T")
+
+
+def serve_parts(settings: Settings, *parts: str) -> None:
+    """Run long-running loops until SIGTERM/SIGINT, with /metrics, /healthz and /readyz."""
+
+    async def serve(stop: asyncio.Event) -> None:
+        if not await _schema_ready(settings, stop):
+            return
+        async with assembled(settings) as container:
+            # Every long-running process also keeps the database-derived gauges fresh for its /metrics.
+            loops = [await provide(container, part) for part in (*parts, "gauges")]
+            health = await provide(container, "health")
+            await health.start()
+            tune_garbage_collector()
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for part in loops:
+                        group.create_task(part.run(stop))
+                    group.create_task(collect_garbage(stop))
+            finally:
+                await health.stop()
+
+    run_async(serve)
+
+
+async def _schema_ready(settings: Settings, stop: asyncio.Event) -> bool:
+    """Before a long-running command starts: a database that does not exist or is not at this version's schema
+    ends it (one line, exit 1); one that cannot be reached is waited for, one log line per retry. False when
+    stopped while waiting."""
+    from service.store import schema
+    from service.store.uow import is_unavailable
+
+    delay = 1.0
+    while not stop.is_set():
+        try:
+            await schema.require_head(settings.database_url)
+            return True
+        except Exception as error:
+            if not is_unavailable(error):
+                raise
+        structlog.get_logger("order_service.cli").warning("database_unavailable", retry_in_seconds=delay)
+        await sleep_unless_stopped(stop, delay)
+        delay = min(delay * 2, 30.0)
+    return False
+
+
+def migrate() -> None:
+    """Bring the database schema to the latest revision (`alembic upgrade head`)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from service.store import schema
+
+    settings = configured()
+    logging.getLogger("alembic").setLevel(min(logging.INFO, logging.getLogger().level))  # say each upgrade
+    try:
+        head = schema.upgrade_to_head(settings.database_url)
+    except OSError as error:
+        typer.echo(f"migrate: database unreachable ({type(error).__name__})", err=True)
+        raise typer.Exit(1) from None
+    except SQLAlchemyError as error:
+        typer.echo(f"migrate: failed: {first_line(getattr(error, 'orig', None) or error)}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"database schema is at the latest revision ({head})")
+
+
+def consume() -> None:
+    """Consume the source topic until SIGTERM/SIGINT, then finish in-flight work, commit and exit 0."""
+    settings = configured()
+    serve_parts(settings, "consumer_loop")
+
+
+def relay() -> None:
+    """Publish outbox rows to Kafka until stopped."""
+    settings = configured()
+    serve_parts(settings, "relay")
+
+
+def run() -> None:
+    """Consume, relay and execute effects in one process (one metrics port for all)."""
+    settings = configured()
+    serve_parts(settings, "consumer_loop", "relay", "effect_worker")
+
+
+def reconcile(
+    max_seconds: Annotated[
+        float, typer.Option(min=1, help="Time budget of the pass; the rest waits for the next.")
+    ] = 60,
+) -> None:
+    """One pass for cron: resolve uncertain and stale effects, purge expired inbox rows. Exit 0 unless it failed."""
+    settings = configured()
+
+    try:
+        summary = run_async(lambda _: use(settings, "reconciler", lambda reconciler: reconciler.run_once(max_seconds)))
+    except InfrastructureUnavailable:
+        typer.echo("reconcile: failed: database unavailable", err=True)
+        raise typer.Exit(1) from None
+    if summary is None:
+        typer.echo("reconcile: another reconcile run holds the lock; nothing to do")
+        return
+    typer.echo(summary.line())
