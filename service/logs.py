@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Any
 
 import orjson
@@ -33,6 +34,48 @@ class _NamedWriteLogger(structlog.WriteLogger):
     def __init__(self, name: str = "", *_: Any) -> None:
         super().__init__(sys.stderr)
         self.name = name
+
+
+# aiokafka's line for a broker it cannot reach at start: the service says it once per retry
+# (`kafka_unavailable`, with the delay), so a start during an outage is one line per retry, not two.
+_CONNECTION_CHATTER = ("Unable connect to",)
+
+
+class _KafkaChatter(logging.Filter):
+    """aiokafka's lines during an outage, thinned: a running client retries every ~100 ms and logs each retry
+    (about 60 lines a second for one consumer). Each kind of line (logger and message template) passes once,
+    then again after 1 s, 2 s, 4 s … up to a minute, saying how many like it were held back meanwhile; a kind
+    quiet for five minutes starts over."""
+
+    _FIRST, _LONGEST, _QUIET = 1.0, 60.0, 300.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: dict[tuple[str, str], list[float]] = {}  # kind → [next allowed, interval, held back, last]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a line that is dropped or held back; the line that passes carries the held-back count."""
+        if not record.name.startswith("aiokafka"):
+            return True
+        template = str(record.msg)
+        if template.startswith(_CONNECTION_CHATTER):
+            return False
+        now = time.monotonic()
+        kind = (record.name, template)
+        state = self._seen.get(kind)
+        if state is None or now - state[3] > self._QUIET:
+            self._seen[kind] = [now + self._FIRST, self._FIRST, 0, now]
+            return True
+        state[3] = now
+        if now < state[0]:
+            state[2] += 1
+            return False
+        held, state[2] = int(state[2]), 0
+        state[1] = min(state[1] * 2, self._LONGEST)
+        state[0] = now + state[1]
+        if held:
+            record.msg = f"{template} ({held} like it held back)"
+        return True
 
 
 def configure(level: str) -> None:
@@ -69,5 +112,7 @@ def configure(level: str) -> None:
     # Client libraries retry on their own and would log every reconnect: keep their errors, not their chatter.
     for noisy in ("aiokafka", "kafka", "sqlalchemy", "httpx", "httpcore", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.ERROR)
+    if not debug:
+        handler.addFilter(_KafkaChatter())
     # Alembic talks at info whenever a process reads the schema revision; `migrate` turns it back up itself.
     logging.getLogger("alembic").setLevel(logging.DEBUG if debug else logging.WARNING)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, TypeVar
+from typing import Annotated, Any
 
 import typer
 
@@ -16,12 +16,13 @@ from service.cli.common import (
     show_rows,
     tables,
     utc,
+    who_acts,
     with_connection,
 )
+from service.cli.selection import go_ahead
 from service.cli.serve import serve_parts
+from service.store import audit
 from service.store import effects as effects_store
-
-T = TypeVar("T")
 
 app = typer.Typer(help="Execute pending external effects until stopped; `effects list` shows the ledger.")
 
@@ -104,3 +105,74 @@ def effects_show(
     console = tables()
     for name, value in jsonable(row).items():
         console.print(f"{name}: {json.dumps(value) if isinstance(value, dict | list) else value}")
+
+
+@app.command("retry")
+def effects_retry(
+    key: Annotated[
+        list[str] | None, typer.Argument(help="Idempotency keys of failed effects (or select with --kind).")
+    ] = None,
+    kind: Annotated[str | None, typer.Option("--kind", help="Select every failed effect of this kind.")] = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why it should be tried again (kept in the audit).")] = "",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be retried; change nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Retry a selection without asking.")] = False,
+    author: Annotated[str | None, typer.Option("--author", help="Who retries it (default: $USER).")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Try failed effects again, audited, with a fresh budget: a payment is called again (the provider's
+    idempotency key makes a second capture impossible); an email is first looked up by its ref by the next
+    `order-service reconcile` and sent again only if the provider has no trace of it."""
+    settings = configured()
+    if not reason.strip():
+        raise typer.BadParameter("say why: --reason", param_hint="--reason")
+    if not key and kind is None:
+        raise typer.BadParameter("name idempotency keys, or select with --kind")
+    who = who_acts(author)
+
+    async def chosen(connection: Any) -> list[str]:
+        if kind is None:
+            return list(dict.fromkeys(key or []))
+        rows, _ = await effects_store.listing(connection, ["failed"], kind=kind, limit=100_000)
+        picked = [row["idempotency_key"] for row in rows]
+        return [one for one in picked if one in set(key)] if key else picked
+
+    selection = run_async(lambda _: with_connection(settings, chosen))
+    if not go_ahead("effects retry", "retry", selection, dry_run=dry_run, yes=yes, noun="effects"):
+        return
+
+    async def retry(connection: Any) -> dict[str, tuple[str | None, str | None]]:
+        outcomes = await effects_store.retry(connection, selection)
+        retried = {one: goes_to for one, (_, goes_to) in outcomes.items() if goes_to}
+        await audit.record(
+            connection,
+            who,
+            "effects.retry",
+            {"keys": selection, "kind": kind, "reason": reason},
+            {"retried": retried, "skipped": len(outcomes) - len(retried)},
+        )
+        return outcomes
+
+    outcomes = run_async(lambda _: with_connection(settings, retry, commit=True))
+    retried = {one: goes_to for one, (_, goes_to) in outcomes.items() if goes_to}
+    if as_json:
+        print_json(
+            {
+                "retried": retried,
+                "skipped": {one: was or "not found" for one, (was, goes_to) in outcomes.items() if not goes_to},
+            }
+        )
+    else:
+        for one, goes_to in retried.items():
+            typer.echo(
+                f"{one}: pending: the effect worker calls it again"
+                if goes_to == "pending"
+                else f"{one}: uncertain: the next `order-service reconcile` looks it up, and sends it only if not found"
+            )
+    for one, (was, went) in outcomes.items():
+        if was is None:
+            typer.echo(f"no effect with idempotency key {one}", err=True)
+        elif went is None:
+            hint = "; `order-service reconcile` resolves it" if was == "uncertain" else ""
+            typer.echo(f"{one} is {was}, not failed: nothing to retry{hint}", err=True)
+    if len(retried) < len(outcomes):
+        raise typer.Exit(1)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Annotated, TypeVar
+from typing import Annotated, Any
 
 import typer
 
@@ -14,11 +14,10 @@ from service.cli.common import (
     run_async,
     show_rows,
     utc,
+    who_acts,
     with_connection,
 )
-from service.store import outbox
-
-T = TypeVar("T")
+from service.store import audit, outbox
 
 app = typer.Typer(help="Outbox rows the relay set aside (Kafka refused them).", no_args_is_help=True)
 
@@ -43,11 +42,19 @@ def outbox_set_aside(as_json: JsonFlag = False) -> None:
 @app.command("put-back")
 def outbox_put_back(
     row_id: Annotated[int, typer.Argument(metavar="ID", help="The outbox id `outbox set-aside` shows.")],
+    author: Annotated[str | None, typer.Option("--author", help="Who puts it back (default: $USER).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Hand a set-aside row to the relay again, once the broker takes it (e.g. its size limit was raised)."""
     settings = configured()
-    done = run_async(lambda _: with_connection(settings, lambda c: outbox.put_back(c, row_id), commit=True))
+    who = who_acts(author)
+
+    async def put_back(connection: Any) -> bool:
+        done = await outbox.put_back(connection, row_id)
+        await audit.record(connection, who, "outbox.put_back", {"id": row_id}, {"put_back": done})
+        return done
+
+    done = run_async(lambda _: with_connection(settings, put_back, commit=True))
     if as_json:
         print_json({"id": row_id, "put_back": done})
         return

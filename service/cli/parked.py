@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 
@@ -14,11 +14,10 @@ from service.cli.common import (
     run_async,
     show_rows,
     utc,
+    who_acts,
     with_connection,
 )
-from service.store import parking
-
-T = TypeVar("T")
+from service.store import audit, parking
 
 app = typer.Typer(help="Records parked behind a held key (ORDERS_ORDERING=key).", no_args_is_help=True)
 
@@ -56,19 +55,29 @@ def _holder(row: dict[str, Any]) -> str:
 def parked_release(
     key: Annotated[str, typer.Argument(help="The order key to free; its parked records are then applied in order.")],
     consumer: ConsumerOption = None,
+    author: Annotated[str | None, typer.Option("--author", help="Who releases it (default: $USER).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Free a key whatever holds it (a quarantined head, or a head in a retry tier, which keeps retrying on its
     own), under the consumer name its records are stored with; a running consumer of that name then applies its
     parked records in order."""
     settings = configured()
+    who = who_acts(author)
 
     async def release(connection: Any) -> tuple[str | None, parking.Released | None]:
         names = [name for name in await parking.holders(connection, key) if consumer in (None, name)]
         if len(names) > 1:
             return ", ".join(names), None
         chosen = names[0] if names else (consumer or settings.consumer_name)
-        return chosen, await parking.release(connection, chosen, key)
+        released = await parking.release(connection, chosen, key)
+        await audit.record(
+            connection,
+            who,
+            "parked.release",
+            {"consumer": chosen, "key": key},
+            {"freed": released.freed, "blocked_by": released.blocked_by, "parked": released.parked},
+        )
+        return chosen, released
 
     chosen, released = run_async(lambda _: with_connection(settings, release, commit=True))
     if released is None:

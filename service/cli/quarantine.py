@@ -6,8 +6,7 @@ import csv
 import json
 import sys
 from datetime import datetime, timedelta
-from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -26,12 +25,9 @@ from service.cli.common import (
     who_acts,
     with_connection,
 )
-from service.domain.codes import ErrorCode
+from service.cli.selection import AgeOption, CodeOption, FileOption, KeyOption, Wanted, age_of, check_code, go_ahead
 from service.domain.messages import invalid_field
-from service.durations import parse_duration
-from service.store import parking, quarantine
-
-T = TypeVar("T")
+from service.store import audit, parking, quarantine
 
 app = typer.Typer(help="Operate the quarantine queue.", no_args_is_help=True)
 
@@ -58,14 +54,8 @@ def quarantine_list(
     settings = configured()
     if status is not None and status not in _STATUSES:
         raise typer.BadParameter(f"{status!r} is not one of {', '.join(_STATUSES)}", param_hint="--status")
-    if error_code is not None and error_code not in ErrorCode.__members__:
-        raise typer.BadParameter(
-            f"{error_code!r} is not an error code (README, Error codes)", param_hint="--error-code"
-        )
-    try:
-        age = parse_duration(older_than) if older_than else None
-    except ValueError as error:
-        raise typer.BadParameter(str(error), param_hint="--older-than") from None
+    check_code(error_code)
+    age = age_of(older_than)
     after, before = timestamp(since, "--since"), timestamp(until, "--until")
     rows, total = run_async(
         lambda _: with_connection(
@@ -145,10 +135,27 @@ def quarantine_show(
         print_json(row)
         return
     console = Console()
+    timeline = row.pop("timeline")
     for name, value in jsonable(row).items():
         # The values come from records: never let them be read as Rich markup.
         shown = json.dumps(value) if isinstance(value, dict | list) else str(value)
         console.print(f"[bold]{name}[/bold]: {escape(shown)}")
+    console.print("[bold]timeline[/bold] (UTC, in the order it happened):")
+    for event in timeline:
+        console.print(f"  {utc(event['at'])}  {escape(happened(event))}")
+
+
+def happened(event: dict[str, Any]) -> str:
+    """One timeline event in words: `failed (attempt 3, DOWNSTREAM_5XX)`, `resolved by eve: dropped`."""
+    facts = [f"attempt {event['attempts']}"] if event.get("attempts") else []
+    if event.get("error_code"):
+        facts.append(event["error_code"])
+    said = str(event["event"]) + (f" ({', '.join(facts)})" if facts else "")
+    if event.get("actor"):
+        said += f" by {event['actor']}"
+    if event.get("detail"):
+        said += f": {event['detail']}"
+    return said
 
 
 @app.command("stats")
@@ -176,23 +183,46 @@ def quarantine_stats(as_json: JsonFlag = False) -> None:
 
 @app.command("annotate")
 def quarantine_annotate(
-    failure_id: Annotated[str, typer.Argument(help="The failure id, e.g. orders/3/1200.")],
-    note: Annotated[str, typer.Option("--note", help="What you found or did.")],
-    author: Annotated[str, typer.Option("--author", help="Who writes it.")],
+    failure_id: Annotated[
+        list[str] | None, typer.Argument(help="Failure ids, e.g. orders/3/1200 (or select with the options).")
+    ] = None,
+    note: Annotated[str, typer.Option("--note", help="What you found or did.")] = "",
+    error_code: CodeOption = None,
+    key: KeyOption = None,
+    older_than: AgeOption = None,
+    from_file: FileOption = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be annotated; change nothing.")] = False,
+    yes: Annotated[bool, typer.Option("--yes", help="Annotate a selection without asking.")] = False,
+    author: Annotated[str | None, typer.Option("--author", help="Who writes it (default: $USER).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Append a note to a quarantined record (annotations are append-only)."""
+    """Append a note to quarantined records (append-only), one by id or a selection of open ones (code, key, age,
+    a file of ids), with --dry-run first."""
     settings = configured()
-    added = run_async(
-        lambda _: with_connection(settings, lambda c: quarantine.annotate(c, failure_id, author, note), commit=True)
-    )
-    if not added:
-        typer.echo(f"no quarantined record with failure id {failure_id}", err=True)
-        raise typer.Exit(1)
+    if not note.strip():
+        raise typer.BadParameter("say what you found or did: --note", param_hint="--note")
+    who = who_acts(author)
+    wanted = Wanted.of(failure_id, from_file, error_code, key, older_than)
+    selection = run_async(lambda _: with_connection(settings, wanted.pick))
+    if not go_ahead("quarantine annotate", "annotate", selection, dry_run=dry_run, yes=yes):
+        return
+
+    async def add(connection: Any) -> list[str]:
+        added = [one for one in selection if await quarantine.annotate(connection, one, who, note)]
+        await audit.record(connection, who, "quarantine.annotate", wanted.described(), {"annotated": len(added)})
+        return added
+
+    added = run_async(lambda _: with_connection(settings, add, commit=True))
+    missing = [one for one in selection if one not in added]
     if as_json:
-        print_json({"failure_id": failure_id, "annotated": True})
+        print_json({"annotated": added, "skipped": {one: "not found" for one in missing}})
     else:
-        typer.echo(f"{failure_id}: note added")
+        for one in added:
+            typer.echo(f"{one}: note added")
+    for one in missing:
+        typer.echo(f"no quarantined record with failure id {one}", err=True)
+    if missing or not selection:
+        raise typer.Exit(1)
 
 
 @app.command("resolve")
@@ -201,16 +231,10 @@ def quarantine_resolve(
         list[str] | None, typer.Argument(help="Failure ids, e.g. orders/3/1200 (or select with the options).")
     ] = None,
     reason: Annotated[str, typer.Option("--reason", help="Why it needs no reprocessing (kept in the audit).")] = "",
-    error_code: Annotated[
-        str | None, typer.Option("--error-code", help="Select the open records with this code.")
-    ] = None,
-    key: Annotated[str | None, typer.Option("--key", help="Select the open records of this order key.")] = None,
-    older_than: Annotated[
-        str | None, typer.Option("--older-than", help="Select the open records first failed this long ago (1h).")
-    ] = None,
-    from_file: Annotated[
-        Path | None, typer.Option("--from-file", help="Failure ids, one per line ('-': standard input).")
-    ] = None,
+    error_code: CodeOption = None,
+    key: KeyOption = None,
+    older_than: AgeOption = None,
+    from_file: FileOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be resolved; change nothing.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Resolve a selection without asking.")] = False,
     author: Annotated[str | None, typer.Option("--author", help="Who resolves it (default: $USER).")] = None,
@@ -222,36 +246,10 @@ def quarantine_resolve(
     if not reason.strip():
         raise typer.BadParameter("say why: --reason", param_hint="--reason")
     who = who_acts(author)
-    ids = list(failure_id or [])
-    if from_file is not None:
-        text = sys.stdin.read() if str(from_file) == "-" else from_file.read_text()
-        ids += [line.strip() for line in text.splitlines() if line.strip()]
-    selecting = error_code is not None or key is not None or older_than is not None
-    if not ids and not selecting:
-        raise typer.BadParameter("name failure ids, --from-file, or select with --error-code / --key / --older-than")
-    try:
-        age = parse_duration(older_than) if older_than else None
-    except ValueError as error:
-        raise typer.BadParameter(str(error), param_hint="--older-than") from None
-
-    async def chosen(connection: Any) -> list[str]:
-        if not selecting:
-            return ids
-        rows, _ = await quarantine.listing(
-            connection, error_code=error_code, status="open", older_than=age, key=key, limit=100_000
-        )
-        picked = [row["failure_id"] for row in rows]
-        return [one for one in picked if one in ids] if ids else picked
-
-    selection = run_async(lambda _: with_connection(settings, chosen))
-    if dry_run or (len(selection) > 1 and not yes):
-        sample = ", ".join(selection[:5]) + (" …" if len(selection) > 5 else "")
-        typer.echo(f"quarantine resolve: {len(selection)} records selected" + (f": {sample}" if selection else ""))
-        if dry_run or not selection:
-            return
-        if not sys.stdin.isatty() or not typer.confirm(f"resolve {len(selection)} records?", err=True):
-            typer.echo("quarantine resolve: not confirmed (pass --yes): nothing changed", err=True)
-            raise typer.Exit(1)
+    wanted = Wanted.of(failure_id, from_file, error_code, key, older_than)
+    selection = run_async(lambda _: with_connection(settings, wanted.pick))
+    if not go_ahead("quarantine resolve", "resolve", selection, dry_run=dry_run, yes=yes):
+        return
 
     async def close(connection: Any) -> dict[str, str | None]:
         outcomes: dict[str, str | None] = {}
@@ -260,6 +258,10 @@ def quarantine_resolve(
             if previous == "open":
                 await parking.unblock_failures(connection, [one])
             outcomes[one] = previous
+        resolved = sum(previous == "open" for previous in outcomes.values())
+        await audit.record(
+            connection, who, "quarantine.resolve", {**wanted.described(), "reason": reason}, {"resolved": resolved}
+        )
         return outcomes
 
     outcomes = run_async(lambda _: with_connection(settings, close, commit=True))

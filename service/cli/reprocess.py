@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -26,8 +26,6 @@ from service.cli.common import (
 )
 from service.config import Settings
 from service.worker.reprocess import Options, Selection
-
-T = TypeVar("T")
 
 
 class _PlainProgress:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 import structlog
 import typer
@@ -21,8 +21,6 @@ from service.errors import InfrastructureUnavailable
 from service.explain import first_line
 from service.runtime import collect_garbage, tune_garbage_collector
 from service.stopping import sleep_unless_stopped
-
-T = TypeVar("T")
 
 
 def serve_parts(settings: Settings, *parts: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.policy.effects import EffectDecision
+from service.policy.effects import EffectDecision, retry_state
 from service.store.recordset import Columns
 
 
@@ -198,3 +198,34 @@ async def get(connection: AsyncConnection, key: str) -> dict[str, Any] | None:
         )
     ).first()
     return dict(row._mapping) if row is not None else None
+
+
+async def retry(connection: AsyncConnection, keys: Sequence[str]) -> dict[str, tuple[str | None, str | None]]:
+    """An operator's retry of failed effects: each goes where `retry_state` says, with a fresh budget of attempts
+    and look-ups, due now. Per key, (the state it was in, None: no such effect; the state it went to, None:
+    left as it was, for it had not failed)."""
+    found: dict[str, tuple[str | None, str | None]] = {key: (None, None) for key in keys}
+    rows = await connection.execute(
+        text(
+            "SELECT idempotency_key, kind, state FROM effects WHERE idempotency_key = ANY(CAST(:keys AS text[]))"
+            " ORDER BY idempotency_key FOR UPDATE"
+        ),
+        {"keys": list(keys)},
+    )
+    for row in rows.all():
+        if row.state != "failed":
+            found[row.idempotency_key] = (row.state, None)
+            continue
+        goes_to = retry_state(row.kind)
+        await connection.execute(
+            text(
+                """
+                UPDATE effects SET state = :state, attempts = 0, reconcile_count = 0, lease_owner = NULL,
+                       lease_until = NULL, next_attempt_at = now(), updated_at = now()
+                WHERE idempotency_key = :key
+                """
+            ),
+            {"state": goes_to, "key": row.idempotency_key},
+        )
+        found[row.idempotency_key] = ("failed", goes_to)
+    return found

@@ -12,7 +12,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.store.recordset import Columns
-from service.store.tables import quarantine, quarantine_annotations, reprocess_items
+from service.store.tables import quarantine, quarantine_annotations, quarantine_events, reprocess_items
 
 
 @dataclass(frozen=True)
@@ -139,26 +139,22 @@ async def get(connection: AsyncConnection, failure_id: str) -> dict[str, Any] | 
         .order_by(reprocess_items.c.attempt)
     )
     record["reprocessing"] = [dict(item._mapping) for item in items]
-    record["timeline"] = _timeline(record)
+    events = await connection.execute(
+        select(
+            quarantine_events.c.at,
+            quarantine_events.c.event,
+            quarantine_events.c.error_code,
+            quarantine_events.c.attempts,
+            quarantine_events.c.actor,
+            quarantine_events.c.detail,
+        )
+        .where(quarantine_events.c.failure_id == failure_id)
+        .order_by(quarantine_events.c.id)
+    )
+    # In the order the database appended them (migration 0009's triggers): every failure and change, none
+    # rewritten; the times are the clocks that saw each one.
+    record["timeline"] = [dict(event._mapping) for event in events]
     return record
-
-
-def _timeline(record: dict[str, Any]) -> list[dict[str, Any]]:
-    """What happened to a quarantined record, in time order."""
-    events: list[dict[str, Any]] = [
-        {"at": record["first_failed_at"], "event": "first failure"},
-        {"at": record["last_failed_at"], "event": f"last failure (attempt {record['attempts']})"},
-        {"at": record["created_at"], "event": f"quarantined ({record['envelope'].get('errorCode')})"},
-    ]
-    events += [{"at": n["created_at"], "event": f"annotated by {n['author']}"} for n in record["annotations"]]
-    for item in record["reprocessing"]:
-        if item["published_at"]:
-            events.append({"at": item["published_at"], "event": f"reprocess #{item['attempt']} ({item['run_id']})"})
-        if item["verified_at"]:
-            events.append({"at": item["verified_at"], "event": f"reprocess #{item['attempt']}: {item['outcome']}"})
-    if record["resolved_at"]:
-        events.append({"at": record["resolved_at"], "event": f"resolved by {record['resolved_by']}"})
-    return sorted(events, key=lambda event: event["at"])
 
 
 async def annotate(connection: AsyncConnection, failure_id: str, author: str, note: str) -> bool:

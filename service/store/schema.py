@@ -6,6 +6,8 @@ installed wheel migrates from any directory without an `alembic.ini`; `alembic` 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.resources import as_file, files
 
 from alembic import command
@@ -19,13 +21,20 @@ from service.errors import SchemaNotCurrent
 MIGRATIONS = "service.migrations"
 
 
-def upgrade_to_head(database_url: str) -> str:
-    """Apply every migration not yet applied; returns the head revision the schema is now at."""
+@contextmanager
+def alembic_config(database_url: str) -> Iterator[Config]:
+    """Alembic's configuration for `database_url`, with the packaged revisions, for the block."""
     with as_file(files(MIGRATIONS)) as location:
         config = Config()
         config.set_main_option("script_location", str(location))
         # Config values are interpolated: a literal % in a password must be doubled.
         config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+        yield config
+
+
+def upgrade_to_head(database_url: str) -> str:
+    """Apply every migration not yet applied; returns the head revision the schema is now at."""
+    with alembic_config(database_url) as config:
         command.upgrade(config, "head")
         head = ScriptDirectory.from_config(config).get_current_head()
     return head or "base"

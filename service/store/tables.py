@@ -268,3 +268,32 @@ reprocess_items = Table(
     PrimaryKeyConstraint("run_id", "failure_id"),
     Index("ix_reprocess_items_failure_id", "failure_id"),
 )
+
+# The true timeline of each quarantined record: appended by triggers on quarantine, quarantine_annotations and
+# reprocess_items (migration 0009), whatever path made the change; append-only, read in id order.
+quarantine_events = Table(
+    "quarantine_events",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("failure_id", Text, nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False),
+    Column("event", Text, nullable=False),
+    Column("error_code", Text),
+    Column("attempts", Integer),
+    Column("actor", Text),
+    Column("detail", Text),
+    Index("ix_quarantine_events_failure_id", "failure_id", "id"),
+)
+
+# What operators did (CLI and console): actor, time, action, selection, result; append-only.
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("actor", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("selection", JSONB, nullable=False),
+    Column("result", JSONB, nullable=False),
+    Index("ix_audit_log_at", "at"),
+)

@@ -190,10 +190,13 @@ class Downstream:
         with self._lock:
             self._customers[customer_id] = status
 
-    def decline_order(self, order_id: str) -> None:
-        """Make every new payment for this order answer 402 card_declined."""
+    def decline_order(self, order_id: str, declined: bool = True) -> None:
+        """Make every new payment for this order answer 402 card_declined (declined=False: accept them again)."""
         with self._lock:
-            self._declined_orders.add(order_id)
+            if declined:
+                self._declined_orders.add(order_id)
+            else:
+                self._declined_orders.discard(order_id)
 
     def fail_next(
         self,

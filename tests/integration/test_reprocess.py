@@ -297,7 +297,13 @@ async def test_annotations_are_append_only_and_resolve_closes_a_record_and_frees
         ("eve", "fixed upstream"),
     ]
     assert (shown["status"], shown["resolution"], shown["resolved_by"]) == ("resolved", "dropped by agreement", "eve")
-    assert [event["event"] for event in shown["timeline"]][-1] == "resolved by eve"
+    assert [(e["event"], e["actor"], e["detail"]) for e in shown["timeline"]] == [
+        ("failed", None, None),
+        ("quarantined", None, None),
+        ("annotated", "bob", "producer bug #42"),
+        ("annotated", "eve", "fixed upstream"),
+        ("resolved", "eve", "dropped by agreement"),
+    ]
     assert again.returncode == 1
     assert "is resolved, not open" in again.stderr
     assert tampering.returncode == 1
@@ -312,3 +318,50 @@ async def test_annotations_are_append_only_and_resolve_closes_a_record_and_frees
             deleted = "append-only" not in str(error)
     assert not deleted
     assert await scalar(engine, "SELECT count(*) FROM quarantine_annotations") == 2
+
+
+async def test_reprocess_list_and_show_give_each_run_its_actor_outcome_and_items(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a reprocess run over two orders quarantined while their customer directory was down
+    await _quarantined_orders(engine, kafka, topics, downstream, 2)
+    ids = [f"{topics.source}/0/{offset}" for offset in (0, 1)]
+    settings = settings_for(database_url, kafka, topics, downstream)
+    async with running(settings, "consumer_loop", "relay"):
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 2 FROM quarantine"), timeout=60)
+        downstream.clear_faults()
+        await cli(
+            settings,
+            "reprocess",
+            "--error-code",
+            "DOWNSTREAM_UNAVAILABLE_EXHAUSTED",
+            "--reason",
+            "INC-9",
+            "--actor",
+            "kim",
+            "--yes",
+            check=False,
+        )
+    [run_id] = [row["id"] for row in await rows(engine, "SELECT id FROM reprocess_runs")]
+
+    # When the operator lists the runs and shows this one
+    listed = json.loads((await cli(settings, "reprocess", "list", "--json")).stdout)
+    piped = await cli(settings, "reprocess", "list")
+    shown = json.loads((await cli(settings, "reprocess", "show", run_id, "--json")).stdout)
+    missing = await cli(settings, "reprocess", "show", "no-such-run", check=False)
+
+    # Then the run is there with who ran it and why, and its items with their outcomes
+    assert [(r["id"], r["actor"], r["reason"]) for r in listed] == [(run_id, "kim", "INC-9")]
+    assert run_id in piped.stdout
+    assert "1 of 1 shown" in piped.stderr
+    assert sorted(item["failure_id"] for item in shown["items"]) == sorted(ids)
+    assert [item["outcome"] for item in shown["items"]] == ["reprocessed", "reprocessed"]
+    assert missing.returncode == 1
+    assert "no reprocess run no-such-run" in missing.stderr
+    # And each record's timeline shows the run
+    record = json.loads((await cli(settings, "quarantine", "show", ids[0], "--json")).stdout)
+    assert [event["event"] for event in record["timeline"]][-3:] == [
+        "reprocess sent",
+        "reprocessed",
+        "reprocess reprocessed",
+    ]

@@ -1,0 +1,130 @@
+"""Selecting quarantined records for a bulk command (ids, a file of ids, code, key, age), and asking first."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from service.domain.codes import ErrorCode
+from service.durations import parse_duration
+from service.store import quarantine
+
+CodeOption = Annotated[str | None, typer.Option("--error-code", help="Select the open records with this code.")]
+KeyOption = Annotated[str | None, typer.Option("--key", help="Select the open records of this order key.")]
+AgeOption = Annotated[
+    str | None, typer.Option("--older-than", help="Select the open records first failed this long ago (1h).")
+]
+FileOption = Annotated[
+    Path | None, typer.Option("--from-file", help="Failure ids, one per line ('-': standard input).")
+]
+
+_LARGEST = 100_000  # a selection larger than this is refused: narrow it, or work through it in parts
+
+
+def check_code(error_code: str | None) -> None:
+    """An --error-code value must be a known code (exit 2 otherwise)."""
+    if error_code is not None and error_code not in ErrorCode.__members__:
+        raise typer.BadParameter(
+            f"{error_code!r} is not an error code (README, Error codes)", param_hint="--error-code"
+        )
+
+
+def age_of(older_than: str | None) -> timedelta | None:
+    """An --older-than value as a duration (exit 2 when it is not one)."""
+    try:
+        return parse_duration(older_than) if older_than else None
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--older-than") from None
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What an operator asked for: failure ids, or open records matching code, key and age (or both: the ids
+    among the matching ones)."""
+
+    ids: tuple[str, ...]
+    error_code: str | None
+    key: str | None
+    older_than: timedelta | None
+
+    @classmethod
+    def of(
+        cls,
+        ids: list[str] | None,
+        from_file: Path | None,
+        error_code: str | None,
+        key: str | None,
+        older_than: str | None,
+    ) -> Wanted:
+        """Check the flags (a bad one is exit 2) and read the file of ids."""
+        named = list(ids or [])
+        if from_file is not None:
+            try:
+                text = sys.stdin.read() if str(from_file) == "-" else from_file.read_text()
+            except (OSError, UnicodeDecodeError) as error:
+                raise typer.BadParameter(f"cannot read {from_file}: {error}", param_hint="--from-file") from None
+            named += [line.strip() for line in text.splitlines() if line.strip()]
+        check_code(error_code)
+        wanted = cls(tuple(dict.fromkeys(named)), error_code, key, age_of(older_than))
+        if not wanted.ids and not wanted.selecting:
+            raise typer.BadParameter(
+                "name failure ids, --from-file, or select with --error-code / --key / --older-than"
+            )
+        return wanted
+
+    @property
+    def selecting(self) -> bool:
+        """Whether the options select records (rather than only naming them)."""
+        return self.error_code is not None or self.key is not None or self.older_than is not None
+
+    async def pick(self, connection: Any) -> list[str]:
+        """The failure ids this selection means, now."""
+        if not self.selecting:
+            return list(self.ids)
+        rows, total = await quarantine.listing(
+            connection,
+            error_code=self.error_code,
+            status="open",
+            older_than=self.older_than,
+            key=self.key,
+            limit=_LARGEST,
+        )
+        if total > _LARGEST and not self.ids:
+            typer.echo(f"the selection holds {total} records, more than {_LARGEST}: narrow it", err=True)
+            raise typer.Exit(2)
+        picked = [row["failure_id"] for row in rows]
+        return [one for one in picked if one in set(self.ids)] if self.ids else picked
+
+    def described(self) -> dict[str, Any]:
+        """The selection as the audit keeps it."""
+        return {
+            "failure_ids": list(self.ids),
+            "error_code": self.error_code,
+            "key": self.key,
+            "older_than_seconds": self.older_than.total_seconds() if self.older_than else None,
+        }
+
+
+def go_ahead(command: str, verb: str, selection: list[str], *, dry_run: bool, yes: bool, noun: str = "records") -> bool:
+    """Say what a dry run or a selection of several would change; for a real run of several, ask (or take
+    --yes). False: do nothing (a dry run, or nothing selected). Not confirmed: exit 1, nothing changed."""
+    if not selection:
+        typer.echo(f"{command}: no {noun} selected: nothing changed", err=True)
+        if dry_run:
+            return False
+        raise typer.Exit(1)
+    if not dry_run and (len(selection) == 1 or yes):
+        return True
+    sample = ", ".join(selection[:5]) + (" …" if len(selection) > 5 else "")
+    typer.echo(f"{command}: {len(selection)} {noun} selected: {sample}")
+    if dry_run:
+        return False
+    if not sys.stdin.isatty() or not typer.confirm(f"{verb} {len(selection)} {noun}?", err=True):
+        typer.echo(f"{command}: not confirmed (pass --yes): nothing changed", err=True)
+        raise typer.Exit(1)
+    return True

@@ -1,0 +1,173 @@
+"""The queue as a queue (issue 14): the true timeline, bulk annotate, audited effect retries, reprocess runs.
+
+Real PostgreSQL, Kafka and the fault-injecting downstream; the CLI runs as a process. Assertions are on rows
+(quarantine events, annotations, the audit log, effects) and on what the provider holds.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.store import quarantine
+from service.testing.downstream import Downstream
+from tests.integration.test_consumer import placed
+from tests.integration.test_effects import effect_settings, reconcile, shipped, state_is
+from tests.support import Topics, cli, eventually, produce, rows, running, scalar, settings_for
+
+
+async def _quarantined(engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, count: int) -> list[str]:
+    """`count` malformed records on partition 0, quarantined by a real consumer; their failure ids."""
+    await produce(kafka, topics.source, [(f"Q-{n}", b"\xff", {}) for n in range(count)], partition=0)
+    async with running(settings_for(database_url, kafka, topics), "consumer_loop"):
+        await eventually(lambda: scalar(engine, f"SELECT count(*) = {count} FROM quarantine"))
+    return [f"{topics.source}/0/{n}" for n in range(count)]
+
+
+async def test_the_timeline_keeps_every_failure_and_change_in_order_and_rewrites_none(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics
+) -> None:
+    # Given a quarantined record that an operator annotates, that fails again under another code, and that
+    # is then resolved
+    [failure_id] = await _quarantined(engine, database_url, kafka, topics, 1)
+    settings = settings_for(database_url, kafka, topics)
+    await cli(settings, "quarantine", "annotate", failure_id, "--note", "looks truncated", "--author", "bob")
+    async with engine.begin() as connection:
+        await quarantine.requarantine(connection, failure_id, "SCHEMA_UNSUPPORTED", 1, datetime.now(UTC))
+    await cli(settings, "quarantine", "resolve", failure_id, "--reason", "producer fixed", "--author", "eve")
+
+    # When the record is shown
+    shown = json.loads((await cli(settings, "quarantine", "show", failure_id, "--json")).stdout)
+    human = (await cli(settings, "quarantine", "show", failure_id)).stdout
+
+    # Then every step is there once, in the order it happened, the first code kept as it was
+    assert [(e["event"], e["error_code"], e["actor"]) for e in shown["timeline"]] == [
+        ("failed", "MALFORMED_PAYLOAD", None),
+        ("quarantined", "MALFORMED_PAYLOAD", None),
+        ("annotated", None, "bob"),
+        ("failed again", "SCHEMA_UNSUPPORTED", None),
+        ("quarantined again", "SCHEMA_UNSUPPORTED", None),
+        ("resolved", None, "eve"),
+    ]
+    assert shown["error_code"] == "SCHEMA_UNSUPPORTED"
+    lines = human.split("timeline")[1].splitlines()
+    assert any("failed (attempt 1, MALFORMED_PAYLOAD)" in line for line in lines)
+    assert any("resolved by eve: producer fixed" in line for line in lines)
+
+    # And the history cannot be edited, not even by hand
+    with pytest.raises(DBAPIError, match="append-only"):
+        async with engine.begin() as connection:
+            await connection.execute(text("UPDATE quarantine_events SET event = 'nothing happened'"))
+
+
+async def test_bulk_annotate_by_code_dry_runs_then_notes_each_record_once_and_audits_it(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics
+) -> None:
+    # Given three quarantined records
+    ids = await _quarantined(engine, database_url, kafka, topics, 3)
+    settings = settings_for(database_url, kafka, topics)
+    select = ("quarantine", "annotate", "--error-code", "MALFORMED_PAYLOAD", "--note", "INC-7", "--author", "ann")
+
+    # When the operator dry-runs the selection, runs it unconfirmed, then confirms it
+    dry = await cli(settings, *select, "--dry-run")
+    unconfirmed = await cli(settings, *select, check=False)
+    notes_before = await scalar(engine, "SELECT count(*) FROM quarantine_annotations")
+    done = await cli(settings, *select, "--yes", "--json")
+
+    # Then the dry run and the refusal changed nothing, and the confirmed run noted each record once
+    assert dry.stdout.startswith("quarantine annotate: 3 records selected: ")
+    assert unconfirmed.returncode == 1
+    assert "not confirmed" in unconfirmed.stderr
+    assert notes_before == 0
+    assert sorted(json.loads(done.stdout)["annotated"]) == sorted(ids)
+    notes = await rows(engine, "SELECT failure_id, author, note FROM quarantine_annotations ORDER BY failure_id")
+    assert [(n["failure_id"], n["author"], n["note"]) for n in notes] == [(one, "ann", "INC-7") for one in sorted(ids)]
+    [audit] = await rows(engine, "SELECT actor, action, selection, result FROM audit_log")
+    assert (audit["actor"], audit["action"], audit["result"]) == ("ann", "quarantine.annotate", {"annotated": 3})
+    assert audit["selection"]["error_code"] == "MALFORMED_PAYLOAD"
+
+
+async def test_a_declined_capture_retried_by_an_operator_is_captured_once_and_the_retry_is_audited(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a capture that failed (the card was declined), and a card that is good now
+    key = "RT-1/payment.capture"
+    downstream.decline_order("RT-1")
+    settings = effect_settings(database_url, kafka, topics, downstream)
+    await produce(kafka, topics.source, [("RT-1", placed("RT-1"), {})], partition=0)
+    async with running(settings, "consumer_loop", "effect_worker"):
+        await eventually(lambda: state_is(engine, key, "failed"))
+    downstream.decline_order("RT-1", declined=False)
+
+    # When an operator dry-runs the retry by kind, then retries it, and the worker runs
+    dry = await cli(settings, "effects", "retry", "--kind", "payment.capture", "--reason", "card ok", "--dry-run")
+    pending_after_dry_run = await state_is(engine, key, "pending")
+    retried = await cli(settings, "effects", "retry", key, "--reason", "card updated", "--author", "ops")
+    async with running(settings, "effect_worker"):
+        await eventually(lambda: state_is(engine, key, "sent"))
+
+    # Then the dry run changed nothing, the retry made one payment, and the audit says who and why
+    assert "effects retry: 1 effects selected: RT-1/payment.capture" in dry.stdout + dry.stderr
+    assert not pending_after_dry_run
+    assert f"{key}: pending" in retried.stdout
+    assert len(downstream.payments()) == 1
+    assert await scalar(engine, "SELECT details->>'payment_status' FROM orders WHERE order_id = 'RT-1'") == "captured"
+    [audit] = await rows(engine, "SELECT actor, action, selection, result FROM audit_log")
+    assert (audit["actor"], audit["action"]) == ("ops", "effects.retry")
+    assert audit["selection"]["reason"] == "card updated"
+    assert audit["result"] == {"retried": {key: "pending"}, "skipped": 0}
+
+
+async def test_a_failed_email_retried_is_looked_up_first_and_sent_exactly_once(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given an email the provider refused (410): failed
+    ref = "EM-1/email.shipped"
+    downstream.fail_next("emails.post", times=1, status=410)
+    settings = effect_settings(database_url, kafka, topics, downstream)
+    await produce(kafka, topics.source, [("EM-1", placed("EM-1"), {}), ("EM-1", shipped("EM-1"), {})], partition=0)
+    async with running(settings, "consumer_loop", "effect_worker"):
+        await eventually(lambda: state_is(engine, ref, "failed"))
+
+    # When an operator retries it (and a second time, which finds nothing to retry), reconcile runs, the worker runs
+    retried = await cli(settings, "effects", "retry", ref, "--reason", "template fixed", "--author", "ops")
+    uncertain = await state_is(engine, ref, "uncertain")
+    twice = await cli(settings, "effects", "retry", ref, "--reason", "again", "--author", "ops", check=False)
+    await reconcile(settings)
+    async with running(settings, "effect_worker"):
+        await eventually(lambda: state_is(engine, ref, "sent"))
+
+    # Then it went through a look-up, not straight to a second call, and exactly one email exists for the ref
+    assert "uncertain: the next `order-service reconcile` looks it up" in retried.stdout
+    assert uncertain
+    assert twice.returncode == 1
+    assert "is uncertain, not failed" in twice.stderr
+    assert len(downstream.emails(ref)) == 1
+
+
+async def test_effects_retry_refuses_what_did_not_fail_and_names_what_it_does_not_know(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a capture that was sent
+    key = "OK-1/payment.capture"
+    settings = effect_settings(database_url, kafka, topics, downstream)
+    await produce(kafka, topics.source, [("OK-1", placed("OK-1"), {})], partition=0)
+    async with running(settings, "consumer_loop", "effect_worker"):
+        await eventually(lambda: state_is(engine, key, "sent"))
+
+    # When an operator asks to retry it and an unknown key, and to retry without a reason
+    run = await cli(settings, "effects", "retry", key, "NO-1/payment.capture", "--reason", "x", "--yes", check=False)
+    no_reason = await cli(settings, "effects", "retry", key, check=False)
+
+    # Then nothing changed, each is named, and the exit codes say so
+    assert run.returncode == 1
+    assert f"{key} is sent, not failed: nothing to retry" in run.stderr
+    assert "no effect with idempotency key NO-1/payment.capture" in run.stderr
+    assert await state_is(engine, key, "sent")
+    assert no_reason.returncode == 2
+    assert len(downstream.payments()) == 1
