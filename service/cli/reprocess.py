@@ -88,7 +88,7 @@ def reprocess(
     verify_timeout: Annotated[
         float, typer.Option("--verify-timeout", min=1, help="Seconds to wait for a verdict.")
     ] = 120,
-    actor: Annotated[str | None, typer.Option("--actor", help="Who runs it (default: $USER).")] = None,
+    actor: Annotated[str | None, typer.Option("--author", "--actor", help="Who runs it (default: $USER).")] = None,
     consumer: Annotated[
         str | None, typer.Option("--consumer", help="The consumer name, when the selection spans several.")
     ] = None,

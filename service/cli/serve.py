@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import asdict
 from typing import Annotated
 
 import structlog
 import typer
 
 from service.cli.common import (
+    JsonFlag,
     assembled,
     configured,
+    print_json,
     provide,
     run_async,
     use,
@@ -108,6 +111,7 @@ def reconcile(
     max_seconds: Annotated[
         float, typer.Option(min=1, help="Time budget of the pass; the rest waits for the next.")
     ] = 60,
+    as_json: JsonFlag = False,
 ) -> None:
     """One pass for cron: resolve uncertain and stale effects, purge expired inbox rows. Exit 0 unless it failed."""
     settings = configured()
@@ -117,6 +121,9 @@ def reconcile(
     except InfrastructureUnavailable:
         typer.echo("reconcile: failed: database unavailable", err=True)
         raise typer.Exit(1) from None
+    if as_json:
+        print_json({"locked_out": True} if summary is None else {"locked_out": False, **asdict(summary)})
+        return
     if summary is None:
         typer.echo("reconcile: another reconcile run holds the lock; nothing to do")
         return
