@@ -20,6 +20,8 @@ from service.adapters.providers import EmailsClient, PaymentsClient
 from service.config import Settings
 from service.health import HealthServer
 from service.metrics import Metrics
+from service.orders.effects import SPECS as ORDER_EFFECT_SPECS
+from service.orders.effects import order_effects
 from service.policy.backpressure import BackpressurePolicy
 from service.policy.effects import EffectPolicy
 from service.policy.retry import RetryPolicy
@@ -100,6 +102,8 @@ class Container(containers.DeclarativeContainer):
     customers = providers.Factory(CustomersClient, http=http, base_url=settings.provided.customers_url)
     payments = providers.Factory(PaymentsClient, http=http, base_url=settings.provided.payments_url)
     emails = providers.Factory(EmailsClient, http=http, base_url=settings.provided.emails_url)
+    effect_kinds = providers.Factory(order_effects, payments=payments, emails=emails)
+    effect_specs = providers.Object(ORDER_EFFECT_SPECS)
     effect_policy = providers.Singleton(EffectPolicy, max_attempts=settings.provided.effect_max_attempts)
     processor = providers.Factory(
         Processor,
@@ -127,8 +131,7 @@ class Container(containers.DeclarativeContainer):
         EffectWorker,
         settings=settings,
         engine=engine,
-        payments=payments,
-        emails=emails,
+        kinds=effect_kinds,
         policy=effect_policy,
         metrics=metrics,
         rng=rng,
@@ -137,8 +140,7 @@ class Container(containers.DeclarativeContainer):
         Reconciler,
         settings=settings,
         engine=engine,
-        payments=payments,
-        emails=emails,
+        kinds=effect_kinds,
         policy=effect_policy,
         metrics=metrics,
     )

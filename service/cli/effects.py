@@ -21,8 +21,10 @@ from service.cli.common import (
 )
 from service.cli.selection import go_ahead
 from service.cli.serve import serve_parts
+from service.containers import Container
 from service.store import audit
 from service.store import effects as effects_store
+from service.worker.effect_kinds import retry_state
 
 app = typer.Typer(help="Execute pending external effects until stopped; `effects list` shows the ledger.")
 
@@ -69,7 +71,9 @@ def effects_list(
         print_json(rows)
         return
     disabled = {
-        family for family, url in (("payment", settings.payments_url), ("email", settings.emails_url)) if not url
+        spec.name
+        for spec in Container(settings=settings).effect_specs()
+        if not getattr(settings, spec.provider_setting)
     }
     show_rows(
         ("effect", "kind", "state", "attempts", "last error", "next attempt (UTC)"),
@@ -79,7 +83,7 @@ def effects_list(
                 row["kind"],
                 row["state"],
                 str(row["attempts"]),
-                row["last_error_code"] or ("provider not configured" if row["kind"].split(".")[0] in disabled else ""),
+                row["last_error_code"] or ("provider not configured" if row["kind"] in disabled else ""),
                 utc(row["next_attempt_at"]),
             )
             for row in rows
@@ -136,12 +140,17 @@ def effects_retry(
         picked = [row["idempotency_key"] for row in rows]
         return [one for one in picked if one in set(key)] if key else picked
 
+    specs = {spec.name: spec for spec in Container(settings=settings).effect_specs()}
+
+    def destination(kind: str) -> str:
+        return retry_state(specs[kind])
+
     selection = run_async(lambda _: with_connection(settings, chosen))
     if not go_ahead("effects retry", "retry", selection, dry_run=dry_run, yes=yes, noun="effects"):
         return
 
     async def retry(connection: Any) -> dict[str, tuple[str | None, str | None]]:
-        outcomes = await effects_store.retry(connection, selection)
+        outcomes = await effects_store.retry(connection, selection, destination)
         retried = {one: goes_to for one, (_, goes_to) in outcomes.items() if goes_to}
         await audit.record(
             connection,

@@ -122,10 +122,3 @@ def after_lookup(outcome: LookupOutcome, reconciles: int, policy: EffectPolicy) 
     if reconciles >= policy.max_reconciles:
         return EffectDecision("failed", ErrorCode.NOT_FOUND_AFTER_RECONCILE)
     return EffectDecision("pending", ErrorCode.OUTCOME_UNKNOWN, retry_in=timedelta(0))
-
-
-def retry_state(kind: str) -> str:
-    """Where an operator's retry puts a failed effect: `pending` (called again) when its provider takes an
-    idempotency key, so a second call cannot act twice (payments); `uncertain` when it does not (emails), so the
-    reconciler looks it up first and it is sent again only if the provider has no trace of it."""
-    return "pending" if kind.startswith("payment.") else "uncertain"

@@ -6,7 +6,7 @@ leaves its claim behind, and the reconciler takes it back when the lease has exp
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.policy.effects import EffectDecision, retry_state
+from service.policy.effects import EffectDecision
 from service.store.recordset import Columns
 
 
@@ -28,7 +28,7 @@ class EffectRow:
     payload: dict[str, Any]
     attempts: int
     reconcile_count: int
-    capture_state: str | None  # for a refund: the state of the order's capture
+    prerequisite_state: str | None  # the state of the effect this one waits for (EffectSpec.waits_for), if any
 
 
 # New effects (domain `Effect` values) as a recordset for `ADD_ROWS`.
@@ -43,8 +43,10 @@ ADD_ROWS = f"""
     ON CONFLICT (idempotency_key) DO NOTHING"""
 
 
-_CAPTURE_STATE = """
-    (SELECT c.state FROM effects c WHERE c.order_id = e.order_id AND c.kind = 'payment.capture') AS capture_state
+# Which kinds wait for which (EffectSpec.waits_for) arrive as two parallel arrays, :dependent and :prerequisite.
+_PREREQUISITE_STATE = """
+    (SELECT c.state FROM unnest(CAST(:dependent AS text[]), CAST(:prerequisite AS text[])) AS d(kind, first)
+     JOIN effects c ON c.order_id = e.order_id AND c.kind = d.first WHERE d.kind = e.kind) AS prerequisite_state
 """
 
 _CLAIM = text(
@@ -56,15 +58,16 @@ _CLAIM = text(
         SELECT p.idempotency_key FROM effects p
         WHERE p.state = 'pending' AND p.next_attempt_at <= now()
           -- Only kinds whose provider is configured: the others wait, pending, until it is.
-          AND split_part(p.kind, '.', 1) = ANY(CAST(:families AS text[]))
-          -- A refund waits until its capture is resolved (sent or failed).
-          AND (p.kind <> 'payment.refund' OR NOT EXISTS (
-                SELECT 1 FROM effects c
-                WHERE c.order_id = p.order_id AND c.kind = 'payment.capture' AND c.state NOT IN ('sent', 'failed')))
+          AND p.kind = ANY(CAST(:kinds AS text[]))
+          -- An effect that waits for another of its aggregate waits until that one is resolved (sent or failed).
+          AND NOT EXISTS (
+                SELECT 1 FROM unnest(CAST(:dependent AS text[]), CAST(:prerequisite AS text[])) AS d(kind, first)
+                JOIN effects c ON c.order_id = p.order_id AND c.kind = d.first
+                WHERE d.kind = p.kind AND c.state NOT IN ('sent', 'failed'))
         ORDER BY p.next_attempt_at
         LIMIT :limit
         FOR UPDATE SKIP LOCKED)
-    RETURNING e.idempotency_key, e.order_id, e.kind, e.payload, e.attempts, e.reconcile_count, {_CAPTURE_STATE}
+    RETURNING e.idempotency_key, e.order_id, e.kind, e.payload, e.attempts, e.reconcile_count, {_PREREQUISITE_STATE}
     """
 )
 
@@ -77,18 +80,32 @@ def _row(row: Any) -> EffectRow:
         dict(row.payload),
         row.attempts,
         row.reconcile_count,
-        row.capture_state,
+        row.prerequisite_state,
     )
 
 
 async def claim(
-    connection: AsyncConnection, owner: str, lease: timedelta, limit: int, families: Sequence[str]
+    connection: AsyncConnection,
+    owner: str,
+    lease: timedelta,
+    limit: int,
+    kinds: Sequence[str],
+    waits: Sequence[tuple[str, str]] = (),
 ) -> list[EffectRow]:
-    """Lease up to `limit` due pending effects to `owner`, of these kind families (`payment`, `email`)."""
-    if not families:
+    """Lease up to `limit` due pending effects of these kinds to `owner`; a kind in `waits` (kind, the kind
+    it waits for) is claimed only once that one of the same aggregate is resolved."""
+    if not kinds:
         return []
     result = await connection.execute(
-        _CLAIM, {"owner": owner, "lease": lease, "limit": limit, "families": list(families)}
+        _CLAIM,
+        {
+            "owner": owner,
+            "lease": lease,
+            "limit": limit,
+            "kinds": list(kinds),
+            "dependent": [kind for kind, _ in waits],
+            "prerequisite": [first for _, first in waits],
+        },
     )
     return [_row(row) for row in result]
 
@@ -143,16 +160,17 @@ async def expire_leases(connection: AsyncConnection) -> list[str]:
     return list(result.scalars())
 
 
-async def uncertain(connection: AsyncConnection, limit: int) -> list[EffectRow]:
-    """Uncertain effects, oldest first."""
+async def uncertain(connection: AsyncConnection, limit: int, waits: Sequence[tuple[str, str]] = ()) -> list[EffectRow]:
+    """Uncertain effects, oldest first (`waits` as for `claim`, for their prerequisite's state)."""
     result = await connection.execute(
         text(
             f"""
-            SELECT e.idempotency_key, e.order_id, e.kind, e.payload, e.attempts, e.reconcile_count, {_CAPTURE_STATE}
+            SELECT e.idempotency_key, e.order_id, e.kind, e.payload, e.attempts, e.reconcile_count,
+                   {_PREREQUISITE_STATE}
             FROM effects e WHERE e.state = 'uncertain' ORDER BY e.updated_at LIMIT :limit
             """
         ),
-        {"limit": limit},
+        {"limit": limit, "dependent": [kind for kind, _ in waits], "prerequisite": [first for _, first in waits]},
     )
     return [_row(row) for row in result]
 
@@ -200,10 +218,12 @@ async def get(connection: AsyncConnection, key: str) -> dict[str, Any] | None:
     return dict(row._mapping) if row is not None else None
 
 
-async def retry(connection: AsyncConnection, keys: Sequence[str]) -> dict[str, tuple[str | None, str | None]]:
-    """An operator's retry of failed effects: each goes where `retry_state` says, with a fresh budget of attempts
-    and look-ups, due now. Per key, (the state it was in, None: no such effect; the state it went to, None:
-    left as it was, for it had not failed)."""
+async def retry(
+    connection: AsyncConnection, keys: Sequence[str], goes_to: Callable[[str], str]
+) -> dict[str, tuple[str | None, str | None]]:
+    """An operator's retry of failed effects: each goes where `goes_to(kind)` says (`pending` or `uncertain`,
+    effect_kinds.retry_state), with a fresh budget of attempts and look-ups, due now. Per key: the state it
+    was in (None: no such effect), and the state it went to (None: left as it was, for it had not failed)."""
     found: dict[str, tuple[str | None, str | None]] = {key: (None, None) for key in keys}
     rows = await connection.execute(
         text(
@@ -216,7 +236,7 @@ async def retry(connection: AsyncConnection, keys: Sequence[str]) -> dict[str, t
         if row.state != "failed":
             found[row.idempotency_key] = (row.state, None)
             continue
-        goes_to = retry_state(row.kind)
+        state = goes_to(row.kind)
         await connection.execute(
             text(
                 """
@@ -225,7 +245,7 @@ async def retry(connection: AsyncConnection, keys: Sequence[str]) -> dict[str, t
                 WHERE idempotency_key = :key
                 """
             ),
-            {"state": goes_to, "key": row.idempotency_key},
+            {"state": state, "key": row.idempotency_key},
         )
-        found[row.idempotency_key] = ("failed", goes_to)
+        found[row.idempotency_key] = ("failed", state)
     return found

@@ -1,8 +1,9 @@
-"""The effect worker: executes pending external effects (payments, emails) with stable idempotency keys.
+"""The effect worker: executes pending external effects, of the kinds a domain registered, with stable
+idempotency keys.
 
 Per batch: claim (lease) in one short transaction, call the providers outside any transaction, then record
-every outcome — with its events and order changes — in one transaction. Never a second email for one ref:
-an email is only sent again after a look-up by its ref found nothing.
+every outcome — with what its kind writes (events, aggregate changes) — in one transaction. A call whose
+provider is not idempotent is only made again after a look-up found nothing.
 """
 
 from __future__ import annotations
@@ -12,14 +13,11 @@ import random
 import time
 import uuid
 from datetime import timedelta
-from typing import Any
 
 import structlog
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.adapters.providers import EmailsClient, PaymentsClient
-from service.config import Settings, Topics
+from service.config import ENV_PREFIX, Settings, Topics
 from service.domain.codes import ErrorCode
 from service.errors import ConcurrentWrite, InfrastructureUnavailable
 from service.metrics import Metrics
@@ -29,19 +27,16 @@ from service.policy.effects import (
     EffectPolicy,
     Found,
     LookupFailed,
-    Missing,
     NotSent,
-    Refused,
     Sent,
     Unknown,
     after_call,
 )
-from service.policy.envelope import event_headers
 from service.stopping import sleep_unless_stopped
-from service.store import effects, outbox
+from service.store import effects
 from service.store.effects import EffectRow
-from service.store.outbox import OutboxMessage
 from service.store.uow import UnitOfWork
+from service.worker.effect_kinds import EffectRegistry
 
 log = structlog.get_logger("order_service.effects")
 
@@ -53,55 +48,19 @@ _CLAIM = _CONCURRENCY * 4
 async def record_outcome(
     connection: AsyncConnection,
     topics: Topics,
+    kinds: EffectRegistry,
     effect: EffectRow,
     decision: EffectDecision,
     *,
     from_state: str,
     owner: str | None = None,
 ) -> bool:
-    """Write an effect's next state and what follows from it (events, the order's payment status), in the
+    """Write an effect's next state and what its kind says follows from it (events, aggregate changes), in the
     caller's transaction. False when the effect moved meanwhile (another process owns it now)."""
     if not await effects.settle(connection, effect.idempotency_key, decision, from_state=from_state, owner=owner):
         return False
-    event = _event_for(effect, decision)
-    if event is None:
-        return True
-    # The order's row lock first, then the outbox row: its id is then taken after every change of the order
-    # that committed before, so the relay publishes one order's events in the order they happened.
-    status = {"payment.capture": "captured", "payment.refund": "refunded"}[effect.kind]
-    version = await connection.scalar(
-        text(
-            """
-            UPDATE orders SET details = details || jsonb_build_object('payment_status', CAST(:status AS text)),
-                              version = version + 1, updated_at = now()
-            WHERE order_id = :order_id
-            RETURNING version
-            """
-        ),
-        {"status": status if decision.state == "sent" else "failed", "order_id": effect.order_id},
-    )
-    event_type, payload = event
-    headers = event_headers(effect.idempotency_key, event_type, None)
-    document = {
-        "type": event_type,
-        "orderId": effect.order_id,
-        "orderVersion": version,
-        "effect": effect.idempotency_key,
-        **payload,
-    }
-    await outbox.add(connection, [OutboxMessage.json(topics.events, effect.order_id, headers, document)])
+    await kinds[effect.kind].on_outcome(connection, topics, effect, decision)
     return True
-
-
-def _event_for(effect: EffectRow, decision: EffectDecision) -> tuple[str, dict[str, Any]] | None:
-    if not effect.kind.startswith("payment."):
-        return None
-    if decision.state == "failed":
-        return "payment.failed", {"kind": effect.kind, "errorCode": decision.code.value if decision.code else None}
-    if decision.state == "sent":
-        event_type = "payment.captured" if effect.kind == "payment.capture" else "payment.refunded"
-        return event_type, {"paymentId": decision.reference}
-    return None
 
 
 class EffectWorker:
@@ -111,30 +70,29 @@ class EffectWorker:
         self,
         settings: Settings,
         engine: AsyncEngine,
-        payments: PaymentsClient,
-        emails: EmailsClient,
+        kinds: EffectRegistry,
         policy: EffectPolicy,
         metrics: Metrics,
         rng: random.Random,
     ) -> None:
         self._settings = settings
         self._engine = engine
-        self._payments = payments
-        self._emails = emails
+        self._kinds = kinds
         self._policy = policy
         self._metrics = metrics
         self._rng = rng
         self._owner = f"effects-{uuid.uuid4().hex[:12]}"
         self._limit = asyncio.Semaphore(_CONCURRENCY)
         # An unset provider URL disables its calls: those effects stay pending (visible in `effects list`).
-        self._families = [family for family, client in (("payment", payments), ("email", emails)) if client.enabled]
+        self._enabled = kinds.enabled()
+        self._waits = kinds.dependencies()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until `stop` is set; a database outage is waited out."""
-        log.info("effects_started", owner=self._owner, kinds=self._families)
-        for family, variable in (("payment", "ORDERS_PAYMENTS_URL"), ("email", "ORDERS_EMAILS_URL")):
-            if family not in self._families:
-                log.warning("provider_not_configured", kinds=f"{family}.*", variable=variable, effects="stay pending")
+        log.info("effects_started", owner=self._owner, kinds=self._enabled)
+        for spec in self._kinds.disabled():
+            variable = f"{ENV_PREFIX}{spec.provider_setting.upper()}"
+            log.warning("provider_not_configured", kinds=spec.name, variable=variable, effects="stay pending")
         delay = 1.0
         while not stop.is_set():
             try:
@@ -154,7 +112,7 @@ class EffectWorker:
         """Claim one batch, execute it, record the outcomes; return how many effects were attempted."""
         async with UnitOfWork(self._engine) as uow:
             claimed = await effects.claim(
-                uow.connection, self._owner, self._settings.effect_lease, _CLAIM, self._families
+                uow.connection, self._owner, self._settings.effect_lease, _CLAIM, self._enabled, self._waits
             )
             await uow.commit()
         if not claimed:
@@ -170,7 +128,13 @@ class EffectWorker:
                 else:
                     decision = after_call(outcome, effect.attempts, self._policy, self._rng)
                 kept = await record_outcome(
-                    uow.connection, self._settings.topics, effect, decision, from_state="in_flight", owner=self._owner
+                    uow.connection,
+                    self._settings.topics,
+                    self._kinds,
+                    effect,
+                    decision,
+                    from_state="in_flight",
+                    owner=self._owner,
                 )
                 self._report(effect, decision, kept)
             await uow.commit()
@@ -189,28 +153,17 @@ class EffectWorker:
                 return Unknown(ErrorCode.DOWNSTREAM_TIMEOUT)
 
     async def _call(self, effect: EffectRow) -> CallOutcome:
-        if effect.kind.startswith("payment."):
-            if not self._payments.enabled:
-                return NotSent(ErrorCode.DOWNSTREAM_UNREACHABLE)
-            if effect.kind == "payment.refund" and effect.capture_state == "failed":
-                # A capture that failed on our side (refused, exhausted, never found) may still have happened at
-                # the provider: ask before deciding that there is nothing to refund.
-                captured = await self._payments.find(f"{effect.order_id}/payment.capture")
-                if isinstance(captured, Missing):
-                    return Refused(ErrorCode.CAPTURE_FAILED)
-                if isinstance(captured, LookupFailed):
-                    return NotSent(captured.code)
-            return await self._payments.pay(effect.idempotency_key, effect.payload)
-        if not self._emails.enabled:
+        kind = self._kinds[effect.kind]
+        if not kind.enabled:
             return NotSent(ErrorCode.DOWNSTREAM_UNREACHABLE)
-        if effect.attempts > 1 or effect.reconcile_count > 0:
-            # An earlier attempt may have sent it: never send a second email for one ref.
-            found = await self._emails.find(effect.payload["ref"])
+        if not kind.spec.idempotent and (effect.attempts > 1 or effect.reconcile_count > 0):
+            # An earlier attempt may have acted, and this provider cannot tell a repeat: never make it twice.
+            found = await kind.look_up(effect)
             if isinstance(found, Found):
                 return Sent(found.reference)
             if isinstance(found, LookupFailed):
-                return NotSent(found.code)  # cannot tell whether it was sent: ask again later, do not send
-        return await self._emails.send(effect.payload)
+                return NotSent(found.code)  # cannot tell whether it happened: ask again later, do not repeat
+        return await kind.call(effect)
 
     def _report(self, effect: EffectRow, decision: EffectDecision, kept: bool) -> None:
         self._metrics.effect(decision.state, decision.code.value if decision.code else None)

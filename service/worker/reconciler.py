@@ -15,7 +15,6 @@ import structlog
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.adapters.providers import EmailsClient, PaymentsClient
 from service.config import Settings
 from service.domain.codes import ErrorCode
 from service.metrics import Metrics
@@ -24,6 +23,7 @@ from service.store import effects, retries
 from service.store.effects import EffectRow
 from service.store.tables import reconcile_runs
 from service.store.uow import UnitOfWork, translated_errors
+from service.worker.effect_kinds import EffectRegistry
 from service.worker.effects import record_outcome
 
 log = structlog.get_logger("order_service.reconciler")
@@ -65,15 +65,13 @@ class Reconciler:
         self,
         settings: Settings,
         engine: AsyncEngine,
-        payments: PaymentsClient,
-        emails: EmailsClient,
+        kinds: EffectRegistry,
         policy: EffectPolicy,
         metrics: Metrics,
     ) -> None:
         self._settings = settings
         self._engine = engine
-        self._payments = payments
-        self._emails = emails
+        self._kinds = kinds
         self._policy = policy
         self._metrics = metrics
 
@@ -122,7 +120,7 @@ class Reconciler:
 
     async def _resolve(self, summary: Summary, deadline: float) -> None:
         async with UnitOfWork(self._engine) as uow:
-            pending = await effects.uncertain(uow.connection, _LOOKUP_BATCH * 10)
+            pending = await effects.uncertain(uow.connection, _LOOKUP_BATCH * 10, self._kinds.dependencies())
         for effect in pending:
             if time.monotonic() > deadline:
                 summary.complete = False
@@ -135,7 +133,7 @@ class Reconciler:
                 continue
             async with UnitOfWork(self._engine) as uow:
                 kept = await record_outcome(
-                    uow.connection, self._settings.topics, effect, decision, from_state="uncertain"
+                    uow.connection, self._settings.topics, self._kinds, effect, decision, from_state="uncertain"
                 )
                 await uow.commit()
             if kept:
@@ -149,13 +147,10 @@ class Reconciler:
                 log.info("effect_reconciled", effect=effect.idempotency_key, state=decision.state)
 
     async def _look_up(self, effect: EffectRow) -> LookupOutcome:
-        if effect.kind.startswith("payment."):
-            if not self._payments.enabled:
-                return LookupFailed(ErrorCode.DOWNSTREAM_UNREACHABLE)  # calls disabled: cannot tell
-            return await self._payments.find(effect.idempotency_key)
-        if not self._emails.enabled:
+        kind = self._kinds[effect.kind]
+        if not kind.enabled:
             return LookupFailed(ErrorCode.DOWNSTREAM_UNREACHABLE)  # calls disabled: cannot tell
-        return await self._emails.find(str(effect.payload["ref"]))
+        return await kind.look_up(effect)
 
     async def _purge(self, summary: Summary, deadline: float) -> None:
         """Delete expired rows in small batches, each its own short transaction (no long locks)."""

@@ -1,0 +1,1 @@
+"""The order domain: the first domain built on the reusable core (schemas, rules, its effects and clients)."""

@@ -1,0 +1,136 @@
+"""The order domain's effects (contract §6): capture and refund at the payment provider, the shipped email.
+
+Each outcome of a payment changes the order (`payment_status`, its version) and publishes a `payment.*` event
+on `<source>.events`; an email changes nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.adapters.providers import EmailsClient, PaymentsClient
+from service.config import Topics
+from service.domain.codes import ErrorCode
+from service.policy.effects import (
+    CallOutcome,
+    EffectDecision,
+    LookupFailed,
+    LookupOutcome,
+    Missing,
+    NotSent,
+    Refused,
+)
+from service.policy.envelope import event_headers
+from service.store import outbox
+from service.store.effects import EffectRow
+from service.store.outbox import OutboxMessage
+from service.worker.effect_kinds import EffectKind, EffectRegistry, EffectSpec
+
+CAPTURE = EffectSpec("payment.capture", idempotent=True, provider_setting="payments_url")
+REFUND = EffectSpec("payment.refund", idempotent=True, provider_setting="payments_url", waits_for="payment.capture")
+SHIPPED_EMAIL = EffectSpec("email.shipped", idempotent=False, provider_setting="emails_url")
+SPECS = (CAPTURE, REFUND, SHIPPED_EMAIL)
+
+
+class _Payment:
+    """A payment effect: the idempotent provider, keyed by the effect's idempotency key."""
+
+    def __init__(self, spec: EffectSpec, payments: PaymentsClient) -> None:
+        self.spec = spec
+        self._payments = payments
+
+    @property
+    def enabled(self) -> bool:
+        """False when ORDERS_PAYMENTS_URL is unset."""
+        return self._payments.enabled
+
+    async def call(self, effect: EffectRow) -> CallOutcome:
+        """Capture or refund."""
+        if self.spec is REFUND and effect.prerequisite_state == "failed":
+            # A capture that failed on our side (refused, exhausted, never found) may still have happened at the
+            # provider: ask before deciding that there is nothing to refund.
+            captured = await self._payments.find(f"{effect.order_id}/{CAPTURE.name}")
+            if isinstance(captured, Missing):
+                return Refused(ErrorCode.CAPTURE_FAILED)
+            if isinstance(captured, LookupFailed):
+                return NotSent(captured.code)
+        return await self._payments.pay(effect.idempotency_key, effect.payload)
+
+    async def look_up(self, effect: EffectRow) -> LookupOutcome:
+        """The payment made under the effect's idempotency key, if any."""
+        return await self._payments.find(effect.idempotency_key)
+
+    async def on_outcome(
+        self, connection: AsyncConnection, topics: Topics, effect: EffectRow, decision: EffectDecision
+    ) -> None:
+        """A sent or failed payment: the order's payment status, its version, and one `payment.*` event."""
+        if decision.state == "failed":
+            event_type = "payment.failed"
+            payload: dict[str, Any] = {
+                "kind": effect.kind,
+                "errorCode": decision.code.value if decision.code else None,
+            }
+        elif decision.state == "sent":
+            event_type = "payment.captured" if self.spec is CAPTURE else "payment.refunded"
+            payload = {"paymentId": decision.reference}
+        else:
+            return
+        # The order's row lock first, then the outbox row: its id is then taken after every change of the order
+        # that committed before, so the relay publishes one order's events in the order they happened.
+        status = ("captured" if self.spec is CAPTURE else "refunded") if decision.state == "sent" else "failed"
+        version = await connection.scalar(
+            text(
+                """
+                UPDATE orders SET details = details || jsonb_build_object('payment_status', CAST(:status AS text)),
+                                  version = version + 1, updated_at = now()
+                WHERE order_id = :order_id
+                RETURNING version
+                """
+            ),
+            {"status": status, "order_id": effect.order_id},
+        )
+        headers = event_headers(effect.idempotency_key, event_type, None)
+        document = {
+            "type": event_type,
+            "orderId": effect.order_id,
+            "orderVersion": version,
+            "effect": effect.idempotency_key,
+            **payload,
+        }
+        await outbox.add(connection, [OutboxMessage.json(topics.events, effect.order_id, headers, document)])
+
+
+class _ShippedEmail:
+    """The shipped email: a provider without idempotency, looked up by the email's ref."""
+
+    spec = SHIPPED_EMAIL
+
+    def __init__(self, emails: EmailsClient) -> None:
+        self._emails = emails
+
+    @property
+    def enabled(self) -> bool:
+        """False when ORDERS_EMAILS_URL is unset."""
+        return self._emails.enabled
+
+    async def call(self, effect: EffectRow) -> CallOutcome:
+        """Send the email."""
+        return await self._emails.send(effect.payload)
+
+    async def look_up(self, effect: EffectRow) -> LookupOutcome:
+        """The email sent with this effect's ref, if any."""
+        return await self._emails.find(str(effect.payload["ref"]))
+
+    async def on_outcome(
+        self, connection: AsyncConnection, topics: Topics, effect: EffectRow, decision: EffectDecision
+    ) -> None:
+        """An email's outcome changes nothing else."""
+
+
+def order_effects(payments: PaymentsClient, emails: EmailsClient) -> EffectRegistry:
+    """The order domain's effect kinds, with their clients."""
+    kinds: list[EffectKind] = [_Payment(CAPTURE, payments), _Payment(REFUND, payments), _ShippedEmail(emails)]
+    return EffectRegistry(kinds)

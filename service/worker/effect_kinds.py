@@ -1,0 +1,84 @@
+"""The effect registry: what the core's effect worker and reconciler need to know of each kind of effect.
+
+A domain registers one `EffectKind` per kind it emits (the order domain: `service/orders/effects.py`). The
+core does the rest: claims under a lease, the attempt budget, never a blind repeat of a call that is not
+idempotent (a look-up first), the reconciler's look-ups, and the effect's state machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.config import Topics
+from service.policy.effects import CallOutcome, EffectDecision, LookupOutcome
+from service.store.effects import EffectRow
+
+
+@dataclass(frozen=True)
+class EffectSpec:
+    """The static facts of a kind of effect.
+
+    `idempotent`: the provider takes the effect's idempotency key, so a repeat cannot act twice; otherwise a
+    repeat is made only after a look-up found nothing. `waits_for`: a kind of effect of the same aggregate
+    that must be resolved (sent or failed) before this one is claimed. `provider_setting`: the setting whose
+    value (a URL) enables the calls; unset, the effects of this kind stay pending.
+    """
+
+    name: str
+    idempotent: bool
+    provider_setting: str
+    waits_for: str | None = None
+
+
+class EffectKind(Protocol):
+    """One kind of effect: its facts, its call, its look-up, and what its outcome writes."""
+
+    spec: EffectSpec
+
+    @property
+    def enabled(self) -> bool:
+        """False when its provider is not configured: the effects wait, pending."""
+
+    async def call(self, effect: EffectRow) -> CallOutcome:
+        """Make the external call (outside any transaction)."""
+
+    async def look_up(self, effect: EffectRow) -> LookupOutcome:
+        """Ask the provider whether the effect happened (the reconciler, and before a repeat)."""
+
+    async def on_outcome(
+        self, connection: AsyncConnection, topics: Topics, effect: EffectRow, decision: EffectDecision
+    ) -> None:
+        """Write what follows from a settled decision (events, aggregate changes), in the caller's transaction."""
+
+
+class EffectRegistry:
+    """The kinds a domain registered, by name."""
+
+    def __init__(self, kinds: Iterable[EffectKind]) -> None:
+        self._kinds = {kind.spec.name: kind for kind in kinds}
+
+    def __getitem__(self, name: str) -> EffectKind:
+        return self._kinds[name]
+
+    def enabled(self) -> list[str]:
+        """The kinds whose provider is configured."""
+        return [name for name, kind in self._kinds.items() if kind.enabled]
+
+    def disabled(self) -> list[EffectSpec]:
+        """The kinds whose provider is not configured."""
+        return [kind.spec for kind in self._kinds.values() if not kind.enabled]
+
+    def dependencies(self) -> Sequence[tuple[str, str]]:
+        """(kind, the kind it waits for) pairs."""
+        return [(name, kind.spec.waits_for) for name, kind in self._kinds.items() if kind.spec.waits_for]
+
+
+def retry_state(spec: EffectSpec) -> str:
+    """Where an operator's retry puts a failed effect: `pending` (called again) when its provider takes an
+    idempotency key, so a second call cannot act twice; `uncertain` when it does not, so the reconciler looks
+    it up first and it is made again only if the provider has no trace of it."""
+    return "pending" if spec.idempotent else "uncertain"
