@@ -12,7 +12,8 @@ from service.durations import FORMAT_HINT, format_duration, parse_duration
 from service.policy.owners import parse_owners
 from service.policy.retry import Budget, RetryPolicy, build_policy
 
-ENV_PREFIX = "ORDERS_"
+ENV_PREFIX = "ORDERS_"  # every setting is this prefix and its name in capitals: ORDERS_DATABASE_URL
+METRICS_PREFIX = "orders"  # every metric is named <prefix>_<what>: orders_records_total
 
 
 def _to_timedelta(value: Any) -> Any:

@@ -15,13 +15,13 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.adapters import kafka
-from service.adapters.customers import CustomersClient
-from service.adapters.providers import EmailsClient, PaymentsClient
 from service.config import Settings
 from service.health import HealthServer
 from service.metrics import Metrics
+from service.orders.customers import CustomersClient
 from service.orders.effects import SPECS as ORDER_EFFECT_SPECS
 from service.orders.effects import order_effects
+from service.orders.providers import EmailsClient, PaymentsClient
 from service.policy.backpressure import BackpressurePolicy
 from service.policy.effects import EffectPolicy
 from service.policy.retry import RetryPolicy

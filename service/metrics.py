@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from service.config import METRICS_PREFIX
+
 
 class Metrics:
     """The process's counters and gauges; names are part of the contract with dashboards and alerts.
@@ -12,78 +14,78 @@ class Metrics:
     parked keys, reconciler runs) are read from PostgreSQL by `GaugeRefresher`, at most every 10 s.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = METRICS_PREFIX) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.records = Counter("orders_records", "Records by outcome.", ["outcome"], registry=r)
+        r, p = self.registry, prefix
+        self.records = Counter(f"{p}_records", "Records by outcome.", ["outcome"], registry=r)
         self.failures = Counter(
-            "orders_failures", "Failed attempts, rejections and quarantines, by error code.", ["error_code"], registry=r
+            f"{p}_failures", "Failed attempts, rejections and quarantines, by error code.", ["error_code"], registry=r
         )
         self.quarantined = Counter(
-            "orders_quarantined", "Records quarantined by this process, by error code.", ["error_code"], registry=r
+            f"{p}_quarantined", "Records quarantined by this process, by error code.", ["error_code"], registry=r
         )
         self.attempts = Counter(
-            "orders_retry_attempts",
+            f"{p}_retry_attempts",
             "Failed attempts by where they happened: blocking, a retry tier (its delay), or reprocess.",
             ["tier"],
             registry=r,
         )
-        self.published = Counter("orders_outbox_published", "Outbox rows published by the relay.", registry=r)
+        self.published = Counter(f"{p}_outbox_published", "Outbox rows published by the relay.", registry=r)
         self.batch_seconds = Histogram(
-            "orders_processing_duration_seconds",
+            f"{p}_processing_duration_seconds",
             "Time to take one round of records to their next state (one transaction).",
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
         self.pauses = Counter(
-            "orders_backpressure_pauses",
+            f"{p}_backpressure_pauses",
             "Times a partition was paused because a downstream asked to slow down.",
             ["downstream"],
             registry=r,
         )
         self.effect_outcomes = Counter(
-            "orders_effect_outcomes",
+            f"{p}_effect_outcomes",
             "Effect calls and look-ups, by the state the effect moved to.",
             ["state"],
             registry=r,
         )
         self.effect_errors = Counter(
-            "orders_effect_errors",
+            f"{p}_effect_errors",
             "Effect calls and look-ups that did not succeed, by error code.",
             ["error_code"],
             registry=r,
         )
         self.consumer_lag = Gauge(
-            "orders_consumer_lag", "Records not yet committed, per partition.", ["topic", "partition"], registry=r
+            f"{p}_consumer_lag", "Records not yet committed, per partition.", ["topic", "partition"], registry=r
         )
         self.quarantine_open = Gauge(
-            "orders_quarantine_open", "Open quarantine records.", ["error_code", "owner"], registry=r
+            f"{p}_quarantine_open", "Open quarantine records.", ["error_code", "owner"], registry=r
         )
         self.quarantine_oldest = Gauge(
-            "orders_quarantine_oldest_age_seconds", "Age of the oldest unresolved quarantine record.", registry=r
+            f"{p}_quarantine_oldest_age_seconds", "Age of the oldest unresolved quarantine record.", registry=r
         )
-        self.outbox_pending = Gauge("orders_outbox_pending", "Outbox rows not yet published.", registry=r)
+        self.outbox_pending = Gauge(f"{p}_outbox_pending", "Outbox rows not yet published.", registry=r)
         self.outbox_set_aside = Gauge(
-            "orders_outbox_set_aside", "Outbox rows Kafka refused for their content, set aside.", registry=r
+            f"{p}_outbox_set_aside", "Outbox rows Kafka refused for their content, set aside.", registry=r
         )
         self.outbox_oldest = Gauge(
-            "orders_outbox_oldest_age_seconds", "Age of the oldest unpublished outbox row.", registry=r
+            f"{p}_outbox_oldest_age_seconds", "Age of the oldest unpublished outbox row.", registry=r
         )
-        self.effects = Gauge("orders_effects", "Effects by state.", ["state"], registry=r)
+        self.effects = Gauge(f"{p}_effects", "Effects by state.", ["state"], registry=r)
         self.uncertain_oldest = Gauge(
-            "orders_effects_uncertain_oldest_age_seconds", "Age of the oldest uncertain effect.", registry=r
+            f"{p}_effects_uncertain_oldest_age_seconds", "Age of the oldest uncertain effect.", registry=r
         )
-        self.parked_keys = Gauge("orders_parked_keys", "Keys held with parked records or a block.", registry=r)
-        self.parked_records = Gauge("orders_parked_records", "Records parked behind a held key.", registry=r)
-        self.retrying = Gauge("orders_retrying_records", "Records waiting in a retry tier.", registry=r)
+        self.parked_keys = Gauge(f"{p}_parked_keys", "Keys held with parked records or a block.", registry=r)
+        self.parked_records = Gauge(f"{p}_parked_records", "Records parked behind a held key.", registry=r)
+        self.retrying = Gauge(f"{p}_retrying_records", "Records waiting in a retry tier.", registry=r)
         self.reconcile_runs = Gauge(
-            "orders_reconcile_runs", "Reconciler passes recorded, by outcome.", ["outcome"], registry=r
+            f"{p}_reconcile_runs", "Reconciler passes recorded, by outcome.", ["outcome"], registry=r
         )
         self.reconcile_last = Gauge(
-            "orders_reconcile_last_run_timestamp_seconds", "When the last reconciler pass finished.", registry=r
+            f"{p}_reconcile_last_run_timestamp_seconds", "When the last reconciler pass finished.", registry=r
         )
         self.reprocess_items = Gauge(
-            "orders_reprocess_items", "Reprocessed items by verified outcome (all runs).", ["outcome"], registry=r
+            f"{p}_reprocess_items", "Reprocessed items by verified outcome (all runs).", ["outcome"], registry=r
         )
 
     def pause(self, downstream: str) -> None:

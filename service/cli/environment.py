@@ -1,37 +1,40 @@
-"""Which environment variables each command reads, shown at the end of its `--help`."""
+"""Which environment variables each command reads, shown at the end of its `--help` (settings by name;
+the variable is ENV_PREFIX and the name in capitals)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-_EVERY = ("ORDERS_DATABASE_URL", "ORDERS_LOG_LEVEL")
-_KAFKA = ("ORDERS_KAFKA_BOOTSTRAP_SERVERS",)
-_PROCESS = ("ORDERS_METRICS_PORT", "ORDERS_METRICS_REFRESH")
+from service.config import ENV_PREFIX
+
+_EVERY = ("database_url", "log_level")
+_KAFKA = ("kafka_bootstrap_servers",)
+_PROCESS = ("metrics_port", "metrics_refresh")
 _CONSUME = (
-    "ORDERS_CONSUMER_NAME",
-    "ORDERS_SOURCE_TOPIC",
-    "ORDERS_RETRY_TIERS",
-    "ORDERS_MAX_ATTEMPTS",
-    "ORDERS_MAX_ELAPSED",
-    "ORDERS_BLOCKING_ATTEMPTS",
-    "ORDERS_BLOCKING_ELAPSED",
-    "ORDERS_PROCESSING_TIMEOUT",
-    "ORDERS_QUARANTINE_OWNERS",
-    "ORDERS_ORDERING",
-    "ORDERS_DEDUP_WINDOW",
-    "ORDERS_CUSTOMERS_URL",
-    "ORDERS_KNOWN_TENANTS",
-    "ORDERS_HTTP_TIMEOUT",
-    "ORDERS_BATCH_SIZE",
+    "consumer_name",
+    "source_topic",
+    "retry_tiers",
+    "max_attempts",
+    "max_elapsed",
+    "blocking_attempts",
+    "blocking_elapsed",
+    "processing_timeout",
+    "quarantine_owners",
+    "ordering",
+    "dedup_window",
+    "customers_url",
+    "known_tenants",
+    "http_timeout",
+    "batch_size",
 )
-_RELAY = ("ORDERS_RELAY_BATCH_SIZE",)
+_RELAY = ("relay_batch_size",)
 _EFFECTS = (
-    "ORDERS_SOURCE_TOPIC",
-    "ORDERS_PAYMENTS_URL",
-    "ORDERS_EMAILS_URL",
-    "ORDERS_HTTP_TIMEOUT",
-    "ORDERS_EFFECT_LEASE",
-    "ORDERS_EFFECT_MAX_ATTEMPTS",
+    "source_topic",
+    "payments_url",
+    "emails_url",
+    "http_timeout",
+    "effect_lease",
+    "effect_max_attempts",
 )
 
 # Command path (as typed after `order-service`) → the variables it reads besides _EVERY.
@@ -42,17 +45,17 @@ READS: dict[str, tuple[str, ...]] = {
     "effects": _PROCESS + _EFFECTS,
     "run": _KAFKA + _PROCESS + _CONSUME + _RELAY + _EFFECTS,
     "reconcile": (
-        "ORDERS_SOURCE_TOPIC",
-        "ORDERS_PAYMENTS_URL",
-        "ORDERS_EMAILS_URL",
-        "ORDERS_HTTP_TIMEOUT",
-        "ORDERS_EFFECT_LEASE",
-        "ORDERS_DEDUP_WINDOW",
+        "source_topic",
+        "payments_url",
+        "emails_url",
+        "http_timeout",
+        "effect_lease",
+        "dedup_window",
     ),
     "quarantine": (),
-    "reprocess": (*_KAFKA, "ORDERS_CONSUMER_NAME", "ORDERS_SOURCE_TOPIC"),
-    "parked": ("ORDERS_CONSUMER_NAME",),
-    "effects list": ("ORDERS_PAYMENTS_URL", "ORDERS_EMAILS_URL"),
+    "reprocess": (*_KAFKA, "consumer_name", "source_topic"),
+    "parked": ("consumer_name",),
+    "effects list": ("payments_url", "emails_url"),
     "effects show": (),
     "effects retry": (),
     "outbox": (),
@@ -65,14 +68,14 @@ def reads(path: str) -> tuple[str, ...]:
     while words and " ".join(words) not in READS:
         words.pop()
     own = READS.get(" ".join(words), ())
-    return tuple(dict.fromkeys(_EVERY + own))
+    return tuple(f"{ENV_PREFIX}{name.upper()}" for name in dict.fromkeys(_EVERY + own))
 
 
 def describe(command: Any, path: str = "") -> None:
     """Add 'Reads: …' to the help of every command under `command` (a click command tree)."""
     if not path:
         command.epilog = (
-            "Configuration comes from ORDERS_* environment variables (README, Configuration); "
+            f"Configuration comes from {ENV_PREFIX}* environment variables (README, Configuration); "
             "each command's --help lists the ones it reads."
         )
     else:

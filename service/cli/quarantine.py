@@ -26,7 +26,7 @@ from service.cli.common import (
     with_connection,
 )
 from service.cli.selection import AgeOption, CodeOption, FileOption, KeyOption, Wanted, age_of, check_code, go_ahead
-from service.domain.messages import invalid_field
+from service.orders.messages import invalid_field
 from service.store import audit, parking, quarantine
 
 app = typer.Typer(help="Operate the quarantine queue.", no_args_is_help=True)

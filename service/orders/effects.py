@@ -11,9 +11,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.adapters.providers import EmailsClient, PaymentsClient
 from service.config import Topics
 from service.domain.codes import ErrorCode
+from service.orders.providers import EmailsClient, PaymentsClient
 from service.policy.effects import (
     CallOutcome,
     EffectDecision,

@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from sqlalchemy import exc, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.domain.model import Effect, Order
 from service.errors import ConcurrentWrite
-from service.store import effects, inbox, orders, outbox, quarantine
+from service.orders import store as orders
+from service.orders.model import Effect, Order
+from service.store import effects, inbox, outbox, quarantine
 from service.store.inbox import InboxRow
 from service.store.outbox import OutboxMessage
 from service.store.quarantine import QuarantineRow

@@ -26,15 +26,16 @@ from enum import StrEnum
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.adapters.customers import CustomersClient
 from service.config import Settings
-from service.domain import model
 from service.domain.codes import ErrorCode, FailureKind
-from service.domain.messages import DecodeFailure, OrderMessage, OrderPlacedV1, OrderPlacedV2, decode, sequence_of
 from service.durations import format_duration
 from service.errors import ConcurrentWrite, InfrastructureUnavailable, RecordFailure
 from service.faults import crash_point, fail_point
 from service.metrics import Metrics
+from service.orders import model
+from service.orders import store as orders
+from service.orders.customers import CustomersClient
+from service.orders.messages import DecodeFailure, OrderMessage, OrderPlacedV1, OrderPlacedV2, decode, sequence_of
 from service.policy import ordering, redelivery
 from service.policy.backpressure import BackpressurePolicy, pause_for, run_after_round
 from service.policy.classify import Action, Failure, classify
@@ -44,7 +45,7 @@ from service.policy.owners import owner_for, parse_owners
 from service.policy.records import Coordinates, SourceRecord, pack_key, unpack_key
 from service.policy.retry import AttemptHistory, RetryPolicy
 from service.stopping import sleep_unless_stopped
-from service.store import batch, inbox, lookups, orders, parking, quarantine, retries
+from service.store import batch, inbox, lookups, parking, quarantine, retries
 from service.store.inbox import InboxRow
 from service.store.outbox import OutboxMessage
 from service.store.parking import ParkedRecord, StoredParked

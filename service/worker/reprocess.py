@@ -24,8 +24,8 @@ from aiolimiter import AsyncLimiter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.domain.messages import DecodeFailure, decode
 from service.explain import explain
+from service.orders.messages import DecodeFailure, decode
 from service.policy.headers import from_json, to_json
 from service.policy.records import id_bytes, pack_key
 from service.stopping import sleep_unless_stopped

@@ -24,7 +24,7 @@ MAY_IMPORT_CONTAINERS = {"service.containers", "service.cli"}
 
 
 def module_name(path: Path) -> str:
-    """`service/domain/model.py` → `service.domain.model`; a package's `__init__.py` is the package."""
+    """`service/domain/model.py` → `service.orders.model`; a package's `__init__.py` is the package."""
     parts = path.relative_to(REPO_ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 

@@ -35,3 +35,15 @@ def test_help_shows_no_type_placeholders(path: tuple[str, ...], capsys: pytest.C
     shown = capsys.readouterr().out
     assert "Usage: order-service" in shown
     assert not _PLACEHOLDER.findall(shown), shown
+
+
+def test_every_variable_a_command_says_it_reads_is_a_setting() -> None:
+    from service.cli.environment import READS, reads
+    from service.config import ENV_PREFIX, Settings
+
+    settings = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
+    listed = {variable for path in READS for variable in reads(path)}
+
+    assert listed - settings == set()
+    assert "ORDERS_KAFKA_BOOTSTRAP_SERVERS" in reads("consume")
+    assert "ORDERS_DATABASE_URL" in reads("quarantine list")  # a group's commands read what the group reads

@@ -9,8 +9,8 @@ from typing import Any
 
 from aiokafka import ConsumerRecord, TopicPartition
 
-from service.domain.messages import decode
 from service.metrics import Metrics
+from service.orders.messages import decode
 from service.policy.records import SourceRecord
 from service.worker.consumer import ConsumerLoop
 from service.worker.processor import Pending

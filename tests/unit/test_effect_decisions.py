@@ -9,8 +9,8 @@ from datetime import timedelta
 import httpx
 import pytest
 
-from service.adapters.providers import _answer
 from service.domain.codes import ErrorCode
+from service.orders.providers import _answer
 from service.policy.effects import (
     EffectDecision,
     EffectPolicy,

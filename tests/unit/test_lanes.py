@@ -3,7 +3,7 @@ rounds overlap and finish in any order. No Kafka, no database."""
 
 from __future__ import annotations
 
-from service.domain.messages import decode
+from service.orders.messages import decode
 from service.policy.records import SourceRecord
 from service.worker.lanes import Lanes
 from service.worker.processor import Pending

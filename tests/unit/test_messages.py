@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from service.domain.codes import ErrorCode
-from service.domain.messages import (
+from service.orders.messages import (
     DecodeFailure,
     OrderCancelledV1,
     OrderPlacedV1,

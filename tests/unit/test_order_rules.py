@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from service.domain.codes import ErrorCode, FailureKind
-from service.domain.messages import (
+from service.orders.messages import (
     DecodeFailure,
     OrderCancelledV1,
     OrderMessage,
@@ -18,7 +18,7 @@ from service.domain.messages import (
     OrderShippedV1,
     decode,
 )
-from service.domain.model import Applied, Context, CustomerStatus, Order, OrderStatus, Rejected, apply
+from service.orders.model import Applied, Context, CustomerStatus, Order, OrderStatus, Rejected, apply
 
 CONTEXT = Context(known_tenants=frozenset({"acme", "globex", "initech"}))
 

@@ -8,8 +8,8 @@ from urllib.parse import quote
 import httpx
 
 from service.domain.codes import ErrorCode
-from service.domain.model import CustomerStatus
 from service.errors import DownstreamError
+from service.orders.model import CustomerStatus
 
 _MAX_RETRY_AFTER = timedelta(minutes=10)
 

@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Any, TypeVar, dataclass_transform
 
 from service.domain.codes import ErrorCode
-from service.domain.messages import (
+from service.orders.messages import (
     OrderCancelledV1,
     OrderMessage,
     OrderPlacedV1,

@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.domain.model import Order, OrderStatus
+from service.orders.model import Order, OrderStatus
 from service.store.recordset import Columns
 
 

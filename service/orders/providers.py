@@ -11,8 +11,8 @@ from typing import Any
 
 import httpx
 
-from service.adapters.customers import retry_after
 from service.domain.codes import ErrorCode
+from service.orders.customers import retry_after
 from service.policy.effects import (
     CallOutcome,
     Found,

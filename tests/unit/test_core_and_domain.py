@@ -1,0 +1,148 @@
+"""The reusable core and the order domain (issue 15): imports point from the domain to the core, never back,
+and the core stops naming the order domain.
+
+Both are ratchets while the split is under way: the modules that still import the domain, and the count of
+order-domain names per core module, may only go down. Each entry below is debt, listed so that it is seen.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from tests.unit.test_architecture import PACKAGE, REPO_ROOT, imports_of, module_name, names_any, relative, sources
+
+DOMAIN = "service.orders"
+COMPOSITION_ROOT = {"service.containers"}  # wires the domain into the core: the one place that names both
+PURE_DOMAIN = ("service/orders/model.py", "service/orders/messages.py")
+IO = ("sqlalchemy", "aiokafka", "httpx", "asyncpg", "structlog", "service.store", "service.adapters", "service.worker")
+
+# Core modules that still import the domain: the round's handler seam (issue 15, deliverable 2) removes them.
+STILL_IMPORT_THE_DOMAIN = {
+    "service.worker.processor",  # decodes, looks up customers and applies order rules itself
+    "service.store.batch",  # writes the orders table in the round's one statement
+    "service.worker.reprocess",  # decodes stored payloads with the order schemas
+    "service.cli.quarantine",  # names the failing field of an order message
+}
+# Order-domain names (identifiers and strings that are not docstrings: order, payment, customer, email) per
+# core module, at most.
+NAMES_AT_MOST = {
+    "service/adapters/kafka.py": 1,
+    "service/cli/__init__.py": 5,
+    "service/cli/common.py": 1,
+    "service/cli/effects.py": 6,
+    "service/cli/environment.py": 7,
+    "service/cli/parked.py": 4,
+    "service/cli/quarantine.py": 6,
+    "service/cli/reprocess.py": 1,
+    "service/cli/selection.py": 1,
+    "service/cli/serve.py": 1,
+    "service/config.py": 14,
+    "service/containers.py": 13,
+    "service/domain/codes.py": 15,
+    "service/explain.py": 8,
+    "service/health.py": 1,
+    "service/policy/owners.py": 2,
+    "service/store/audit.py": 1,
+    "service/store/batch.py": 14,
+    "service/store/effects.py": 17,
+    "service/store/inbox.py": 4,
+    "service/store/lookups.py": 17,
+    "service/store/outbox.py": 2,
+    "service/store/parking.py": 41,
+    "service/store/quarantine.py": 10,
+    "service/store/reprocess.py": 7,
+    "service/store/retries.py": 1,
+    "service/store/schema.py": 2,
+    "service/store/tables.py": 17,
+    "service/worker/consumer.py": 2,
+    "service/worker/effects.py": 1,
+    "service/worker/gauges.py": 3,
+    "service/worker/lanes.py": 1,
+    "service/worker/processor.py": 60,
+    "service/worker/reconciler.py": 2,
+    "service/worker/relay.py": 1,
+    "service/worker/reprocess.py": 2,
+}
+_DOMAIN_WORD = re.compile(r"(?i)(?<![a-z])(orders?|payments?|customers?|emails?)(?![a-z])")
+
+
+def core_sources() -> list[Path]:
+    """Every module outside the domain package and the test helpers shipped in the package."""
+    return [path for path in sources() if path.relative_to(PACKAGE).parts[0] not in ("orders", "testing")]
+
+
+def domain_words(path: Path) -> list[str]:
+    """The order-domain words in a module's identifiers and in its strings that are not docstrings."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    texts: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            texts.append(node.id)
+        elif isinstance(node, ast.Attribute):
+            texts.append(node.attr)
+        elif isinstance(node, ast.arg):
+            texts.append(node.arg)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            texts.append(node.name)
+        elif isinstance(node, ast.alias):
+            texts += [node.name, node.asname or ""]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            texts.append(node.value)
+    return [word for text in texts for word in _DOMAIN_WORD.findall(text)]
+
+
+def test_the_core_does_not_import_the_domain_beyond_the_listed_debt() -> None:
+    importing = {
+        module_name(path)
+        for path in core_sources()
+        if module_name(path) not in COMPOSITION_ROOT
+        if any(names_any(name, (DOMAIN,)) for _, name in imports_of(path))
+    }
+
+    assert importing - STILL_IMPORT_THE_DOMAIN == set(), "the core must not import the domain"
+    assert STILL_IMPORT_THE_DOMAIN - importing == set(), "no longer imports the domain: strike it from the list"
+
+
+def test_the_core_names_the_order_domain_no_more_than_before() -> None:
+    counts = {relative(path): len(domain_words(path)) for path in core_sources()}
+    grown = {path: count for path, count in counts.items() if count > NAMES_AT_MOST.get(path, 0)}
+    shrunk = {path: count for path, count in counts.items() if count < NAMES_AT_MOST.get(path, 0)}
+
+    assert not grown, f"the core names the order domain more: {grown}"
+    assert not shrunk, f"fewer order-domain names now: lower NAMES_AT_MOST to {shrunk}"
+
+
+def test_the_effect_machinery_names_no_kind_of_effect() -> None:
+    # The effect registry seam: kinds, calls, look-ups and dependencies come from the domain's registry.
+    machinery = ("worker/effect_kinds.py", "worker/effects.py", "worker/reconciler.py", "store/effects.py")
+    for module in machinery:
+        words = {word.lower().rstrip("s") for word in domain_words(PACKAGE / module)}
+        assert words & {"payment", "email"} == set(), module
+
+
+def test_the_domain_rules_and_schemas_do_no_io() -> None:
+    violations = [
+        f"{module}:{line} imports {name}"
+        for module in PURE_DOMAIN
+        for line, name in imports_of(REPO_ROOT / module)
+        if names_any(name, IO)
+    ]
+
+    assert not violations, "\n".join(violations)
+
+
+def test_the_word_scanner_sees_identifiers_and_sql_but_not_docstrings(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text('"""About orders."""\ndef pay(order_id):\n    """Emails."""\n    return "SELECT payment"\n')
+
+    assert domain_words(module) == ["order", "payment"]
