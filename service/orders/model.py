@@ -26,9 +26,8 @@ _T = TypeVar("_T")
 def value(cls: type[_T]) -> type[_T]:
     """A domain value: frozen to the type checker (assigning a field is an error), a plain dataclass at run time.
 
-    Every applied record builds an order, its effects, its events and the result holding them; a frozen
-    dataclass sets each field through `object.__setattr__` and costs three to four times as much to build,
-    which was a sixth of planning a round.
+    Every applied record builds several values, and a frozen dataclass is much dearer to build
+    (docs/performance.md, "Why the hot path is shaped this way").
     """
     return dataclass(cls)
 

@@ -7,9 +7,9 @@ every data-modifying CTE to completion whether or not the final SELECT reads it.
 
 The inbox rows and the new orders are plain inserts, not `ON CONFLICT DO NOTHING`: the round's look-up found
 those message ids and orders absent, so one that exists now was committed meanwhile by a concurrent consumer,
-and the unique violation fails the whole transaction, which the caller redoes (`ConcurrentWrite`). A speculative insert
-would have cost PostgreSQL an extra index probe and WAL record per row for a case that only a race produces:
-the write statement of a 3,600-record round took about 10 % less time without it.
+and the unique violation fails the whole transaction, which the caller redoes (`ConcurrentWrite`): a speculative
+insert would cost every row an index probe and a WAL record for a case only a race produces (measured in
+docs/performance.md, "Why the hot path is shaped this way").
 """
 
 from __future__ import annotations

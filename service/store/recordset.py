@@ -1,19 +1,13 @@
 """A batch of rows as ONE statement parameter: a JSON array that SQL turns back into rows.
 
-Hot-path inserts take a whole round in one statement. Passing one array parameter per column (`unnest`) makes
-the driver inspect every element of every array in Python; one JSON document, serialised by orjson in a single
-call, costs a fraction of that and keeps the statement text (and its prepared plan) the same for any batch size.
+Hot-path inserts take a whole round in one statement. One JSON document, serialised by orjson in one call,
+costs the driver a fraction of one array parameter per column, and keeps the statement text (and its
+prepared plan) the same for any batch size.
 
 Each row travels as a JSON array of its values in the order of its `Columns`, and SQL reads the document as
-`jsonb` once and takes each value by position (`e->>0`, `CAST(e->>3 AS int)`, `e->2` for a `jsonb` column).
-Arrays instead of objects halve the document (no key names per row), and reading values by position from the
-parsed document cost PostgreSQL less than `jsonb_to_recordset` matching every key of every object to a column:
-for a round's 3,600 rows, orders 11.4 → 4.4 ms, inbox rows 8.3 → 5.4 ms (`json_to_recordset`), effects 10–14 →
-5.1 ms, outbox messages 21 → 12 ms, measured alone on a recorded round. Building the arrays (`attrgetter`) costs
-about 0.2 ms of Python per table and round more than handing orjson the dataclasses.
-
-`bytes` travel as base64, which `decode(…, 'base64')` reads: a third shorter than PostgreSQL's hex form
-(`\\x…`), and the outbox messages of a round parsed in 10–14 ms instead of 18–23; datetimes as RFC 3339 text.
+`jsonb` once and takes each value by position (`e->>0`, `CAST(e->>3 AS int)`, `e->2` for a `jsonb` column):
+no key names per row, and no key matching. `bytes` travel as base64 (`decode(…, 'base64')`), datetimes as RFC
+3339 text. The measurements behind each choice: docs/performance.md, "Why the hot path is shaped this way".
 """
 
 from __future__ import annotations

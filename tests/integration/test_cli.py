@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from typing import Any
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.policy.records import SourceRecord
-from tests.support import ROOT, Topics, quarantine_directly, settings_for
-
-
-def order_service(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("ORDERS_")} | (env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "service", *args], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=60
-    )
+from tests.support import Topics, order_service, quarantine_directly, settings_for
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -21,6 +20,8 @@ from tests.support import (
     scalar,
     settings_for,
 )
+from tests.support import committed as _committed
+from tests.support.orders import placed
 
 ENVELOPE_KEYS = {
     "failureId",
@@ -34,17 +35,6 @@ ENVELOPE_KEYS = {
     "payloadSchema",
     "traceId",
 }
-
-
-def placed(order_id: str, customer: str = "c-1", tenant: str = "acme") -> dict[str, Any]:
-    return {
-        "schema": "order.placed.v1",
-        "order_id": order_id,
-        "tenant": tenant,
-        "customer_id": customer,
-        "currency": "EUR",
-        "items": [{"sku": "sku-1", "quantity": 2, "unit_price_cents": 1250}],
-    }
 
 
 async def test_invalid_input_is_quarantined_at_once_with_a_contract_envelope(
@@ -287,21 +277,6 @@ async def test_a_consumer_killed_between_its_commit_and_the_offset_commit_does_n
     assert await scalar(engine, "SELECT count(*) FROM effects") == 1
     assert await scalar(engine, "SELECT count(*) FROM outbox") == 1
     assert "record_duplicate" in healthy.log()
-
-
-async def _committed(bootstrap: str, group: str, topic: str, partition: int, offset: int) -> bool:
-    """True when the group's committed offset of the partition reached `offset`."""
-    from aiokafka import TopicPartition
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        offsets = await admin.list_consumer_group_offsets(group)
-    finally:
-        await admin.close()
-    committed = offsets.get(TopicPartition(topic, partition))
-    return committed is not None and committed.offset >= offset
 
 
 async def _split_assignment(first: ServiceProcess, second: ServiceProcess, topic: str) -> tuple[int, int] | None:

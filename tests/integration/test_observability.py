@@ -11,8 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.testing.downstream import Downstream
-from tests.integration.test_consumer import placed
 from tests.support import ServiceProcess, Topics, eventually, produce, settings_for
+from tests.support.orders import placed
 
 
 def free_port() -> int:

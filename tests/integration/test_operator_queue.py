@@ -16,9 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store import quarantine
 from service.testing.downstream import Downstream
-from tests.integration.test_consumer import placed
-from tests.integration.test_effects import effect_settings, reconcile, shipped, state_is
 from tests.support import Topics, cli, eventually, produce, rows, running, scalar, settings_for
+from tests.support.effects import effect_settings, reconcile, state_is
+from tests.support.orders import placed, shipped
 
 
 async def _quarantined(engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, count: int) -> list[str]:

@@ -9,9 +9,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
 from service.testing.downstream import Downstream
-from tests.integration.test_consumer import placed
 from tests.support import Topics, cli, eventually, produce, read_topic, rows, running, scalar
 from tests.support import settings_for as base_settings
+from tests.support.orders import placed
 
 
 def settings_for(database_url: str, kafka: str, topics: Topics, downstream: Downstream, **extra: Any) -> Settings:

@@ -7,8 +7,8 @@ from pathlib import Path
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.testing.downstream import Downstream
-from tests.integration.test_consumer import placed
 from tests.support import ServiceProcess, Topics, eventually, produce, read_topic, rows, scalar, settings_for
+from tests.support.orders import placed
 
 BEARER = "Bearer eyJhbGciOiJIUzI1NiJ9.c2VjcmV0.sig"
 CARD = "4111111111111111"

@@ -31,3 +31,30 @@ def test_every_error_code_is_in_the_readme() -> None:
         if f"`{code.value}`" not in readme and not (exhausted_rule and code.value.endswith("_EXHAUSTED"))
     ]
     assert not missing, f"README does not document {missing}"
+
+
+_GUIDES = [*DOCS, ROOT / "docs" / "template-guide.md", ROOT / "docs" / "performance.md"]
+_PATH = re.compile(r"`((?:service|tests|scripts|docs|deploy|migrations)/[A-Za-z0-9_./-]+?)(?::\d+)?`")
+_MODULE = re.compile(r"`(service(?:\.[a-z_]+)+)`")
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def test_every_file_and_module_the_docs_name_exists() -> None:
+    missing = []
+    for path in _GUIDES:
+        text = path.read_text()
+        missing += [f"{path.name}: {name}" for name in _PATH.findall(text) if not (ROOT / name.rstrip("/")).exists()]
+        for name in _MODULE.findall(text):
+            parts = name.split(".")
+            # `service.store.outbox` or an attribute of a module: `service.orders.messages.invalid_field`
+            if not any(_importable(".".join(parts[:n])) for n in (len(parts), len(parts) - 1)):
+                missing.append(f"{path.name}: {name}")
+    assert not missing, "the docs name what does not exist:\n" + "\n".join(missing)

@@ -28,7 +28,7 @@ from service.config import Settings
 from service.containers import Container
 from service.policy.records import SourceRecord
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
@@ -360,3 +360,26 @@ async def cli(settings: Settings, *args: str, check: bool = True) -> Finished:
     if check:
         assert result.returncode == 0, result.stdout + result.stderr
     return result
+
+
+async def committed(bootstrap: str, group: str, topic: str, partition: int, offset: int) -> bool:
+    """True when the group's committed offset of the partition reached `offset`."""
+    from aiokafka import TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    found = offsets.get(TopicPartition(topic, partition))
+    return found is not None and found.offset >= offset
+
+
+def order_service(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a process with only `env` of the ORDERS_ variables (none of the caller's)."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("ORDERS_")} | (env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "service", *args], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=60
+    )
