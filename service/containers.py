@@ -21,6 +21,8 @@ from service.metrics import Metrics
 from service.orders.customers import CustomersClient
 from service.orders.effects import SPECS as ORDER_EFFECT_SPECS
 from service.orders.effects import order_effects
+from service.orders.handler import OrderHandler
+from service.orders.messages import decode as decode_order
 from service.orders.providers import EmailsClient, PaymentsClient
 from service.policy.backpressure import BackpressurePolicy
 from service.policy.effects import EffectPolicy
@@ -100,6 +102,7 @@ class Container(containers.DeclarativeContainer):
     backpressure = providers.Singleton(BackpressurePolicy)
 
     customers = providers.Factory(CustomersClient, http=http, base_url=settings.provided.customers_url)
+    handler = providers.Factory(OrderHandler, customers=customers, known_tenants=settings.provided.known_tenants)
     payments = providers.Factory(PaymentsClient, http=http, base_url=settings.provided.payments_url)
     emails = providers.Factory(EmailsClient, http=http, base_url=settings.provided.emails_url)
     effect_kinds = providers.Factory(order_effects, payments=payments, emails=emails)
@@ -109,7 +112,7 @@ class Container(containers.DeclarativeContainer):
         Processor,
         settings=settings,
         engine=engine,
-        customers=customers,
+        handler=handler,
         policy=policy,
         backpressure=backpressure,
         metrics=metrics,
@@ -149,6 +152,7 @@ class Container(containers.DeclarativeContainer):
         settings=settings,
         engine=engine,
         lag=providers.Callable(_reprocess_lag, settings),
+        decode=decode_order,
     )
     relay = providers.Factory(
         Relay,

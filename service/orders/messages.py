@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -19,6 +18,7 @@ from pydantic import (
 )
 
 from service.domain.codes import ErrorCode
+from service.policy.handling import DecodeFailure
 
 NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
 Currency = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
@@ -96,14 +96,6 @@ SCHEMAS: dict[str, type[_Message]] = {
 }
 
 
-@dataclass(frozen=True, slots=True)  # not a pydantic model: isinstance on those goes through ABCMeta, slowly
-class DecodeFailure:
-    """Why a record's bytes cannot become a message; `schema_name` is kept when it was readable."""
-
-    code: ErrorCode
-    schema_name: str | None = None
-
-
 # A field discriminator, read by pydantic-core straight from the JSON: a callable one made it build the whole
 # document as Python objects first (about 40 % slower per record).
 _ANY_MESSAGE: TypeAdapter[OrderMessage] = TypeAdapter(
@@ -153,7 +145,7 @@ def _fits(message: OrderMessage, value: bytes) -> bool:
     # needle is a plain memchr; a bytes one costs a buffer request: 0.3 us a record.)
     if _BACKSLASH in value and b"\\u0000" in value and _holds_nul(message.model_dump()):
         return False
-    if type(message) in _PLACEMENTS and len(message.items) > _LINES_THAT_FIT:  # type: ignore[union-attr]
+    if type(message) in PLACEMENTS and len(message.items) > _LINES_THAT_FIT:  # type: ignore[union-attr]
         return message.amount_cents <= BIGINT_MAX  # type: ignore[union-attr]
     return True
 
@@ -192,7 +184,7 @@ def placed_at(message: OrderMessage) -> datetime | None:
 
 
 _SEQUENCED = frozenset({OrderPlacedV2, OrderShippedV1, OrderCancelledV1})
-_PLACEMENTS = frozenset({OrderPlacedV1, OrderPlacedV2})
+PLACEMENTS = frozenset({OrderPlacedV1, OrderPlacedV2})
 _BACKSLASH = ord("\\")
 
 

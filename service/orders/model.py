@@ -18,6 +18,7 @@ from service.orders.messages import (
     placed_at,
     sequence_of,
 )
+from service.policy.handling import Rejected
 
 _T = TypeVar("_T")
 
@@ -95,13 +96,6 @@ class Applied:
     order: Order
     effects: tuple[Effect, ...]
     events: tuple[Event, ...]
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """The message is a permanent business rejection."""
-
-    code: ErrorCode
 
 
 @dataclass(frozen=True)

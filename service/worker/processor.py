@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -32,14 +33,11 @@ from service.durations import format_duration
 from service.errors import ConcurrentWrite, InfrastructureUnavailable, RecordFailure
 from service.faults import crash_point, fail_point
 from service.metrics import Metrics
-from service.orders import model
-from service.orders import store as orders
-from service.orders.customers import CustomersClient
-from service.orders.messages import DecodeFailure, OrderMessage, OrderPlacedV1, OrderPlacedV2, decode, sequence_of
 from service.policy import ordering, redelivery
 from service.policy.backpressure import BackpressurePolicy, pause_for, run_after_round
 from service.policy.classify import Action, Failure, classify
-from service.policy.envelope import event_headers, failure_envelope, iso
+from service.policy.envelope import event_headers, failure_envelope
+from service.policy.handling import DecodeFailure, Rejected
 from service.policy.headers import from_json, to_json
 from service.policy.owners import owner_for, parse_owners
 from service.policy.records import Coordinates, SourceRecord, pack_key, unpack_key
@@ -52,19 +50,19 @@ from service.store.parking import ParkedRecord, StoredParked
 from service.store.quarantine import QuarantineRow
 from service.store.retries import RetryRow
 from service.store.uow import UnitOfWork, is_passing
+from service.worker.handler import Handler
 
 log = structlog.get_logger("order_service.processor")
 
 Clock = Callable[[], datetime]
 
-_CUSTOMER_LOOKUP_CONCURRENCY = 16
+_LOOKUP_CONCURRENCY = 16
 _MAX_CONFLICT_ROUNDS = 5
 # A member's claim on the parked records it releases; renewed every release cycle (half a second) while they are
 # in its memory, so it only runs out when the member is gone or stalled, and another member then takes them.
 _RELEASE_LEASE = timedelta(seconds=30)
 PARKED_TOPIC = "(parked)"
 _FREE_KEY = ordering.KeyState()  # a key with no retry head, block or parked records
-_PLACEMENTS = frozenset({OrderPlacedV1, OrderPlacedV2})  # messages that create their order
 
 
 class Outcome(StrEnum):
@@ -89,7 +87,7 @@ class Pending:
     """
 
     record: SourceRecord
-    decoded: OrderMessage | DecodeFailure
+    decoded: Any  # the domain's message (Handler.decode), or a DecodeFailure
     origin: Coordinates
     origin_timestamp_ms: int
     parked_id: int | None = None  # came out of the parked table
@@ -114,7 +112,7 @@ class Pending:
         record = self.record
         self.message_id = record.message_id
         self.failed = isinstance(self.decoded, DecodeFailure)
-        self.order_id = None if self.failed else self.decoded.order_id  # type: ignore[union-attr]
+        self.order_id = None if self.failed else self.decoded.order_id
         self.key = record.key_text or self.order_id
         if self.parked_id is not None:
             self.lane = (f"{PARKED_TOPIC}/{self.key}", -1)
@@ -126,7 +124,8 @@ class Pending:
     @property
     def schema_name(self) -> str | None:
         """The payload schema, when readable."""
-        return self.decoded.schema_name
+        schema: str | None = self.decoded.schema_name
+        return schema
 
 
 @dataclass(frozen=True)
@@ -145,7 +144,7 @@ class _Plan:
     routes: dict[Pending, ordering.Route]
     facts: _Facts
     duplicates: set[Pending]
-    statuses: dict[str, model.CustomerStatus]
+    looked_up: dict[str, Any]  # the outside facts the handler looked up, by key
 
 
 @dataclass
@@ -156,9 +155,9 @@ class _Write:
     reopened: list[InboxRow] = field(default_factory=list)  # quarantined messages a reprocess applied
     reprocessed: list[str] = field(default_factory=list)  # their failure ids
     requarantined: list[tuple[Pending, ErrorCode]] = field(default_factory=list)
-    created: list[model.Order] = field(default_factory=list)
-    changed: list[model.Order] = field(default_factory=list)
-    effects: list[model.Effect] = field(default_factory=list)
+    created: list[Any] = field(default_factory=list)  # the domain's aggregates
+    changed: list[Any] = field(default_factory=list)
+    effects: list[Any] = field(default_factory=list)  # the domain's effects (idempotency_key, kind, payload)
     messages: list[OutboxMessage] = field(default_factory=list)
     quarantined: list[QuarantineRow] = field(default_factory=list)
     parked: list[ParkedRecord] = field(default_factory=list)
@@ -179,7 +178,7 @@ class Processor:
         self,
         settings: Settings,
         engine: AsyncEngine,
-        customers: CustomersClient,
+        handler: Handler,
         policy: RetryPolicy,
         backpressure: BackpressurePolicy,
         metrics: Metrics,
@@ -188,14 +187,12 @@ class Processor:
     ) -> None:
         self._settings = settings
         self._engine = engine
-        self._customers = customers
+        self._handler = handler
         self._policy = policy
         self._backpressure = backpressure
         self._metrics = metrics
         self._clock = clock
         self._rng = rng
-        self._tenants = frozenset(settings.known_tenants)
-        self._contexts = {status: model.Context(self._tenants, status) for status in model.CustomerStatus}
         self._topics = settings.topics
         self._consumer = settings.consumer_name
         self._owners = parse_owners(settings.quarantine_owners)
@@ -207,7 +204,7 @@ class Processor:
 
     def pending(self, record: SourceRecord) -> Pending:
         """A fetched record as a Pending; a tier copy carries its origin and history in headers."""
-        pending = Pending(record, decode(record.value), record.coordinates, record.timestamp_ms)
+        pending = Pending(record, self._handler.decode(record.value), record.coordinates, record.timestamp_ms)
         if record.topic == self._topics.reprocess:
             origin = redelivery.origin_of(record)
             if origin is not None:
@@ -244,7 +241,7 @@ class Processor:
         )
         # The id it was parked under, computed once at the source: never recomputed from a copy.
         record.message_id = parked.message_id
-        return Pending(record, decode(record.value), record.coordinates, record.timestamp_ms, stored.id)
+        return Pending(record, self._handler.decode(record.value), record.coordinates, record.timestamp_ms, stored.id)
 
     async def releasable(self, busy: set[str], keys: int = 50, per_key: int = 100) -> list[Pending]:
         """Claim parked records of keys that are free again, oldest first; `busy` keys are already in memory
@@ -296,10 +293,10 @@ class Processor:
         routes = {p: self._route(p, facts) for p in due}
         duplicates = {p for p in due if self._is_duplicate(p, facts)}
         applicable = [p for p in due if routes[p] is ordering.Route.APPLY and p not in duplicates]
-        statuses, failures = await self._look_up_customers(applicable, facts)
+        looked_up, failures = await self._look_up(applicable, facts)
         ready = _ready(due, failures, hold_behind_tier=self._settings.ordering == "key")
         done: set[Pending] = set()
-        plan = _Plan(routes, facts, duplicates, statuses)
+        plan = _Plan(routes, facts, duplicates, looked_up)
         if ready:
             try:
                 done = await self._write(ready, plan)
@@ -316,7 +313,7 @@ class Processor:
 
     async def _facts(self, due: list[Pending]) -> _Facts:
         keys = {p.key for p in due if p.key} if self._settings.ordering == "key" else set()
-        # Which orders exist decides whom to ask the customer directory and which orders the write must lock.
+        # Which aggregates exist decides what the handler looks up and which aggregates the write must lock.
         order_ids = {p.order_id for p in due if p.order_id}
         async with UnitOfWork(self._engine) as uow:
             known = await lookups.known(
@@ -343,7 +340,7 @@ class Processor:
         order's key and the round is redone, now with the order locked."""
         if pending in plan.duplicates:
             return False
-        return type(pending.decoded) not in _PLACEMENTS or pending.order_id in plan.facts.known.orders
+        return not self._handler.creates(pending.decoded) or pending.order_id in plan.facts.known.orders
 
     def _is_duplicate(self, pending: Pending, facts: _Facts) -> bool:
         """Already terminal, or already handed to a retry tier by an earlier copy (a crash between the
@@ -361,50 +358,45 @@ class Processor:
             return pending.in_tier  # a tier copy of a record that is terminal already
         return not pending.in_tier or pending.history is None or pending.history.tier_step != step
 
-    async def _look_up_customers(
-        self, candidates: list[Pending], facts: _Facts
-    ) -> tuple[dict[str, model.CustomerStatus], dict[Pending, Failure]]:
-        """Ask the customer directory about the customers of new orders (`candidates`: applicable, not duplicates),
-        concurrently, once per customer."""
+    async def _look_up(self, candidates: list[Pending], facts: _Facts) -> tuple[dict[str, Any], dict[Pending, Failure]]:
+        """Ask the handler's downstream what `candidates` (applicable, not duplicates) need, before the
+        transaction: concurrently, once per key."""
         wanted: dict[str, list[Pending]] = defaultdict(list)
         failures: dict[Pending, Failure] = {}
-        statuses: dict[str, model.CustomerStatus] = {}
-        if not self._customers.enabled:
-            return statuses, failures
+        looked_up: dict[str, Any] = {}
+        downstream = self._handler.downstream
+        if downstream is None:
+            return looked_up, failures
+        known = facts.known.orders
         for pending in candidates:
-            message = pending.decoded
-            if (
-                isinstance(message, OrderPlacedV1)
-                and pending.verdict is None
-                and pending.next_tier is None
-                and message.order_id not in facts.known.orders
-                and message.tenant in self._tenants
-            ):
-                wanted[message.customer_id].append(pending)
+            if pending.verdict is None and pending.next_tier is None and not pending.failed:
+                key = self._handler.context_key(pending.decoded, known)
+                if key is not None:
+                    wanted[key].append(pending)
         if not wanted:
-            return statuses, failures
-        limit = asyncio.Semaphore(_CUSTOMER_LOOKUP_CONCURRENCY)
+            return looked_up, failures
+        limit = asyncio.Semaphore(_LOOKUP_CONCURRENCY)
         timeout = self._settings.processing_timeout.total_seconds()
 
-        async def look_up(customer_id: str) -> None:
+        async def look_up(key: str) -> None:
             async with limit:
                 try:
                     async with asyncio.timeout(timeout):
-                        statuses[customer_id] = await self._customers.status(customer_id)
-                    self._failing[self._customers.downstream] = 0
+                        looked_up[key] = await self._handler.look_up(key)
+                    self._failing[downstream] = 0
                     return
                 except TimeoutError:
-                    failure = Failure(ErrorCode.PROCESSING_TIMEOUT, downstream=self._customers.downstream)
+                    failure = Failure(ErrorCode.PROCESSING_TIMEOUT, downstream=downstream)
                 except RecordFailure as error:
                     failure = Failure(error.code, error.retry_after, error.downstream)
                 except Exception as error:
-                    log.debug("customer_lookup_failed", exc_info=error)
+                    log.debug("lookup_failed", exc_info=error)
                     failure = Failure(ErrorCode.UNEXPECTED_ERROR)
-                for pending in wanted[customer_id]:
+                for pending in wanted[key]:
                     failures[pending] = failure
 
-        await asyncio.gather(*(look_up(customer_id) for customer_id in wanted))
-        return statuses, failures
+        await asyncio.gather(*(look_up(key) for key in wanted))
+        return looked_up, failures
 
     async def _write_one_by_one(
         self, ready: list[Pending], plan: _Plan, failures: dict[Pending, Failure]
@@ -449,7 +441,7 @@ class Processor:
         async with UnitOfWork(self._engine) as uow:
             c = uow.connection
             wanted = (p.order_id for p in ready if plan.routes[p] is ordering.Route.APPLY and self._reads(p, plan))
-            current = await orders.lock(c, filter(None, wanted))
+            current = await self._handler.lock(c, filter(None, wanted))
             write = self._plan(ready, plan, current, last_resort=last_resort)
             if write.quarantined and not last_resort:
                 fail_point("quarantine-write", self._settings.fault_fail_at)
@@ -502,9 +494,7 @@ class Processor:
             self._metrics.record(outcome.value, code.value if code else None, count)
         return {pending for pending, _, _ in write.outcomes}
 
-    def _plan(
-        self, ready: list[Pending], plan: _Plan, current: dict[str, model.Order], *, last_resort: bool = False
-    ) -> _Write:
+    def _plan(self, ready: list[Pending], plan: _Plan, current: dict[str, Any], *, last_resort: bool = False) -> _Write:
         """Decide, in memory and in lane order, what each ready record writes."""
         write = _Write(stepped=plan.facts.known.steps.keys(), holding=plan.facts.known.head_ids)
         state = dict(current)
@@ -539,13 +529,13 @@ class Processor:
             else:
                 before = state.get(message.order_id)
                 if before is not None and ordering.is_stale(
-                    self._settings.ordering, sequence_of(message), before.sequence
+                    self._settings.ordering, self._handler.sequence(message), before.sequence
                 ):
                     self._terminal(write, pending, "processed", None)
                     self._leave(write, pending, Outcome.STALE, None)
                     continue
-                result = model.apply(message, before, self._contexts[_customer_status(plan.statuses, message)])
-                if isinstance(result, model.Rejected):
+                result = self._handler.apply(message, before, plan.looked_up)
+                if isinstance(result, Rejected):
                     self._reject(write, pending, result.code)
                     continue
                 state[message.order_id] = result.order
@@ -606,16 +596,10 @@ class Processor:
             received_ms=pending.record.timestamp_ms,
         )
 
-    def _event(self, pending: Pending, event: model.Event, version: int) -> OutboxMessage:
-        document = {
-            "type": event.type,
-            "orderId": event.order_id,
-            "orderVersion": version,
-            "messageId": pending.message_id,
-            **event.payload,
-        }
-        headers = event_headers(pending.message_id, event.type, pending.record.trace_id)
-        return OutboxMessage.json(self._topics.events, event.order_id, headers, document)
+    def _event(self, pending: Pending, event: Any, version: int) -> OutboxMessage:
+        event_type, aggregate_id, document = self._handler.event(event, version, pending.message_id)
+        headers = event_headers(pending.message_id, event_type, pending.record.trace_id)
+        return OutboxMessage.json(self._topics.events, aggregate_id, headers, document)
 
     def _park(self, write: _Write, pending: Pending) -> None:
         assert pending.key is not None
@@ -672,17 +656,10 @@ class Processor:
         write.outcomes.append((pending, Outcome.RETRY_SCHEDULED, pending.last_code))
 
     def _reject(self, write: _Write, pending: Pending, code: ErrorCode) -> None:
-        origin = pending.origin
-        document = {
-            "type": "order.rejected",
-            "orderId": pending.order_id,
-            "messageId": pending.message_id,
-            "errorCode": code.value,
-            "payloadSchema": pending.schema_name,
-            "source": {"topic": origin.topic, "partition": origin.partition, "offset": origin.offset},
-            "rejectedAt": iso(self._clock()),
-        }
-        headers = {**event_headers(pending.message_id, "order.rejected", pending.record.trace_id), "error-code": code}
+        event_type, document = self._handler.rejection(
+            pending.message_id, pending.order_id, code, pending.schema_name, pending.origin, self._clock()
+        )
+        headers = {**event_headers(pending.message_id, event_type, pending.record.trace_id), "error-code": code}
         write.messages.append(OutboxMessage.json(self._topics.rejected, pending.order_id, headers, document))
         self._terminal(write, pending, "rejected", code)
         self._leave(write, pending, Outcome.REJECTED, code)
@@ -835,13 +812,6 @@ def _tier_of(pending: Pending) -> str:
     if pending.in_tier:
         return pending.record.topic.rsplit(".", 1)[-1]
     return "blocking"
-
-
-def _customer_status(statuses: dict[str, model.CustomerStatus], message: OrderMessage) -> model.CustomerStatus:
-    """What the directory said about a new order's customer; active when it was not asked (lookups disabled)."""
-    if isinstance(message, OrderPlacedV1):
-        return statuses.get(message.customer_id, model.CustomerStatus.ACTIVE)
-    return model.CustomerStatus.ACTIVE
 
 
 def _ready(due: list[Pending], failures: dict[Pending, Failure], *, hold_behind_tier: bool) -> list[Pending]:

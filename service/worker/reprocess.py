@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
 from service.explain import explain
-from service.orders.messages import DecodeFailure, decode
+from service.policy.handling import DecodeFailure
 from service.policy.headers import from_json, to_json
 from service.policy.records import id_bytes, pack_key
 from service.stopping import sleep_unless_stopped
@@ -118,9 +118,11 @@ class Reprocessor:
         settings: Settings,
         engine: AsyncEngine,
         lag: Callable[[], Awaitable[int]],
+        decode: Callable[[bytes | None], Any],
     ) -> None:
         self._settings = settings
         self._engine = engine
+        self._decode = decode  # the domain's (Handler.decode): a stored payload that no longer decodes is skipped
         self._lag = lag
         self._consumer = settings.consumer_name
 
@@ -140,7 +142,7 @@ class Reprocessor:
         report = Report(run_id=None, selected=len(candidates), selection=[c.failure_id for c in candidates])
         usable = []
         for candidate in candidates:
-            if isinstance(decode(candidate.payload), DecodeFailure):
+            if isinstance(self._decode(candidate.payload), DecodeFailure):
                 report.undecodable.append(candidate.failure_id)
             else:
                 usable.append(candidate)

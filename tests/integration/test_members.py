@@ -152,13 +152,13 @@ async def test_a_late_hand_off_from_a_member_that_lost_the_race_leaves_no_retry_
     late.history = AttemptHistory(2, now, now)
     late.last_code = ErrorCode.DOWNSTREAM_TIMEOUT
     late.next_tier = timedelta(seconds=1)
-    looked_up = revoked._look_up_customers
+    looked_up = revoked._look_up
 
     async def new_owner_commits_meanwhile(*args: Any) -> Any:
         assert len(await new_owner.attempt([new_owner.pending(record)], asyncio.Event())) == 1
         return await looked_up(*args)
 
-    revoked._look_up_customers = new_owner_commits_meanwhile  # type: ignore[method-assign]
+    revoked._look_up = new_owner_commits_meanwhile  # type: ignore[method-assign]
 
     # When the new owner applies the record between that look-up and the revoked member's write
     assert len(await revoked.attempt([late], asyncio.Event())) == 1

@@ -1,0 +1,105 @@
+"""The order domain's handler (service/worker/handler.py): order messages, the customer look-up for a new
+order, the order rules, and the documents of order events and rejections."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.domain.codes import ErrorCode
+from service.orders import model
+from service.orders import store as orders
+from service.orders.customers import CustomersClient
+from service.orders.messages import PLACEMENTS, OrderMessage, OrderPlacedV1, decode, sequence_of
+from service.policy.envelope import iso
+from service.policy.records import Coordinates
+
+class OrderHandler:
+    """Orders: placed, shipped, cancelled (contract §5)."""
+
+    def __init__(self, customers: CustomersClient, known_tenants: Iterable[str]) -> None:
+        self._customers = customers
+        self._tenants = frozenset(known_tenants)
+        self._contexts = {status: model.Context(self._tenants, status) for status in model.CustomerStatus}
+
+    @property
+    def downstream(self) -> str | None:
+        """The customer directory, when ORDERS_CUSTOMERS_URL is set."""
+        return self._customers.downstream if self._customers.enabled else None
+
+    def decode(self, value: bytes | None) -> Any:
+        """An order message, or why the bytes are not one."""
+        return decode(value)
+
+    def creates(self, message: Any) -> bool:
+        """`order.placed.*` creates its order."""
+        return type(message) in PLACEMENTS
+
+    def sequence(self, message: Any) -> int | None:
+        """The message's `sequence`, when its schema has one."""
+        return sequence_of(message)
+
+    def context_key(self, message: Any, known: Collection[str]) -> str | None:
+        """The customer of a new order of a known tenant (an unknown tenant is rejected without asking)."""
+        if (
+            isinstance(message, OrderPlacedV1)
+            and message.order_id not in known
+            and message.tenant in self._tenants
+            and self._customers.enabled
+        ):
+            return message.customer_id
+        return None
+
+    async def look_up(self, key: str) -> Any:
+        """The customer's status in the directory."""
+        return await self._customers.status(key)
+
+    def apply(self, message: Any, current: Any | None, looked_up: Mapping[str, Any]) -> Any:
+        """The order rules, with the customer's status when it was looked up (active when it was not asked)."""
+        return model.apply(message, current, self._contexts[_customer_status(looked_up, message)])
+
+    def event(self, event: Any, version: int, message_id: str) -> tuple[str, str, dict[str, Any]]:
+        """An order event: `orderId`, `orderVersion` (the order's version after the change), `messageId`."""
+        document = {
+            "type": event.type,
+            "orderId": event.order_id,
+            "orderVersion": version,
+            "messageId": message_id,
+            **event.payload,
+        }
+        return event.type, event.order_id, document
+
+    def rejection(
+        self,
+        message_id: str,
+        aggregate_id: str | None,
+        code: ErrorCode,
+        schema: str | None,
+        origin: Coordinates,
+        at: datetime,
+    ) -> tuple[str, dict[str, Any]]:
+        """An `order.rejected` event."""
+        document = {
+            "type": "order.rejected",
+            "orderId": aggregate_id,
+            "messageId": message_id,
+            "errorCode": code.value,
+            "payloadSchema": schema,
+            "source": {"topic": origin.topic, "partition": origin.partition, "offset": origin.offset},
+            "rejectedAt": iso(at),
+        }
+        return "order.rejected", document
+
+    async def lock(self, connection: AsyncConnection, ids: Iterable[str]) -> dict[str, Any]:
+        """The existing orders, locked."""
+        return await orders.lock(connection, ids)
+
+
+def _customer_status(looked_up: Mapping[str, Any], message: OrderMessage) -> model.CustomerStatus:
+    if isinstance(message, OrderPlacedV1):
+        status: model.CustomerStatus = looked_up.get(message.customer_id, model.CustomerStatus.ACTIVE)
+        return status
+    return model.CustomerStatus.ACTIVE
