@@ -17,6 +17,7 @@ from service.orders.messages import PLACEMENTS, OrderMessage, OrderPlacedV1, dec
 from service.policy.envelope import iso
 from service.policy.records import Coordinates
 
+
 class OrderHandler:
     """Orders: placed, shipped, cancelled (contract §5)."""
 

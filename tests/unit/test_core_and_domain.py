@@ -112,9 +112,7 @@ def test_the_core_does_not_import_the_domain_beyond_the_listed_debt() -> None:
 
 def test_the_core_names_the_order_domain_no_more_than_before() -> None:
     counts = {
-        relative(path): len(domain_words(path))
-        for path in core_sources()
-        if module_name(path) not in COMPOSITION_ROOT
+        relative(path): len(domain_words(path)) for path in core_sources() if module_name(path) not in COMPOSITION_ROOT
     }
     grown = {path: count for path, count in counts.items() if count > NAMES_AT_MOST.get(path, 0)}
     shrunk = {path: count for path, count in counts.items() if count < NAMES_AT_MOST.get(path, 0)}
