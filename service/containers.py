@@ -23,6 +23,7 @@ from service.orders.effects import SPECS as ORDER_EFFECT_SPECS
 from service.orders.effects import order_effects
 from service.orders.handler import OrderHandler
 from service.orders.messages import decode as decode_order
+from service.orders.messages import invalid_field
 from service.orders.providers import EmailsClient, PaymentsClient
 from service.policy.backpressure import BackpressurePolicy
 from service.policy.effects import EffectPolicy
@@ -107,6 +108,7 @@ class Container(containers.DeclarativeContainer):
     emails = providers.Factory(EmailsClient, http=http, base_url=settings.provided.emails_url)
     effect_kinds = providers.Factory(order_effects, payments=payments, emails=emails)
     effect_specs = providers.Object(ORDER_EFFECT_SPECS)
+    failing_field = providers.Object(invalid_field)  # (path, rule) of an invalid record's first bad field
     effect_policy = providers.Singleton(EffectPolicy, max_attempts=settings.provided.effect_max_attempts)
     processor = providers.Factory(
         Processor,

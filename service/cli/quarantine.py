@@ -26,7 +26,7 @@ from service.cli.common import (
     with_connection,
 )
 from service.cli.selection import AgeOption, CodeOption, FileOption, KeyOption, Wanted, age_of, check_code, go_ahead
-from service.orders.messages import invalid_field
+from service.containers import Container
 from service.store import audit, parking, quarantine
 
 app = typer.Typer(help="Operate the quarantine queue.", no_args_is_help=True)
@@ -122,7 +122,7 @@ def quarantine_show(
         raise typer.Exit(1)
     payload = row.get("payload")
     if row["error_code"] == "INVALID_FIELD":
-        found = invalid_field(bytes(payload) if payload is not None else None)
+        found = Container(settings=settings).failing_field()(bytes(payload) if payload is not None else None)
         row["failing_field"] = {"path": found[0], "rule": found[1]} if found else None
     if payload_as_text and payload is not None:
         try:

@@ -26,6 +26,8 @@ class OrderHandler:
         self._tenants = frozenset(known_tenants)
         self._contexts = {status: model.Context(self._tenants, status) for status in model.CustomerStatus}
 
+    rows = orders.ROWS
+
     @property
     def downstream(self) -> str | None:
         """The customer directory, when ORDERS_CUSTOMERS_URL is set."""

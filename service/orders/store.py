@@ -9,6 +9,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.orders.model import Order, OrderStatus
+from service.store.batch import AggregateRows
 from service.store.recordset import Columns
 
 
@@ -54,9 +55,12 @@ COLUMNS = Columns(
 CREATE_ROWS = f"""
     INSERT INTO orders (order_id, tenant, customer_id, status, amount_cents, currency, sequence, details, version)
     SELECT order_id, tenant, customer_id, status, amount_cents, currency, sequence, details, version
-    FROM ({COLUMNS.select("created_orders")}) AS v"""
+    FROM ({COLUMNS.select("created_aggregates")}) AS v"""
 UPDATE_ROWS = f"""
     UPDATE orders SET status = v.status, sequence = v.sequence, details = v.details, version = v.version,
                       updated_at = now()
-    FROM ({COLUMNS.select("changed_orders")}) AS v
+    FROM ({COLUMNS.select("changed_aggregates")}) AS v
     WHERE orders.order_id = v.order_id"""
+
+# The orders as the round's one write statement writes them (service/store/batch.py).
+ROWS = AggregateRows(COLUMNS, CREATE_ROWS, UPDATE_ROWS, raced_key="pk_orders")

@@ -9,7 +9,8 @@ round. A domain supplies, through one `Handler` (the order domain: `service/orde
 - `apply`: the pure rule, `(message, current, looked up) -> Applied | Rejected`; an applied result carries
   the new aggregate state (`order`, with its `version` and `sequence`), its effects and its events;
 - `event` and `rejection`: the documents the outbox publishes for an event and for a rejection;
-- `lock`: read and lock the current aggregates of a round, inside its transaction.
+- `lock` and `rows`: the aggregate store: read and lock a round's current aggregates inside its transaction,
+  and write the new and changed ones as part of its one statement (`service/store/batch.py`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.domain.codes import ErrorCode
 from service.policy.records import Coordinates
+from service.store.batch import AggregateRows
 
 
 class Handler(Protocol):
     """A domain's part of a round (see the module docstring)."""
+
+    rows: AggregateRows  # how the round's one write statement writes the aggregates
 
     @property
     def downstream(self) -> str | None:

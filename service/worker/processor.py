@@ -458,6 +458,7 @@ class Processor:
             await batch.write(
                 c,
                 self._consumer,
+                self._handler.rows,
                 inbox_rows=write.inbox_rows,
                 created=write.created,
                 changed=write.changed,
