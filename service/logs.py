@@ -38,7 +38,7 @@ class _NamedWriteLogger(structlog.WriteLogger):
 
 # aiokafka's line for a broker it cannot reach at start: the service says it once per retry
 # (`kafka_unavailable`, with the delay), so a start during an outage is one line per retry, not two.
-_CONNECTION_CHATTER = ("Unable connect to",)
+_CONNECTION_CHATTER = ('Unable connect to "',)  # the bootstrap form; "… to node with id …" (mid-run) is thinned
 
 
 class _KafkaChatter(logging.Filter):

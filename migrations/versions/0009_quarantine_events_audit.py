@@ -23,9 +23,9 @@ CREATE FUNCTION quarantine_record_event() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         IF NEW.attempts > 1 THEN
-            INSERT INTO quarantine_events (failure_id, at, event, attempts)
-            VALUES (NEW.failure_id, NEW.first_failed_at, 'failed', 1),
-                   (NEW.failure_id, NEW.last_failed_at, 'failed', NEW.attempts);
+            INSERT INTO quarantine_events (failure_id, at, event, error_code, attempts)
+            VALUES (NEW.failure_id, NEW.first_failed_at, 'failed', NULL, 1),
+                   (NEW.failure_id, NEW.last_failed_at, 'failed', NEW.error_code, NEW.attempts);
         ELSE
             INSERT INTO quarantine_events (failure_id, at, event, error_code, attempts)
             VALUES (NEW.failure_id, NEW.first_failed_at, 'failed', NEW.error_code, 1);
@@ -76,11 +76,13 @@ BEGIN
     RAISE EXCEPTION '% is append-only', TG_TABLE_NAME;
 END $$
 """
-# The timeline of the records quarantined before this revision, from what their rows still say.
+# The timeline of the records quarantined before this revision, from what their rows still say. A record that
+# failed again after a reprocess shows its current code and attempts (the row kept no earlier ones).
 _BACKFILL = """
 INSERT INTO quarantine_events (failure_id, at, event, error_code, attempts, actor, detail)
 SELECT failure_id, at, event, error_code, attempts, actor, detail FROM (
-    SELECT failure_id, first_failed_at AS at, 'failed' AS event, NULL AS error_code, 1 AS attempts,
+    SELECT failure_id, first_failed_at AS at, 'failed' AS event,
+           CASE WHEN attempts = 1 AND repeat_failures = 0 THEN error_code END AS error_code, 1 AS attempts,
            NULL AS actor, NULL AS detail, 0 AS rank FROM quarantine
     UNION ALL
     SELECT failure_id, last_failed_at, 'failed', error_code, attempts, NULL, NULL, 1 FROM quarantine
@@ -136,6 +138,8 @@ def upgrade() -> None:
             f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table}"
             " FOR EACH ROW EXECUTE FUNCTION refuse_change()"
         )
+    # No write may commit between the backfill's snapshot and the triggers: it would have no events at all.
+    op.execute("LOCK TABLE quarantine, quarantine_annotations, reprocess_items IN SHARE ROW EXCLUSIVE MODE")
     op.execute(_BACKFILL)
     op.execute(_RECORD_EVENTS)
     op.execute(

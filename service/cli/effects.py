@@ -24,7 +24,7 @@ from service.cli.serve import serve_parts
 from service.containers import Container
 from service.store import audit
 from service.store import effects as effects_store
-from service.worker.effect_kinds import retry_state
+from service.worker.effect_kinds import retry_state, waiting_for
 
 app = typer.Typer(help="Execute pending external effects until stopped; `effects list` shows the ledger.")
 
@@ -140,17 +140,19 @@ def effects_retry(
         picked = [row["idempotency_key"] for row in rows]
         return [one for one in picked if one in set(key)] if key else picked
 
-    specs = {spec.name: spec for spec in Container(settings=settings).effect_specs()}
+    registered = Container(settings=settings).effect_specs()
+    specs = {spec.name: spec for spec in registered}
+    waiting = waiting_for(registered)
 
     def destination(kind: str) -> str:
-        return retry_state(specs[kind])
+        return retry_state(specs.get(kind))
 
     selection = run_async(lambda _: with_connection(settings, chosen))
     if not go_ahead("effects retry", "retry", selection, dry_run=dry_run, yes=yes, noun="effects"):
         return
 
     async def retry(connection: Any) -> dict[str, tuple[str | None, str | None]]:
-        outcomes = await effects_store.retry(connection, selection, destination)
+        outcomes = await effects_store.retry(connection, selection, destination, waiting)
         retried = {one: goes_to for one, (_, goes_to) in outcomes.items() if goes_to}
         await audit.record(
             connection,
@@ -180,6 +182,8 @@ def effects_retry(
     for one, (was, went) in outcomes.items():
         if was is None:
             typer.echo(f"no effect with idempotency key {one}", err=True)
+        elif went is None and was.startswith("failed"):
+            typer.echo(f"{one}: not retried: {was}", err=True)
         elif went is None:
             hint = "; `order-service reconcile` resolves it" if was == "uncertain" else ""
             typer.echo(f"{one} is {was}, not failed: nothing to retry{hint}", err=True)

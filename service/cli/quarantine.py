@@ -111,12 +111,27 @@ def quarantine_show(
     payload_as_text: Annotated[
         bool, typer.Option("--payload-as-text", help="Also print the original bytes as text, when they are UTF-8.")
     ] = False,
+    author: Annotated[
+        str | None, typer.Option("--author", help="Who reveals the payload (audited; default: $USER).")
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Show one quarantined record: envelope, attempts, annotations, timeline; for invalid input, the failing
-    field and the rule it breaks (names only, never values)."""
+    field and the rule it breaks (names only, never values). Revealing the payload is audited."""
     settings = configured()
-    row = run_async(lambda _: with_connection(settings, lambda c: quarantine.get(c, failure_id)))
+    revealing = include_payload or payload_as_text
+    who = who_acts(author) if revealing else ""
+
+    async def look(connection: Any) -> dict[str, Any] | None:
+        found = await quarantine.get(connection, failure_id)
+        if found is not None and revealing:
+            shown_as = [name for name, asked in (("base64", include_payload), ("text", payload_as_text)) if asked]
+            await audit.record(
+                connection, who, "quarantine.reveal", {"failure_id": failure_id, "as": shown_as}, {"revealed": True}
+            )
+        return found
+
+    row = run_async(lambda _: with_connection(settings, look, commit=revealing))
     if row is None:
         typer.echo(f"no quarantined record with failure id {failure_id}", err=True)
         raise typer.Exit(1)

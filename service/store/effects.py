@@ -6,7 +6,7 @@ leaves its claim behind, and the reconciler takes it back when the lease has exp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -219,16 +219,24 @@ async def get(connection: AsyncConnection, key: str) -> dict[str, Any] | None:
 
 
 async def retry(
-    connection: AsyncConnection, keys: Sequence[str], goes_to: Callable[[str], str]
+    connection: AsyncConnection,
+    keys: Sequence[str],
+    goes_to: Callable[[str], str],
+    waiting: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, tuple[str | None, str | None]]:
     """An operator's retry of failed effects: each goes where `goes_to(kind)` says (`pending` or `uncertain`,
-    effect_kinds.retry_state), with a fresh budget of attempts and look-ups, due now. Per key: the state it
-    was in (None: no such effect), and the state it went to (None: left as it was, for it had not failed)."""
+    effect_kinds.retry_state), with a fresh budget of attempts and look-ups, due now. Per key: what it was
+    (None: no such effect), and the state it went to (None: left as it was).
+
+    `waiting` gives, per kind, the kinds that wait for it (a refund for its capture). An effect is retried only
+    while those of its aggregate still wait, pending: one that went ahead on its failure (a refund that found
+    no capture) would otherwise be overtaken by it. Their rows are locked, so no worker claims them meanwhile.
+    """
     found: dict[str, tuple[str | None, str | None]] = {key: (None, None) for key in keys}
     rows = await connection.execute(
         text(
-            "SELECT idempotency_key, kind, state FROM effects WHERE idempotency_key = ANY(CAST(:keys AS text[]))"
-            " ORDER BY idempotency_key FOR UPDATE"
+            "SELECT idempotency_key, kind, state FROM effects"
+            " WHERE idempotency_key = ANY(CAST(:keys AS text[])) ORDER BY idempotency_key FOR UPDATE"
         ),
         {"keys": list(keys)},
     )
@@ -236,6 +244,22 @@ async def retry(
         if row.state != "failed":
             found[row.idempotency_key] = (row.state, None)
             continue
+        dependents = list((waiting or {}).get(row.kind, ()))
+        if dependents:
+            ahead = (
+                await connection.execute(
+                    text(
+                        "SELECT d.idempotency_key, d.state FROM effects d JOIN effects f USING (order_id)"
+                        " WHERE f.idempotency_key = :key AND d.kind = ANY(CAST(:kinds AS text[]))"
+                        " ORDER BY d.idempotency_key FOR UPDATE OF d"
+                    ),
+                    {"key": row.idempotency_key, "kinds": dependents},
+                )
+            ).all()
+            moved = [f"{other.idempotency_key} is {other.state}" for other in ahead if other.state != "pending"]
+            if moved:
+                found[row.idempotency_key] = (f"failed, and what waited for it went ahead ({', '.join(moved)})", None)
+                continue
         state = goes_to(row.kind)
         await connection.execute(
             text(

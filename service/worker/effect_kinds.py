@@ -64,6 +64,10 @@ class EffectRegistry:
     def __getitem__(self, name: str) -> EffectKind:
         return self._kinds[name]
 
+    def get(self, name: str) -> EffectKind | None:
+        """The kind, or None for a kind no domain registers (a row left by an older version)."""
+        return self._kinds.get(name)
+
     def enabled(self) -> list[str]:
         """The kinds whose provider is configured."""
         return [name for name, kind in self._kinds.items() if kind.enabled]
@@ -77,8 +81,18 @@ class EffectRegistry:
         return [(name, kind.spec.waits_for) for name, kind in self._kinds.items() if kind.spec.waits_for]
 
 
-def retry_state(spec: EffectSpec) -> str:
+def waiting_for(specs: Iterable[EffectSpec]) -> dict[str, list[str]]:
+    """Per kind, the kinds that wait for it (`waits_for`)."""
+    found: dict[str, list[str]] = {}
+    for spec in specs:
+        if spec.waits_for:
+            found.setdefault(spec.waits_for, []).append(spec.name)
+    return found
+
+
+def retry_state(spec: EffectSpec | None) -> str:
     """Where an operator's retry puts a failed effect: `pending` (called again) when its provider takes an
     idempotency key, so a second call cannot act twice; `uncertain` when it does not, so the reconciler looks
-    it up first and it is made again only if the provider has no trace of it."""
-    return "pending" if spec.idempotent else "uncertain"
+    it up first and it is made again only if the provider has no trace of it (also for a kind no domain
+    registers: the safe side)."""
+    return "pending" if spec is not None and spec.idempotent else "uncertain"

@@ -147,7 +147,10 @@ class Reconciler:
                 log.info("effect_reconciled", effect=effect.idempotency_key, state=decision.state)
 
     async def _look_up(self, effect: EffectRow) -> LookupOutcome:
-        kind = self._kinds[effect.kind]
+        kind = self._kinds.get(effect.kind)
+        if kind is None:
+            log.warning("effect_kind_unknown", effect=effect.idempotency_key, kind=effect.kind)
+            return LookupFailed(ErrorCode.UNEXPECTED_ERROR)  # left uncertain: visible in `effects list`
         if not kind.enabled:
             return LookupFailed(ErrorCode.DOWNSTREAM_UNREACHABLE)  # calls disabled: cannot tell
         return await kind.look_up(effect)

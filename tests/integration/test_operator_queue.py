@@ -171,3 +171,87 @@ async def test_effects_retry_refuses_what_did_not_fail_and_names_what_it_does_no
     assert await state_is(engine, key, "sent")
     assert no_reason.returncode == 2
     assert len(downstream.payments()) == 1
+
+
+async def test_a_record_quarantined_after_retries_has_both_failures_in_its_timeline_with_the_last_code(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics
+) -> None:
+    # Given a record quarantined after three attempts (written as a round writes it)
+    async with engine.begin() as connection:
+        await connection.execute(
+            text(
+                """
+                INSERT INTO quarantine (failure_id, consumer_name, message_id, error_code, owner, envelope, attempts,
+                                        first_failed_at, last_failed_at)
+                VALUES ('o/0/7', 'c', 'm-7', 'DOWNSTREAM_UNAVAILABLE_EXHAUSTED', 'oncall', '{}', 3,
+                        now() - interval '5 minutes', now() - interval '1 minute')
+                """
+            )
+        )
+
+    # When its timeline is read
+    events = await rows(engine, "SELECT event, error_code, attempts FROM quarantine_events ORDER BY id")
+
+    # Then the first failure, the last one with its code, and the quarantine are there, in order
+    assert [(e["event"], e["error_code"], e["attempts"]) for e in events] == [
+        ("failed", None, 1),
+        ("failed", "DOWNSTREAM_UNAVAILABLE_EXHAUSTED", 3),
+        ("quarantined", "DOWNSTREAM_UNAVAILABLE_EXHAUSTED", 3),
+    ]
+
+
+async def _effect_row(engine: AsyncEngine, key: str, kind: str, state: str) -> None:
+    async with engine.begin() as connection:
+        await connection.execute(
+            text(
+                "INSERT INTO effects (idempotency_key, order_id, kind, state, payload, attempts)"
+                " VALUES (:key, split_part(:key, '/', 1), :kind, :state, '{}', 1)"
+            ),
+            {"key": key, "kind": kind, "state": state},
+        )
+
+
+@pytest.mark.parametrize(
+    ("refund_state", "retried"),
+    [("failed", False), ("in_flight", False), ("sent", False), ("pending", True)],
+)
+async def test_a_capture_is_retried_only_while_its_refund_still_waits_for_it(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, refund_state: str, retried: bool
+) -> None:
+    # Given a failed capture, and its order's refund in some state (failed: it found no capture and gave up)
+    await _effect_row(engine, "CR-1/payment.capture", "payment.capture", "failed")
+    await _effect_row(engine, "CR-1/payment.refund", "payment.refund", refund_state)
+    settings = settings_for(database_url, kafka, topics)
+
+    # When an operator retries the capture
+    run = await cli(
+        settings, "effects", "retry", "CR-1/payment.capture", "--reason", "card ok", "--author", "ops", check=False
+    )
+
+    # Then it is retried only if the refund still waits (and so will wait for the retried capture)
+    state = await scalar(engine, "SELECT state FROM effects WHERE idempotency_key = 'CR-1/payment.capture'")
+    if retried:
+        assert run.returncode == 0, run.stderr
+        assert state == "pending"
+    else:
+        assert run.returncode == 1
+        assert f"what waited for it went ahead (CR-1/payment.refund is {refund_state})" in run.stderr
+        assert state == "failed"
+
+
+async def test_revealing_a_payload_is_audited_and_showing_without_it_is_not(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics
+) -> None:
+    # Given a quarantined record
+    [failure_id] = await _quarantined(engine, database_url, kafka, topics, 1)
+    settings = settings_for(database_url, kafka, topics)
+
+    # When an operator shows it, then reveals its payload as text
+    await cli(settings, "quarantine", "show", failure_id)
+    await cli(settings, "quarantine", "show", failure_id, "--payload-as-text", "--author", "rita")
+
+    # Then exactly the reveal is audited, with who and what
+    audits = await rows(engine, "SELECT actor, action, selection FROM audit_log")
+    assert [(a["actor"], a["action"], a["selection"]) for a in audits] == [
+        ("rita", "quarantine.reveal", {"failure_id": failure_id, "as": ["text"]})
+    ]

@@ -41,7 +41,7 @@ NAMES_AT_MOST = {
     "service/health.py": 1,
     "service/policy/owners.py": 2,
     "service/store/audit.py": 1,
-    "service/store/effects.py": 17,
+    "service/store/effects.py": 19,  # +2 (review): effects retry joins on the aggregate column until its rename
     "service/store/inbox.py": 4,
     "service/store/lookups.py": 17,
     "service/store/outbox.py": 2,
