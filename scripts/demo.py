@@ -153,7 +153,7 @@ class Demo:
         records, expected = sample()
         await self.create_topics()
         downstream = self.spawn(
-            "downstream", [sys.executable, "-m", "service.testing.downstream", "--port", "0"], os.environ.copy()
+            "downstream", [sys.executable, "-m", "service.orders.fakes", "--port", "0"], os.environ.copy()
         )
         assert downstream.stdout is not None
         customers_url = downstream.stdout.readline().decode().strip()

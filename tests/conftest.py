@@ -17,7 +17,7 @@ import pytest
 from pytest_postgresql import factories
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.testing.downstream import Downstream
+from service.orders.fakes import Downstream
 from tests.support import Topics, create_topics, kafka_reachable, make_engine
 
 ROOT = Path(__file__).resolve().parent.parent

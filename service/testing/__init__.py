@@ -1,1 +1,1 @@
-"""Test doubles for the services order-service talks to (used by integration tests and the demo)."""
+"""The generic fault-injection HTTP server that domains put their fake downstream APIs on (tests, the demo)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.testing.downstream import Downstream
+from service.orders.fakes import Downstream
 from tests.support import (
     ServiceProcess,
     Topics,

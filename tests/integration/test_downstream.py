@@ -1,4 +1,8 @@
-"""The fake downstream server answers the documented contract and injects the faults tests ask for."""
+"""The order domain's fake customer, payment and email APIs answer the documented contract.
+
+The generic server under them (faults, latency, keep-alive, control) has its own tests in
+`tests/integration/test_fault_server.py`; here faults appear only where they meet a fake's state.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from service.testing.downstream import Downstream
+from service.orders.fakes import ROUTES, Downstream, OrderFakes
+from service.testing.faults import FakeApi, FaultServer, Route, json_reply, key_from_param
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,6 +86,27 @@ def test_start_returns_the_base_url_and_stop_closes_the_port() -> None:
             http.get(f"{url}/customers/c-1")
     with pytest.raises(RuntimeError):
         _ = server.url
+
+
+def test_the_fakes_serve_the_routes_the_service_calls() -> None:
+    assert Downstream().routes == ROUTES
+
+
+def test_the_order_fakes_can_share_one_server_with_another_domains_api() -> None:
+    fakes = OrderFakes()
+    stock = FakeApi(
+        routes=[Route("stock.get", "GET", "/stock/{sku}", lambda r: json_reply(200, r.params), key_from_param("sku"))],
+        snapshot=lambda: {"stock": []},
+    )
+    with FaultServer(apis=[fakes.api(), stock]) as server, httpx.Client(base_url=server.url, trust_env=False) as http:
+        server.fail_next("stock.get")
+        assert http.get("/stock/S-1").status_code == 503
+        assert http.get("/stock/S-1").json() == {"sku": "S-1"}
+        assert pay(http, "k-1").status_code == 201
+        state = http.get("/_control/state").json()
+    assert list(fakes.payments()) == ["k-1"]
+    assert (state["calls"]["stock.get"], state["calls"]["payments.post"]) == ({"S-1": 2}, {"k-1": 1})
+    assert (state["stock"], list(state["payments"])) == ([], ["k-1"])
 
 
 # -- customers ---------------------------------------------------------------------------------------------
@@ -260,33 +286,6 @@ def test_fail_next_answers_the_injected_status_retry_after_and_body_without_side
     assert downstream.calls("payments.post", "k-1") == 2
 
 
-def test_fail_next_defaults_to_503_with_an_injected_error_body(client: httpx.Client, downstream: Downstream) -> None:
-    downstream.fail_next("emails.post")
-    response = client.post("/emails", json=email_body())
-    assert response.status_code == 503
-    assert "retry-after" not in response.headers
-    assert response.json() == {"error": "injected"}
-    assert downstream.emails() == []
-
-
-def test_faults_apply_to_the_next_calls_of_their_route_in_fifo_order(
-    downstream: Downstream, client: httpx.Client
-) -> None:
-    downstream.fail_next("customers.get", times=2, status=503)
-    downstream.fail_next("customers.get", status=500)
-    assert client.post("/emails", json=email_body()).status_code == 202  # another route is unaffected
-    statuses = [client.get("/customers/c-1").status_code for _ in range(4)]
-    assert statuses == [503, 503, 500, 200]
-
-
-def test_clear_faults_drops_every_queued_fault(downstream: Downstream, client: httpx.Client) -> None:
-    downstream.fail_next("customers.get", times=3)
-    downstream.cut_next("payments.post")
-    downstream.clear_faults()
-    assert client.get("/customers/c-1").status_code == 200
-    assert pay(client, "k-1").status_code == 201
-
-
 def test_a_fault_for_an_unknown_route_is_rejected(downstream: Downstream) -> None:
     with pytest.raises(ValueError, match="unknown route"):
         downstream.fail_next("payment.post")
@@ -307,15 +306,6 @@ def test_a_delayed_payment_is_stored_although_the_client_times_out(downstream: D
     assert retried.status_code == 200
     assert retried.json() == {"payment_id": "pay_1", "status": "succeeded"}
     assert list(downstream.payments()) == ["k-1"]
-
-
-def test_a_delayed_call_answers_normally_after_the_delay(downstream: Downstream, client: httpx.Client) -> None:
-    downstream.delay_next("emails.post", seconds=0.5)
-    started = time.monotonic()
-    response = client.post("/emails", json=email_body("r-1"))
-    assert time.monotonic() - started >= 0.5
-    assert response.status_code == 202
-    assert [email["email_id"] for email in downstream.emails("r-1")] == [response.json()["email_id"]]
 
 
 def test_a_cut_after_apply_drops_the_connection_but_keeps_the_payment(
@@ -364,11 +354,6 @@ def test_calls_are_counted_per_route_and_key_including_faulted_ones(
     assert downstream.calls("emails.get", "r-1") == 1
 
 
-def test_unknown_paths_are_not_found(client: httpx.Client) -> None:
-    assert client.get("/nowhere").status_code == 404
-    assert client.post("/customers/c-1").status_code == 405
-
-
 def test_reset_clears_state_faults_and_counters_but_keeps_the_default_rule(
     downstream: Downstream, client: httpx.Client
 ) -> None:
@@ -389,42 +374,6 @@ def test_reset_clears_state_faults_and_counters_but_keeps_the_default_rule(
 # -- control over HTTP -------------------------------------------------------------------------------------
 
 
-def test_faults_can_be_queued_over_http(downstream: Downstream, client: httpx.Client) -> None:
-    fail = {"route": "payments.post", "kind": "fail", "times": 1, "status": 502, "retry_after": 1}
-    assert client.post("/_control/faults", json=fail).status_code == 200
-    cut = {"route": "payments.post", "kind": "cut", "after_apply": False}
-    assert client.post("/_control/faults", json=cut).status_code == 200
-    failed = pay(client, "k-1")
-    assert (failed.status_code, failed.headers["retry-after"]) == (502, "1")
-    with pytest.raises(httpx.TransportError):
-        pay(client, "k-1")
-    assert downstream.payments() == {}
-    assert pay(client, "k-1").status_code == 201
-
-
-def test_a_delay_can_be_queued_over_http(downstream: Downstream, client: httpx.Client) -> None:
-    delay = {"route": "emails.post", "kind": "delay", "seconds": 5}
-    assert client.post("/_control/faults", json=delay).status_code == 200
-    with short_timeout_client(downstream) as http, pytest.raises(httpx.ReadTimeout):
-        http.post("/emails", json=email_body("r-1"))
-    assert wait_until(lambda: len(downstream.emails("r-1")) == 1)
-
-
-@pytest.mark.parametrize(
-    "fault",
-    [
-        {"route": "nope", "kind": "fail"},
-        {"route": "emails.post", "kind": "explode"},
-        {"route": "emails.post", "kind": "fail", "times": "2"},
-        {"route": "emails.post", "kind": "delay", "seconds": -1},
-    ],
-)
-def test_an_invalid_fault_over_http_is_rejected(client: httpx.Client, fault: dict[str, Any]) -> None:
-    response = client.post("/_control/faults", json=fault)
-    assert response.status_code == 400
-    assert client.post("/emails", json=email_body()).status_code == 202
-
-
 def test_customers_and_declines_can_be_set_over_http(client: httpx.Client) -> None:
     assert client.post("/_control/customers", json={"id": "c-1", "status": "blocked"}).status_code == 200
     assert client.post("/_control/customers", json={"id": "c-2", "status": None}).status_code == 200
@@ -432,6 +381,22 @@ def test_customers_and_declines_can_be_set_over_http(client: httpx.Client) -> No
     assert client.get("/customers/c-1").json()["status"] == "blocked"
     assert client.get("/customers/c-2").status_code == 404
     assert pay(client, "k-1", order_id="o-7").status_code == 402
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("customers", {"id": "c-1", "status": "gone"}),
+        ("customers", {"status": "blocked"}),
+        ("declines", {"order_id": 7}),
+        ("declines", {}),
+    ],
+)
+def test_an_invalid_customer_or_decline_over_http_is_rejected(
+    downstream: Downstream, client: httpx.Client, path: str, body: dict[str, Any]
+) -> None:
+    assert client.post(f"/_control/{path}", json=body).status_code == 400
+    assert client.get("/customers/c-1").json()["status"] == "active"
 
 
 def test_the_state_endpoint_reports_calls_payments_and_emails(client: httpx.Client) -> None:
@@ -463,7 +428,7 @@ def test_the_cli_prints_its_url_serves_and_exits_cleanly_on_sigterm() -> None:
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
     }
-    command = [sys.executable, "-m", "service.testing.downstream", "--host", "127.0.0.1", "--port", "0"]
+    command = [sys.executable, "-m", "service.orders.fakes", "--host", "127.0.0.1", "--port", "0"]
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO_ROOT) as process:
         try:
             assert process.stdout is not None

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
 from service.containers import Container
-from service.testing.downstream import Downstream
+from service.orders.fakes import Downstream
 from tests.support import (
     ServiceProcess,
     Topics,

@@ -9,9 +9,9 @@ import json
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.orders.fakes import Downstream
 from service.store import outbox
 from service.store.outbox import OutboxMessage
-from service.testing.downstream import Downstream
 from tests.support import Topics, eventually, produce, read_topic, running, scalar, settings_for
 
 

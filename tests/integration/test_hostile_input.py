@@ -17,9 +17,9 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.orders.fakes import Downstream
 from service.policy.headers import from_json
 from service.policy.records import SourceRecord
-from service.testing.downstream import Downstream
 from tests.support import (
     ServiceProcess,
     Topics,

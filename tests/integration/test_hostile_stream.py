@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.orders.fakes import Downstream
 from service.policy.records import SourceRecord
-from service.testing.downstream import Downstream
 from tests.support import ServiceProcess, Topics, eventually, produce_raw_names, rows, scalar
 from tests.support import settings_for as base_settings
 

@@ -10,7 +10,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.testing.downstream import Downstream
+from service.orders.fakes import Downstream
 from tests.support import ServiceProcess, Topics, eventually, produce, settings_for
 from tests.support.orders import placed
 

@@ -14,8 +14,8 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.orders.fakes import Downstream
 from service.store import quarantine
-from service.testing.downstream import Downstream
 from tests.support import Topics, cli, eventually, produce, rows, running, scalar, settings_for
 from tests.support.effects import effect_settings, reconcile, state_is
 from tests.support.orders import placed, shipped

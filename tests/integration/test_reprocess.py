@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.testing.downstream import Downstream
+from service.orders.fakes import Downstream
 from tests.support import Topics, cli, eventually, produce, read_topic, rows, running, scalar
 from tests.support import settings_for as base_settings
 from tests.support.orders import placed

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.testing.downstream import Downstream
+from service.orders.fakes import Downstream
 from tests.support import ROOT, ServiceProcess, Topics, eventually, produce, scalar, settings_for
 
 pytestmark = pytest.mark.slow

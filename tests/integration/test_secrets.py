@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.testing.downstream import Downstream
+from service.orders.fakes import Downstream
 from tests.support import ServiceProcess, Topics, eventually, produce, read_topic, rows, scalar, settings_for
 from tests.support.orders import placed
 

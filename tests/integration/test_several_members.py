@@ -31,7 +31,7 @@ from aiokafka.errors import KafkaError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.testing.downstream import Downstream
+from service.orders.fakes import Downstream
 from tests.support import ROOT, ServiceProcess, Topics, cli, eventually, produce_raw, read_topic, rows, settings_for
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.testing.downstream import Downstream
+from service.orders.fakes import Downstream
 from tests.support import ROOT, Topics, env_for, eventually, make_engine, produce, rows, scalar, settings_for
 
 pytestmark = pytest.mark.slow

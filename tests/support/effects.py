@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.testing.downstream import Downstream
+from service.orders.fakes import Downstream
 from tests.support import ROOT, Topics, env_for, rows, scalar, settings_for
 
 LOCK_MESSAGE = "reconcile: another reconcile run holds the lock; nothing to do"

@@ -51,6 +51,11 @@ NAMES_AT_MOST = {
     "service/store/retries.py": 1,
     "service/store/schema.py": 2,
     "service/store/tables.py": 17,
+    # Held at 0, not debt: the generic fault-injection server; the orders' fakes on it are service/orders/fakes.py.
+    "service/testing/__init__.py": 0,
+    "service/testing/faults.py": 0,
+    "service/testing/routes.py": 0,
+    "service/testing/wire.py": 0,
     "service/worker/consumer.py": 2,
     "service/worker/effects.py": 1,
     "service/worker/gauges.py": 3,
@@ -64,8 +69,8 @@ _DOMAIN_WORD = re.compile(r"(?i)(?<![a-z])(orders?|payments?|customers?|emails?)
 
 
 def core_sources() -> list[Path]:
-    """Every module outside the domain package and the test helpers shipped in the package."""
-    return [path for path in sources() if path.relative_to(PACKAGE).parts[0] not in ("orders", "testing")]
+    """Every module outside the domain package (the fault-injection server in `service/testing/` is core)."""
+    return [path for path in sources() if path.relative_to(PACKAGE).parts[0] != "orders"]
 
 
 def domain_words(path: Path) -> list[str]:
