@@ -10,6 +10,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from service.config import load_settings
+from service.orders import tables as order_tables  # noqa: F401 (the domain's tables join the metadata)
 from service.store.tables import metadata
 
 config = context.config

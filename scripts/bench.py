@@ -44,7 +44,8 @@ from sqlalchemy import func
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
-from service.store.tables import inbox, orders
+from service.orders.tables import orders
+from service.store.tables import inbox
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDER_SERVICE = Path(sys.executable).parent / "order-service"
@@ -520,7 +521,7 @@ class Bench:
 
 PREFILL = """
     INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset,
-                       order_id, received_at, processed_at)
+                       aggregate_id, received_at, processed_at)
     SELECT 'bench-prefill', 'P-' || lpad(n::text, 9, '0') || '.1/order.placed', 'processed', 'bench-prefill',
            n % 3, n / 3, 'P-' || lpad(n::text, 9, '0'), now() - interval '1 day', now() - interval '1 day'
     FROM generate_series(1, $1::bigint) AS n
@@ -592,7 +593,7 @@ def append(columns: list[list[Any]], *values: Any) -> None:
 
 RAW_INBOX = """
     INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset,
-                       order_id, error_code, received_at)
+                       aggregate_id, error_code, received_at)
     SELECT $1, m, s, $2, p, o, i, e, r
     FROM unnest($3::text[], $4::text[], $5::int[], $6::bigint[], $7::text[], $8::text[], $9::timestamptz[])
          AS v(m, s, p, o, i, e, r)
@@ -602,7 +603,7 @@ RAW_ORDERS = """
     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::int[])
 """
 RAW_EFFECTS = """
-    INSERT INTO effects (idempotency_key, order_id, kind, payload)
+    INSERT INTO effects (idempotency_key, aggregate_id, kind, payload)
     SELECT k, o, c, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS v(k, o, c, p)
 """
 RAW_OUTBOX = """
@@ -667,7 +668,7 @@ async def peer_handle(sessions: async_sessionmaker[AsyncSession], consumer: str,
         "source_topic": record.topic,
         "source_partition": record.partition,
         "source_offset": record.offset,
-        "order_id": order.order_id if order else None,
+        "aggregate_id": order.order_id if order else None,
         "error_code": None if order else "MALFORMED_PAYLOAD",
         "received_at": datetime.fromtimestamp(record.timestamp / 1000, UTC),
     }

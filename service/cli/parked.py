@@ -34,7 +34,7 @@ def parked_list(consumer: ConsumerOption = None, as_json: JsonFlag = False) -> N
     show_rows(
         ("consumer", "key", "parked", "oldest parked (UTC)", "held by"),
         [
-            (row["consumer_name"], row["order_key"], str(row["parked"]), utc(row["oldest_parked_at"]), _holder(row))
+            (row["consumer_name"], row["ordering_key"], str(row["parked"]), utc(row["oldest_parked_at"]), _holder(row))
             for row in held
         ],
     )
@@ -53,7 +53,7 @@ def _holder(row: dict[str, Any]) -> str:
 
 @app.command("release")
 def parked_release(
-    key: Annotated[str, typer.Argument(help="The order key to free; its parked records are then applied in order.")],
+    key: Annotated[str, typer.Argument(help="The ordering key to free; its parked records are then applied in order.")],
     consumer: ConsumerOption = None,
     author: Annotated[str | None, typer.Option("--author", help="Who releases it (default: $USER).")] = None,
     as_json: JsonFlag = False,

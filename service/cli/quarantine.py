@@ -41,7 +41,7 @@ def quarantine_list(
     older_than: Annotated[
         str | None, typer.Option(help="Only records first failed at least this long ago (5m).")
     ] = None,
-    key: Annotated[str | None, typer.Option(help="Only records of this order key.")] = None,
+    key: Annotated[str | None, typer.Option(help="Only records of this ordering key.")] = None,
     message_id: Annotated[str | None, typer.Option("--message-id", help="Only records of this message id.")] = None,
     since: Annotated[str | None, typer.Option("--since", help="First failed at or after (RFC 3339).")] = None,
     until: Annotated[str | None, typer.Option("--until", help="First failed before (RFC 3339).")] = None,
@@ -94,7 +94,7 @@ def quarantine_list(
                 row["error_code"],
                 row["status"],
                 row["owner"],
-                row["order_key"] or "",
+                row["ordering_key"] or "",
                 str(row["attempts"]),
                 utc(row["first_failed_at"]),
             )

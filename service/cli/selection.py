@@ -15,7 +15,7 @@ from service.durations import parse_duration
 from service.store import quarantine
 
 CodeOption = Annotated[str | None, typer.Option("--error-code", help="Select the open records with this code.")]
-KeyOption = Annotated[str | None, typer.Option("--key", help="Select the open records of this order key.")]
+KeyOption = Annotated[str | None, typer.Option("--key", help="Select the open records of this ordering key.")]
 AgeOption = Annotated[
     str | None, typer.Option("--older-than", help="Select the open records first failed this long ago (1h).")
 ]

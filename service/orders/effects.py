@@ -52,7 +52,7 @@ class _Payment:
         if self.spec is REFUND and effect.prerequisite_state == "failed":
             # A capture that failed on our side (refused, exhausted, never found) may still have happened at the
             # provider: ask before deciding that there is nothing to refund.
-            captured = await self._payments.find(f"{effect.order_id}/{CAPTURE.name}")
+            captured = await self._payments.find(f"{effect.aggregate_id}/{CAPTURE.name}")
             if isinstance(captured, Missing):
                 return Refused(ErrorCode.CAPTURE_FAILED)
             if isinstance(captured, LookupFailed):
@@ -90,17 +90,17 @@ class _Payment:
                 RETURNING version
                 """
             ),
-            {"status": status, "order_id": effect.order_id},
+            {"status": status, "order_id": effect.aggregate_id},
         )
         headers = event_headers(effect.idempotency_key, event_type, None)
         document = {
             "type": event_type,
-            "orderId": effect.order_id,
+            "orderId": effect.aggregate_id,
             "orderVersion": version,
             "effect": effect.idempotency_key,
             **payload,
         }
-        await outbox.add(connection, [OutboxMessage.json(topics.events, effect.order_id, headers, document)])
+        await outbox.add(connection, [OutboxMessage.json(topics.events, effect.aggregate_id, headers, document)])
 
 
 class _ShippedEmail:

@@ -35,6 +35,11 @@ class _Message(BaseModel):
 
     order_id: NonEmpty
 
+    @property
+    def aggregate_id(self) -> str:
+        """The order the message is about: the core's aggregate id."""
+        return self.order_id
+
 
 class Item(BaseModel):
     """One order line."""

@@ -65,6 +65,11 @@ class Order:
     # the order's row lock; events carry it as `orderVersion` so readers can check and restore per-order order.
     version: int = 1
 
+    @property
+    def aggregate_id(self) -> str:
+        """The order id: the aggregate the core's round writes."""
+        return self.order_id
+
 
 @value
 class Effect:
@@ -73,6 +78,11 @@ class Effect:
     order_id: str
     kind: str
     payload: dict[str, Any]
+
+    @property
+    def aggregate_id(self) -> str:
+        """The order the effect belongs to (the ledger's `aggregate_id`)."""
+        return self.order_id
 
     @property
     def idempotency_key(self) -> str:

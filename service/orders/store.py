@@ -63,4 +63,6 @@ UPDATE_ROWS = f"""
     WHERE orders.order_id = v.order_id"""
 
 # The orders as the round's one write statement writes them (service/store/batch.py).
-ROWS = AggregateRows(COLUMNS, CREATE_ROWS, UPDATE_ROWS, raced_key="pk_orders")
+ROWS = AggregateRows(
+    COLUMNS, CREATE_ROWS, UPDATE_ROWS, raced_key="pk_orders", exists="SELECT FROM orders WHERE order_id = m.id"
+)

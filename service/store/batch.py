@@ -23,7 +23,7 @@ from sqlalchemy import TextClause, exc, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.errors import ConcurrentWrite
-from service.store import effects, inbox, outbox, quarantine
+from service.store import effects, inbox, lookups, outbox, quarantine
 from service.store.inbox import InboxRow
 from service.store.outbox import OutboxMessage
 from service.store.quarantine import QuarantineRow
@@ -36,14 +36,17 @@ class AggregateRows:
 
     `create` inserts the recordset parameter `created_aggregates`, `update` applies `changed_aggregates`, both
     rows of `columns`; `raced_key` is the constraint whose violation on `create` means a concurrent member
-    created the aggregate first (the round is then redone, with it locked).
+    created the aggregate first (the round is then redone, with it locked). `exists` selects the aggregate whose
+    id is `m.id`, by its primary key: the round's look-up (service/store/lookups.py) asks which exist.
     """
 
     columns: Columns
     create: str
     update: str
     raced_key: str
+    exists: str
     statement: TextClause = field(init=False)
+    lookup: TextClause = field(init=False)
 
     def __post_init__(self) -> None:
         statement = text(
@@ -58,6 +61,7 @@ class AggregateRows:
             """
         )
         object.__setattr__(self, "statement", statement)
+        object.__setattr__(self, "lookup", lookups.statement(self.exists))
 
 
 async def write(

@@ -23,7 +23,7 @@ class EffectRow:
     """An effect as the worker and the reconciler see it."""
 
     idempotency_key: str
-    order_id: str
+    aggregate_id: str
     kind: str
     payload: dict[str, Any]
     attempts: int
@@ -32,21 +32,21 @@ class EffectRow:
 
 
 # New effects (domain `Effect` values) as a recordset for `ADD_ROWS`.
-COLUMNS = Columns(("idempotency_key", "text"), ("order_id", "text"), ("kind", "text"), ("payload", "jsonb"))
+COLUMNS = Columns(("idempotency_key", "text"), ("aggregate_id", "text"), ("kind", "text"), ("payload", "jsonb"))
 
 
 # Records effects as `pending`, part of a round's one write statement (service/store/batch.py); an idempotency
 # key that exists already keeps its row.
 ADD_ROWS = f"""
-    INSERT INTO effects (idempotency_key, order_id, kind, payload)
-    SELECT idempotency_key, order_id, kind, payload FROM ({COLUMNS.select("effect_rows")}) AS v
+    INSERT INTO effects (idempotency_key, aggregate_id, kind, payload)
+    SELECT idempotency_key, aggregate_id, kind, payload FROM ({COLUMNS.select("effect_rows")}) AS v
     ON CONFLICT (idempotency_key) DO NOTHING"""
 
 
 # Which kinds wait for which (EffectSpec.waits_for) arrive as two parallel arrays, :dependent and :prerequisite.
 _PREREQUISITE_STATE = """
     (SELECT c.state FROM unnest(CAST(:dependent AS text[]), CAST(:prerequisite AS text[])) AS d(kind, first)
-     JOIN effects c ON c.order_id = e.order_id AND c.kind = d.first WHERE d.kind = e.kind) AS prerequisite_state
+     JOIN effects c ON c.aggregate_id = e.aggregate_id AND c.kind = d.first WHERE d.kind = e.kind) AS prerequisite_state
 """
 
 _CLAIM = text(
@@ -62,12 +62,12 @@ _CLAIM = text(
           -- An effect that waits for another of its aggregate waits until that one is resolved (sent or failed).
           AND NOT EXISTS (
                 SELECT 1 FROM unnest(CAST(:dependent AS text[]), CAST(:prerequisite AS text[])) AS d(kind, first)
-                JOIN effects c ON c.order_id = p.order_id AND c.kind = d.first
+                JOIN effects c ON c.aggregate_id = p.aggregate_id AND c.kind = d.first
                 WHERE d.kind = p.kind AND c.state NOT IN ('sent', 'failed'))
         ORDER BY p.next_attempt_at
         LIMIT :limit
         FOR UPDATE SKIP LOCKED)
-    RETURNING e.idempotency_key, e.order_id, e.kind, e.payload, e.attempts, e.reconcile_count, {_PREREQUISITE_STATE}
+    RETURNING e.idempotency_key, e.aggregate_id, e.kind, e.payload, e.attempts, e.reconcile_count, {_PREREQUISITE_STATE}
     """
 )
 
@@ -75,7 +75,7 @@ _CLAIM = text(
 def _row(row: Any) -> EffectRow:
     return EffectRow(
         row.idempotency_key,
-        row.order_id,
+        row.aggregate_id,
         row.kind,
         dict(row.payload),
         row.attempts,
@@ -165,7 +165,7 @@ async def uncertain(connection: AsyncConnection, limit: int, waits: Sequence[tup
     result = await connection.execute(
         text(
             f"""
-            SELECT e.idempotency_key, e.order_id, e.kind, e.payload, e.attempts, e.reconcile_count,
+            SELECT e.idempotency_key, e.aggregate_id, e.kind, e.payload, e.attempts, e.reconcile_count,
                    {_PREREQUISITE_STATE}
             FROM effects e WHERE e.state = 'uncertain' ORDER BY e.updated_at LIMIT :limit
             """
@@ -189,7 +189,7 @@ async def listing(
         for row in await connection.execute(
             text(
                 f"""
-                SELECT idempotency_key, order_id, kind, state, attempts, reconcile_count, last_error_code,
+                SELECT idempotency_key, aggregate_id, kind, state, attempts, reconcile_count, last_error_code,
                        provider_ref, next_attempt_at, created_at, updated_at
                 FROM effects WHERE {where} ORDER BY created_at, idempotency_key LIMIT :limit OFFSET :offset
                 """
@@ -207,7 +207,7 @@ async def get(connection: AsyncConnection, key: str) -> dict[str, Any] | None:
         await connection.execute(
             text(
                 """
-                SELECT idempotency_key, order_id, kind, state, payload, attempts, reconcile_count, provider_ref,
+                SELECT idempotency_key, aggregate_id, kind, state, payload, attempts, reconcile_count, provider_ref,
                        last_error_code, lease_owner, lease_until, next_attempt_at, created_at, updated_at
                 FROM effects WHERE idempotency_key = :key
                 """
@@ -249,7 +249,7 @@ async def retry(
             ahead = (
                 await connection.execute(
                     text(
-                        "SELECT d.idempotency_key, d.state FROM effects d JOIN effects f USING (order_id)"
+                        "SELECT d.idempotency_key, d.state FROM effects d JOIN effects f USING (aggregate_id)"
                         " WHERE f.idempotency_key = :key AND d.kind = ANY(CAST(:kinds AS text[]))"
                         " ORDER BY d.idempotency_key FOR UPDATE OF d"
                     ),

@@ -20,7 +20,7 @@ class InboxRow:
     source_topic: str
     source_partition: int
     source_offset: int
-    order_id: str | None
+    aggregate_id: str | None
     error_code: str | None
     received_ms: int  # the record's Kafka timestamp (ms since the epoch): SQL makes it `received_at`
 
@@ -34,14 +34,14 @@ COLUMNS = Columns(
     ("source_topic", "text"),
     ("source_partition", "int"),
     ("source_offset", "bigint"),
-    ("order_id", "text"),
+    ("aggregate_id", "text"),
     ("error_code", "text"),
     ("received_ms", "bigint"),
 )
 ADD_ROWS = f"""
     INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset,
-                       order_id, error_code, received_at)
-    SELECT :consumer, message_id, status, source_topic, source_partition, source_offset, order_id, error_code,
+                       aggregate_id, error_code, received_at)
+    SELECT :consumer, message_id, status, source_topic, source_partition, source_offset, aggregate_id, error_code,
            to_timestamp(received_ms / 1000.0)
     FROM ({COLUMNS.select("inbox_rows")}) AS v"""
 

@@ -1,8 +1,8 @@
 """What a round must know before it decides, read by ONE statement over every table it consults.
 
 A round of a few thousand records asks the inbox (terminal already?), the retry table (in a tier, at which
-step?), under key ordering the retry heads, key blocks and parked records of its keys, and which of its orders
-exist (whom to ask the customer directory about, which orders the write locks). One statement is one round trip
+step?), under key ordering the retry heads, key blocks and parked records of its keys, and which of its aggregates
+exist (what the handler looks up before applying, which aggregates the write locks). One statement is one round trip
 and one encoding of each id array.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.store.recordset import recordset
@@ -23,7 +23,7 @@ class Known:
 
     seen: dict[str, str] = field(default_factory=dict)  # message id -> inbox status
     steps: dict[str, int] = field(default_factory=dict)  # message id -> its step in the retry tiers
-    orders: set[str] = field(default_factory=set)  # orders that exist
+    aggregates: set[str] = field(default_factory=set)  # aggregates that exist
     heads: dict[str, str] = field(default_factory=dict)  # key -> the message id of its record in a retry tier
     head_ids: set[str] = field(default_factory=set)  # every record in a retry tier that holds its key
     blocked: set[str] = field(default_factory=set)  # keys held by a quarantined head
@@ -31,58 +31,62 @@ class Known:
     parked_ids: set[str] = field(default_factory=set)  # message ids parked already (a redelivery parks nothing)
 
 
-# The inbox and the orders are probed by primary key once per id (`OFFSET 0` keeps each probe a subquery the
+# The inbox and the aggregates are probed by primary key once per id (`OFFSET 0` keeps each probe a subquery the
 # planner cannot turn into a join). With `= ANY(:ids)` the planner scanned the whole table instead whenever it held
 # up to a few hundred thousand rows (its cost model prices thousands of index probes above one sequential scan),
 # so a round's look-up grew with the table: 18 ms for 4,000 ids against 100,000 rows, 7 ms probed. The id lists
 # travel as JSON arrays (service/store/recordset.py): asyncpg encodes a `text[]` parameter element by element,
 # 0.8 ms of CPU per 4,000 ids against 0.1 ms for one orjson call. Where a table is searched by its index with
 # `= ANY`, `ARRAY(SELECT ...)` turns the JSON into an array once per statement.
-_LOOKUP = text(
-    """
+_LOOKUP = """
     SELECT 'seen' AS kind, m.id AS name, s.status AS value FROM json_array_elements_text(CAST(:ids AS json)) AS m(id)
      CROSS JOIN LATERAL (SELECT status FROM inbox WHERE consumer_name = :consumer AND message_id = m.id OFFSET 0) s
     UNION ALL
     SELECT 'step', message_id, CAST(tier_step AS text) FROM retries
      WHERE consumer_name = :consumer AND message_id = ANY(ARRAY(SELECT json_array_elements_text(CAST(:ids AS json))))
     UNION ALL
-    SELECT 'order', m.id, NULL FROM json_array_elements_text(CAST(:orders AS json)) AS m(id)
-     WHERE EXISTS (SELECT FROM orders WHERE order_id = m.id OFFSET 0)
+    SELECT 'aggregate', m.id, NULL FROM json_array_elements_text(CAST(:aggregates AS json)) AS m(id)
+     WHERE EXISTS ({exists} OFFSET 0)
     UNION ALL
-    SELECT 'head', order_key, message_id FROM retries
-     WHERE consumer_name = :consumer AND order_key = ANY(ARRAY(SELECT json_array_elements_text(CAST(:keys AS json))))
+    SELECT 'head', ordering_key, message_id FROM retries
+     WHERE consumer_name = :consumer AND ordering_key = ANY(ARRAY(SELECT json_array_elements_text(CAST(:keys AS json))))
     UNION ALL
-    SELECT 'blocked', order_key, NULL FROM key_blocks
-     WHERE consumer_name = :consumer AND order_key = ANY(ARRAY(SELECT json_array_elements_text(CAST(:keys AS json))))
+    SELECT 'blocked', ordering_key, NULL FROM key_blocks
+     WHERE consumer_name = :consumer AND ordering_key = ANY(ARRAY(SELECT json_array_elements_text(CAST(:keys AS json))))
     UNION ALL
     SELECT 'parked_id', message_id, NULL FROM parked
-     WHERE consumer_name = :consumer AND order_key = ANY(ARRAY(SELECT json_array_elements_text(CAST(:keys AS json))))
+     WHERE consumer_name = :consumer AND ordering_key = ANY(ARRAY(SELECT json_array_elements_text(CAST(:keys AS json))))
        AND message_id = ANY(ARRAY(SELECT json_array_elements_text(CAST(:ids AS json))))
     UNION ALL
-    SELECT DISTINCT 'parked', order_key, NULL FROM parked
-     WHERE consumer_name = :consumer AND order_key = ANY(ARRAY(SELECT json_array_elements_text(CAST(:keys AS json))))
+    SELECT DISTINCT 'parked', ordering_key, NULL FROM parked
+     WHERE consumer_name = :consumer AND ordering_key = ANY(ARRAY(SELECT json_array_elements_text(CAST(:keys AS json))))
     """
-)
+
+
+def statement(exists: str) -> TextClause:
+    """The round's look-up, with `exists`: the domain's probe for one aggregate id `m.id` (AggregateRows)."""
+    return text(_LOOKUP.format(exists=exists))
 
 
 async def known(
     connection: AsyncConnection,
     consumer: str,
+    lookup: TextClause,
     message_ids: Collection[str],
     *,
-    orders: Collection[str] = (),
+    aggregates: Collection[str] = (),
     keys: Collection[str] = (),
 ) -> Known:
-    """Look up these message ids, and the orders and keys asked for (none when empty)."""
+    """Look up these message ids, and the aggregates and keys asked for (none when empty), with `statement()`."""
     answer = Known()
     if not message_ids:
         return answer
     result = await connection.execute(
-        _LOOKUP,
+        lookup,
         {
             "consumer": consumer,
             "ids": recordset(list(message_ids)),
-            "orders": recordset(list(orders)),
+            "aggregates": recordset(list(aggregates)),
             "keys": recordset(list(keys)),
         },
     )
@@ -91,8 +95,8 @@ async def known(
             answer.seen[name] = value
         elif kind == "step":
             answer.steps[name] = int(value)
-        elif kind == "order":
-            answer.orders.add(name)
+        elif kind == "aggregate":
+            answer.aggregates.add(name)
         elif kind == "head":
             answer.heads[name] = value
             answer.head_ids.add(value)

@@ -18,7 +18,7 @@ from service.store.tables import key_blocks, parked, pauses, retries
 class ParkedRecord:
     """A record waiting behind its key, stored with everything needed to apply it later."""
 
-    order_key: str
+    ordering_key: str
     message_id: str
     source_topic: str
     source_partition: int
@@ -57,7 +57,7 @@ async def block(connection: AsyncConnection, consumer: str, blocks: Sequence[tup
     """Block keys whose head was quarantined: (key, failure id)."""
     if blocks:
         rows = [
-            {"consumer_name": consumer, "order_key": key, "failure_id": failure_id, "reason": "quarantined"}
+            {"consumer_name": consumer, "ordering_key": key, "failure_id": failure_id, "reason": "quarantined"}
             for key, failure_id in blocks
         ]
         await connection.execute(insert(key_blocks).values(rows).on_conflict_do_nothing())
@@ -94,21 +94,21 @@ async def release(connection: AsyncConnection, consumer: str, key: str) -> Relea
     blocked_by = (
         await connection.execute(
             delete(key_blocks)
-            .where(key_blocks.c.consumer_name == consumer, key_blocks.c.order_key == key)
+            .where(key_blocks.c.consumer_name == consumer, key_blocks.c.ordering_key == key)
             .returning(key_blocks.c.failure_id)
         )
     ).scalar()
     retrying = (
         await connection.execute(
             update(retries)
-            .where(retries.c.consumer_name == consumer, retries.c.order_key == key)
-            .values(order_key=None)
+            .where(retries.c.consumer_name == consumer, retries.c.ordering_key == key)
+            .values(ordering_key=None)
             .returning(retries.c.message_id)
         )
     ).scalars()
     waiting = (
         await connection.execute(
-            select(func.count()).where(parked.c.consumer_name == consumer, parked.c.order_key == key)
+            select(func.count()).where(parked.c.consumer_name == consumer, parked.c.ordering_key == key)
         )
     ).scalar_one()
     return Released(blocked_by, sorted(retrying), int(waiting))
@@ -142,7 +142,7 @@ async def releasable(
             .where(
                 parked.c.consumer_name == consumer,
                 parked.c.claimed_by == member,
-                parked.c.order_key.in_(list(exclude)),
+                parked.c.ordering_key.in_(list(exclude)),
                 parked.c.claimed_until < func.now() + lease / 2,
             )
             .order_by(parked.c.id)
@@ -151,22 +151,24 @@ async def releasable(
         await connection.execute(update(parked).where(parked.c.id.in_(renew)).values(claimed_until=until))
     other = parked.alias("other")
     free = (
-        select(parked.c.order_key)
+        select(parked.c.ordering_key)
         .where(
             parked.c.consumer_name == consumer,
-            parked.c.order_key.not_in(list(exclude)),
-            ~exists().where(and_(retries.c.consumer_name == consumer, retries.c.order_key == parked.c.order_key)),
-            ~exists().where(and_(key_blocks.c.consumer_name == consumer, key_blocks.c.order_key == parked.c.order_key)),
+            parked.c.ordering_key.not_in(list(exclude)),
+            ~exists().where(and_(retries.c.consumer_name == consumer, retries.c.ordering_key == parked.c.ordering_key)),
+            ~exists().where(
+                and_(key_blocks.c.consumer_name == consumer, key_blocks.c.ordering_key == parked.c.ordering_key)
+            ),
             ~exists().where(
                 and_(
                     other.c.consumer_name == consumer,
-                    other.c.order_key == parked.c.order_key,
+                    other.c.ordering_key == parked.c.ordering_key,
                     other.c.claimed_by != member,
                     other.c.claimed_until > func.now(),
                 )
             ),
         )
-        .group_by(parked.c.order_key)
+        .group_by(parked.c.ordering_key)
         .order_by(func.min(parked.c.id))
         .limit(keys)
     )
@@ -174,8 +176,8 @@ async def releasable(
     if not free_keys:
         return []
     numbered = (
-        select(parked.c.id, func.row_number().over(partition_by=parked.c.order_key, order_by=parked.c.id).label("n"))
-        .where(parked.c.consumer_name == consumer, parked.c.order_key.in_(free_keys))
+        select(parked.c.id, func.row_number().over(partition_by=parked.c.ordering_key, order_by=parked.c.id).label("n"))
+        .where(parked.c.consumer_name == consumer, parked.c.ordering_key.in_(free_keys))
         .subquery()
     )
     claimed = await connection.execute(
@@ -201,7 +203,7 @@ def _stored(row: Any) -> StoredParked:
     return StoredParked(
         row.id,
         ParkedRecord(
-            order_key=row.order_key,
+            ordering_key=row.ordering_key,
             message_id=row.message_id,
             source_topic=row.source_topic,
             source_partition=row.source_partition,
@@ -217,27 +219,27 @@ def _stored(row: Any) -> StoredParked:
 _SUMMARY = text(
     """
     WITH held AS (
-        SELECT consumer_name, order_key FROM parked
+        SELECT consumer_name, ordering_key FROM parked
         UNION
-        SELECT consumer_name, order_key FROM key_blocks
+        SELECT consumer_name, ordering_key FROM key_blocks
     )
-    SELECT held.consumer_name, held.order_key,
-           (SELECT count(*) FROM parked p WHERE p.consumer_name = held.consumer_name AND p.order_key = held.order_key)
-               AS parked,
+    SELECT held.consumer_name, held.ordering_key,
+           (SELECT count(*) FROM parked p
+             WHERE p.consumer_name = held.consumer_name AND p.ordering_key = held.ordering_key) AS parked,
            (SELECT min(parked_at) FROM parked p
-             WHERE p.consumer_name = held.consumer_name AND p.order_key = held.order_key) AS oldest_parked_at,
+             WHERE p.consumer_name = held.consumer_name AND p.ordering_key = held.ordering_key) AS oldest_parked_at,
            (SELECT min(source_topic) FROM parked p
-             WHERE p.consumer_name = held.consumer_name AND p.order_key = held.order_key) AS source_topic,
+             WHERE p.consumer_name = held.consumer_name AND p.ordering_key = held.ordering_key) AS source_topic,
            (SELECT failure_id FROM key_blocks b
-             WHERE b.consumer_name = held.consumer_name AND b.order_key = held.order_key) AS blocked_by,
+             WHERE b.consumer_name = held.consumer_name AND b.ordering_key = held.ordering_key) AS blocked_by,
            (SELECT min(message_id) FROM retries r
-             WHERE r.consumer_name = held.consumer_name AND r.order_key = held.order_key) AS retrying,
+             WHERE r.consumer_name = held.consumer_name AND r.ordering_key = held.ordering_key) AS retrying,
            (SELECT min(claimed_by) FROM parked p
-             WHERE p.consumer_name = held.consumer_name AND p.order_key = held.order_key AND p.claimed_until > now())
-               AS releasing_by
+             WHERE p.consumer_name = held.consumer_name AND p.ordering_key = held.ordering_key
+               AND p.claimed_until > now()) AS releasing_by
     FROM held
     WHERE CAST(:consumer AS text) IS NULL OR held.consumer_name = :consumer
-    ORDER BY oldest_parked_at NULLS LAST, held.consumer_name, held.order_key
+    ORDER BY oldest_parked_at NULLS LAST, held.consumer_name, held.ordering_key
     """
 )
 
@@ -254,9 +256,9 @@ async def holders(connection: AsyncConnection, key: str) -> list[str]:
     result = await connection.execute(
         text(
             """
-            SELECT consumer_name FROM parked WHERE order_key = :key
-            UNION SELECT consumer_name FROM key_blocks WHERE order_key = :key
-            UNION SELECT consumer_name FROM retries WHERE order_key = :key
+            SELECT consumer_name FROM parked WHERE ordering_key = :key
+            UNION SELECT consumer_name FROM key_blocks WHERE ordering_key = :key
+            UNION SELECT consumer_name FROM retries WHERE ordering_key = :key
             ORDER BY 1
             """
         ),

@@ -23,7 +23,7 @@ class QuarantineRow:
     message_id: str
     error_code: str
     owner: str
-    order_key: str | None
+    ordering_key: str | None
     envelope: dict[str, Any]
     payload: bytes | None
     source_headers: list[list[str]]
@@ -39,7 +39,7 @@ COLUMNS = Columns(
     ("message_id", "text"),
     ("error_code", "text"),
     ("owner", "text"),
-    ("order_key", "text"),
+    ("ordering_key", "text"),
     ("envelope", "jsonb"),
     ("payload", "bytea"),
     ("source_headers", "jsonb"),
@@ -48,7 +48,7 @@ COLUMNS = Columns(
     ("last_failed_at", "timestamptz"),
 )
 ADD_ROWS = f"""
-    INSERT INTO quarantine (consumer_name, failure_id, message_id, error_code, owner, order_key, envelope, payload,
+    INSERT INTO quarantine (consumer_name, failure_id, message_id, error_code, owner, ordering_key, envelope, payload,
                             source_headers, attempts, first_failed_at, last_failed_at)
     SELECT :consumer, * FROM ({COLUMNS.select("quarantine_rows")}) AS v
     ON CONFLICT (failure_id) DO NOTHING"""
@@ -60,7 +60,7 @@ _SUMMARY = (
     quarantine.c.error_code,
     quarantine.c.status,
     quarantine.c.owner,
-    quarantine.c.order_key,
+    quarantine.c.ordering_key,
     quarantine.c.attempts,
     quarantine.c.first_failed_at,
     quarantine.c.last_failed_at,
@@ -87,7 +87,7 @@ async def listing(
     if status:
         conditions.append(quarantine.c.status == status)
     if key:
-        conditions.append(quarantine.c.order_key == key)
+        conditions.append(quarantine.c.ordering_key == key)
     if message_id:
         conditions.append(quarantine.c.message_id == message_id)
     if older_than:

@@ -20,7 +20,7 @@ class Candidate:
 
     failure_id: str
     message_id: str
-    order_key: str | None
+    ordering_key: str | None
     error_code: str
     status: str
     payload: bytes | None
@@ -97,7 +97,7 @@ async def select_candidates(
         Candidate(
             failure_id=row.failure_id,
             message_id=row.message_id,
-            order_key=row.order_key,
+            ordering_key=row.ordering_key,
             error_code=row.error_code,
             status=row.status,
             payload=bytes(row.payload) if row.payload is not None else None,
@@ -122,7 +122,9 @@ async def state_of(connection: AsyncConnection, consumer: str, item: Candidate) 
         )
     ).one()
     count = (
-        await connection.execute(select(func.count()).select_from(effects).where(effects.c.order_id == item.order_key))
+        await connection.execute(
+            select(func.count()).select_from(effects).where(effects.c.aggregate_id == item.ordering_key)
+        )
     ).scalar_one()
     return ItemState(status, row.status, row.repeat_failures, int(count))
 

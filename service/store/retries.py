@@ -18,7 +18,7 @@ class RetryRow:
     """The state of a record that went to a retry tier."""
 
     message_id: str
-    order_key: str | None
+    ordering_key: str | None
     failure_id: str
     attempts: int
     tier_step: int

@@ -1,5 +1,6 @@
-"""The tables of contract §7 as SQLAlchemy Core metadata; `tests/integration/test_migrations.py` keeps
-the Alembic history equal to this."""
+"""The core's tables of contract §7 as SQLAlchemy Core metadata; a domain adds its aggregates' tables to the same
+`metadata` (the order domain: service/orders/tables.py). `tests/integration/test_migrations.py` keeps the Alembic
+history equal to both."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ inbox = Table(
     Column("source_topic", Text, nullable=False),
     Column("source_partition", Integer, nullable=False),
     Column("source_offset", BigInteger, nullable=False),
-    Column("order_id", Text),
+    Column("aggregate_id", Text),
     Column("error_code", Text),
     Column("received_at", DateTime(timezone=True), nullable=False),
     Column("processed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
@@ -49,25 +50,6 @@ inbox = Table(
     PrimaryKeyConstraint("consumer_name", "message_id"),
     CheckConstraint("status IN ('processed', 'rejected', 'quarantined')", name="status"),
     Index("ix_inbox_processed_at", "processed_at"),
-)
-
-orders = Table(
-    "orders",
-    metadata,
-    Column("order_id", Text, primary_key=True),
-    Column("tenant", Text, nullable=False),
-    Column("customer_id", Text, nullable=False),
-    Column("status", String(16), nullable=False),
-    Column("amount_cents", BigInteger, nullable=False),
-    Column("currency", String(3), nullable=False),
-    Column("sequence", BigInteger),
-    Column("details", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
-    # 1 when placed, one more with every change, under the row lock (events carry it as `orderVersion`).
-    Column("version", BigInteger, nullable=False, server_default="1"),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    CheckConstraint("status IN ('placed', 'shipped', 'cancelled')", name="status"),
-    CheckConstraint("amount_cents >= 0", name="amount"),
 )
 
 outbox = Table(
@@ -95,7 +77,7 @@ effects = Table(
     "effects",
     metadata,
     Column("idempotency_key", Text, primary_key=True),
-    Column("order_id", Text, nullable=False),
+    Column("aggregate_id", Text, nullable=False),
     Column("kind", Text, nullable=False),
     Column("state", String(16), nullable=False, server_default="pending"),
     Column("payload", JSONB, nullable=False),
@@ -110,7 +92,7 @@ effects = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint("state IN ('pending', 'in_flight', 'sent', 'uncertain', 'failed')", name="state"),
     Index("ix_effects_state_next_attempt_at", "state", "next_attempt_at"),
-    Index("ix_effects_order_id", "order_id"),
+    Index("ix_effects_aggregate_id", "aggregate_id"),
 )
 
 quarantine = Table(
@@ -122,7 +104,7 @@ quarantine = Table(
     Column("error_code", Text, nullable=False),
     Column("status", String(16), nullable=False, server_default="open"),
     Column("owner", Text, nullable=False),
-    Column("order_key", Text),
+    Column("ordering_key", Text),
     Column("envelope", JSONB, nullable=False),
     # The original bytes live only here, for reprocessing; never on a topic (contract §8).
     Column("payload", LargeBinary),
@@ -149,7 +131,7 @@ retries = Table(
     metadata,
     Column("consumer_name", Text, nullable=False),
     Column("message_id", Text, nullable=False),
-    Column("order_key", Text),
+    Column("ordering_key", Text),
     Column("failure_id", Text, nullable=False),
     Column("attempts", Integer, nullable=False),
     Column("tier_step", Integer, nullable=False),
@@ -158,7 +140,7 @@ retries = Table(
     Column("due_at", DateTime(timezone=True), nullable=False),
     Column("error_code", Text, nullable=False),
     PrimaryKeyConstraint("consumer_name", "message_id"),
-    Index("ix_retries_consumer_name_order_key", "consumer_name", "order_key"),
+    Index("ix_retries_consumer_name_ordering_key", "consumer_name", "ordering_key"),
 )
 
 # Keys held by a quarantined head under ORDERS_ORDERING=key: released by an operator or by reprocessing.
@@ -166,11 +148,11 @@ key_blocks = Table(
     "key_blocks",
     metadata,
     Column("consumer_name", Text, nullable=False),
-    Column("order_key", Text, nullable=False),
+    Column("ordering_key", Text, nullable=False),
     Column("failure_id", Text, nullable=False),
     Column("reason", Text, nullable=False),
     Column("since", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    PrimaryKeyConstraint("consumer_name", "order_key"),
+    PrimaryKeyConstraint("consumer_name", "ordering_key"),
 )
 
 # Later records of a key whose head is retrying or quarantined (ORDERS_ORDERING=key), in arrival order.
@@ -179,7 +161,7 @@ parked = Table(
     metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
     Column("consumer_name", Text, nullable=False),
-    Column("order_key", Text, nullable=False),
+    Column("ordering_key", Text, nullable=False),
     Column("message_id", Text, nullable=False),
     Column("source_topic", Text, nullable=False),
     Column("source_partition", Integer, nullable=False),
@@ -193,7 +175,7 @@ parked = Table(
     Column("claimed_until", DateTime(timezone=True)),
     # The record's original Kafka key (service.policy.records.pack_key): unparked records keep it byte-exact.
     Column("source_key", LargeBinary),
-    Index("ix_parked_consumer_name_order_key_id", "consumer_name", "order_key", "id"),
+    Index("ix_parked_consumer_name_ordering_key_id", "consumer_name", "ordering_key", "id"),
     # A record is parked once: a redelivery finds it here (the round's look-up) and parks nothing.
     Index("ux_parked_consumer_name_message_id", "consumer_name", "message_id", unique=True),
 )

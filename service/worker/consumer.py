@@ -239,7 +239,7 @@ class ConsumerLoop:
 
     def _start_round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, due: list[Pending]) -> None:
         """Attempt `due` in a task of its own: the next round is planned while this one's transaction runs."""
-        ids = {p.message_id for p in due} | {p.order_id for p in due} | {p.key for p in due}
+        ids = {p.message_id for p in due} | {p.aggregate_id for p in due} | {p.key for p in due}
         ids.discard(None)
         self._rounds[asyncio.create_task(self._round(consumer, stop, due))] = ids
 

@@ -40,7 +40,7 @@ _QUERIES = {
     "uncertain_oldest": "SELECT extract(epoch FROM now() - min(updated_at)) FROM effects WHERE state = 'uncertain'",
     "parked": (
         "SELECT (SELECT count(*) FROM parked),"
-        " (SELECT count(*) FROM (SELECT order_key FROM parked UNION SELECT order_key FROM key_blocks) AS held),"
+        " (SELECT count(*) FROM (SELECT ordering_key FROM parked UNION SELECT ordering_key FROM key_blocks) AS held),"
         " (SELECT count(*) FROM retries)"
     ),
     "reconcile": (

@@ -151,4 +151,4 @@ class Lanes:
 
 def _shares_ids(pending: Pending, busy: Sequence[Collection[str | None]]) -> bool:
     """Whether a round in flight writes a record with the same message id, order or key."""
-    return any(pending.message_id in ids or pending.order_id in ids or pending.key in ids for ids in busy)
+    return any(pending.message_id in ids or pending.aggregate_id in ids or pending.key in ids for ids in busy)

@@ -103,8 +103,8 @@ class Pending:
     in_flight: bool = False  # a round is attempting it now
     message_id: str = field(init=False)  # the record's idempotency identity
     failed: bool = field(init=False)  # the bytes did not decode into a message
-    order_id: str | None = field(init=False)  # the order the record is about, when it decoded
-    key: str | None = field(init=False)  # the ordering key: the record key, else the order id
+    aggregate_id: str | None = field(init=False)  # the aggregate the record is about, when it decoded
+    key: str | None = field(init=False)  # the ordering key: the record key, else the aggregate id
     lane: tuple[str, int] = field(init=False)  # applied in order: a partition, or the parked records of one key
     thread: tuple[str, int, str] = field(init=False)  # what must stay in order: a key within a lane
 
@@ -112,8 +112,8 @@ class Pending:
         record = self.record
         self.message_id = record.message_id
         self.failed = isinstance(self.decoded, DecodeFailure)
-        self.order_id = None if self.failed else self.decoded.order_id
-        self.key = record.key_text or self.order_id
+        self.aggregate_id = None if self.failed else self.decoded.aggregate_id
+        self.key = record.key_text or self.aggregate_id
         if self.parked_id is not None:
             self.lane = (f"{PARKED_TOPIC}/{self.key}", -1)
         else:
@@ -235,7 +235,7 @@ class Processor:
             partition=parked.source_partition,
             offset=parked.source_offset,
             timestamp_ms=parked.timestamp_ms,
-            key=unpack_key(parked.source_key) if parked.source_key is not None else parked.order_key.encode(),
+            key=unpack_key(parked.source_key) if parked.source_key is not None else parked.ordering_key.encode(),
             value=parked.value,
             headers=from_json(parked.headers),
         )
@@ -314,10 +314,15 @@ class Processor:
     async def _facts(self, due: list[Pending]) -> _Facts:
         keys = {p.key for p in due if p.key} if self._settings.ordering == "key" else set()
         # Which aggregates exist decides what the handler looks up and which aggregates the write must lock.
-        order_ids = {p.order_id for p in due if p.order_id}
+        aggregate_ids = {p.aggregate_id for p in due if p.aggregate_id}
         async with UnitOfWork(self._engine) as uow:
             known = await lookups.known(
-                uow.connection, self._consumer, {p.message_id for p in due}, orders=order_ids, keys=keys
+                uow.connection,
+                self._consumer,
+                self._handler.rows.lookup,
+                {p.message_id for p in due},
+                aggregates=aggregate_ids,
+                keys=keys,
             )
         states = {
             key: ordering.KeyState(known.heads.get(key), key in known.blocked, key in known.parked)
@@ -340,7 +345,7 @@ class Processor:
         order's key and the round is redone, now with the order locked."""
         if pending in plan.duplicates:
             return False
-        return not self._handler.creates(pending.decoded) or pending.order_id in plan.facts.known.orders
+        return not self._handler.creates(pending.decoded) or pending.aggregate_id in plan.facts.known.aggregates
 
     def _is_duplicate(self, pending: Pending, facts: _Facts) -> bool:
         """Already terminal, or already handed to a retry tier by an earlier copy (a crash between the
@@ -367,7 +372,7 @@ class Processor:
         downstream = self._handler.downstream
         if downstream is None:
             return looked_up, failures
-        known = facts.known.orders
+        known = facts.known.aggregates
         for pending in candidates:
             if pending.verdict is None and pending.next_tier is None and not pending.failed:
                 key = self._handler.context_key(pending.decoded, known)
@@ -440,7 +445,7 @@ class Processor:
         with an envelope of nothing but its identities, see `_write_failed`)."""
         async with UnitOfWork(self._engine) as uow:
             c = uow.connection
-            wanted = (p.order_id for p in ready if plan.routes[p] is ordering.Route.APPLY and self._reads(p, plan))
+            wanted = (p.aggregate_id for p in ready if plan.routes[p] is ordering.Route.APPLY and self._reads(p, plan))
             current = await self._handler.lock(c, filter(None, wanted))
             write = self._plan(ready, plan, current, last_resort=last_resort)
             if write.quarantined and not last_resort:
@@ -499,7 +504,7 @@ class Processor:
         """Decide, in memory and in lane order, what each ready record writes."""
         write = _Write(stepped=plan.facts.known.steps.keys(), holding=plan.facts.known.head_ids)
         state = dict(current)
-        touched: dict[str, None] = {}  # insertion-ordered set of changed order ids
+        touched: dict[str, None] = {}  # insertion-ordered set of changed aggregate ids
         seen_now: set[str] = set()
         facts = plan.facts
         for pending in ready:
@@ -528,7 +533,7 @@ class Processor:
             elif isinstance(message, DecodeFailure):
                 self._quarantine(write, pending, message.code)
             else:
-                before = state.get(message.order_id)
+                before = state.get(message.aggregate_id)
                 if before is not None and ordering.is_stale(
                     self._settings.ordering, self._handler.sequence(message), before.sequence
                 ):
@@ -539,16 +544,16 @@ class Processor:
                 if isinstance(result, Rejected):
                     self._reject(write, pending, result.code)
                     continue
-                state[message.order_id] = result.order
-                touched[message.order_id] = None
+                state[message.aggregate_id] = result.order
+                touched[message.aggregate_id] = None
                 write.effects.extend(result.effects)
                 for event in result.events:
                     write.messages.append(self._event(pending, event, result.order.version))
                 self._terminal(write, pending, "processed", None)
                 self._leave(write, pending, Outcome.PROCESSED, None)
-        # An order created and changed in the same round is inserted once, in its final state.
-        write.created = [state[order_id] for order_id in touched if order_id not in current]
-        write.changed = [state[order_id] for order_id in touched if order_id in current]
+        # An aggregate created and changed in the same round is inserted once, in its final state.
+        write.created = [state[key] for key in touched if key not in current]
+        write.changed = [state[key] for key in touched if key in current]
         return write
 
     def _leave(
@@ -592,7 +597,7 @@ class Processor:
             source_topic=origin.topic,
             source_partition=origin.partition,
             source_offset=origin.offset,
-            order_id=pending.order_id,
+            aggregate_id=pending.aggregate_id,
             error_code=code.value if code else None,
             received_ms=pending.record.timestamp_ms,
         )
@@ -607,7 +612,7 @@ class Processor:
         record = pending.record
         write.parked.append(
             ParkedRecord(
-                order_key=pending.key,
+                ordering_key=pending.key,
                 message_id=pending.message_id,
                 source_topic=record.topic,
                 source_partition=record.partition,
@@ -642,7 +647,7 @@ class Processor:
         write.retrying.append(
             RetryRow(
                 message_id=pending.message_id,
-                order_key=pending.key,
+                ordering_key=pending.key,
                 failure_id=pending.origin.failure_id,
                 attempts=history.attempts,
                 tier_step=history.tier_step,
@@ -658,10 +663,10 @@ class Processor:
 
     def _reject(self, write: _Write, pending: Pending, code: ErrorCode) -> None:
         event_type, document = self._handler.rejection(
-            pending.message_id, pending.order_id, code, pending.schema_name, pending.origin, self._clock()
+            pending.message_id, pending.aggregate_id, code, pending.schema_name, pending.origin, self._clock()
         )
         headers = {**event_headers(pending.message_id, event_type, pending.record.trace_id), "error-code": code}
-        write.messages.append(OutboxMessage.json(self._topics.rejected, pending.order_id, headers, document))
+        write.messages.append(OutboxMessage.json(self._topics.rejected, pending.aggregate_id, headers, document))
         self._terminal(write, pending, "rejected", code)
         self._leave(write, pending, Outcome.REJECTED, code)
 
@@ -697,7 +702,7 @@ class Processor:
                 message_id=pending.message_id,
                 error_code=code.value,
                 owner=owner_for(code, self._owners),
-                order_key=stored_key,
+                ordering_key=stored_key,
                 envelope=envelope.document,
                 payload=pending.record.value,
                 source_headers=to_json(pending.record.headers),  # every name and value as base64 when not text

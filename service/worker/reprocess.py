@@ -255,7 +255,7 @@ class Reprocessor:
                 [
                     OutboxMessage(
                         topic,
-                        candidate.order_key,
+                        candidate.ordering_key,
                         to_json(headers),
                         candidate.payload or b"",
                         pack_key(_source_key(candidate.envelope.get("source", {}))),

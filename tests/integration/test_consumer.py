@@ -241,11 +241,11 @@ async def test_a_message_another_consumer_applies_while_this_one_decides_is_not_
 
 
 _OTHER_MEMBERS_ROWS = (
-    "INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset, order_id,"
+    "INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset, aggregate_id,"
     " received_at) VALUES (:consumer, 'F-1.1/order.placed', 'processed', :topic, 0, 0, 'F-1', now())",
     "INSERT INTO orders (order_id, tenant, customer_id, status, amount_cents, currency)"
     " VALUES ('F-1', 'acme', 'c-race', 'placed', 2500, 'EUR')",
-    "INSERT INTO effects (idempotency_key, order_id, kind, payload)"
+    "INSERT INTO effects (idempotency_key, aggregate_id, kind, payload)"
     " VALUES ('F-1/payment.capture', 'F-1', 'payment.capture', '{\"by\": \"the other member\"}')",
 )
 

@@ -186,9 +186,9 @@ async def test_a_record_whose_quarantine_write_fails_is_quarantined_by_the_last_
     # resort with its bytes and headers kept exactly, its envelope saying so
     assert left == set(pending)
     assert await scalar(engine, "SELECT count(*) FROM orders") == 2
-    [row] = await rows(engine, "SELECT error_code, order_key, payload, source_headers, envelope FROM quarantine")
+    [row] = await rows(engine, "SELECT error_code, ordering_key, payload, source_headers, envelope FROM quarantine")
     assert row["error_code"] == "MALFORMED_PAYLOAD"
-    assert row["order_key"] is None
+    assert row["ordering_key"] is None
     assert bytes(row["payload"]) == b"\x00not json"
     assert from_json(row["source_headers"]) == (("x-binary", b"\x00\xff"),)
     assert row["envelope"]["lastResort"] is True
@@ -262,12 +262,12 @@ async def test_a_binary_key_stays_byte_exact_through_its_tier_copy_and_its_parke
     # When the head goes through its tier and is quarantined
     async with running(settings, "consumer_loop", "relay"):
         await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM quarantine"), timeout=60)
-        [parked_row] = await rows(engine, "SELECT order_key, source_key FROM parked")
+        [parked_row] = await rows(engine, "SELECT ordering_key, source_key FROM parked")
 
     # Then the tier copy carried the key's own bytes, the parked record kept them, and so does the envelope
     [copy] = await read_topic(kafka, topics.retry("1s"), expect=1, timeout=10)
     assert copy.key == key
-    assert parked_row["order_key"] == "L"
+    assert parked_row["ordering_key"] == "L"
     assert bytes(parked_row["source_key"]) == b"\x01" + key
     envelope = await scalar(engine, "SELECT envelope FROM quarantine")
     assert envelope["source"]["keyBase64"] == base64.b64encode(key).decode()

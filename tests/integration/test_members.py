@@ -128,7 +128,8 @@ async def test_a_parked_record_whose_key_is_held_again_is_left_parked_and_unclai
     [pending] = await member.releasable(set())
     await _execute(
         engine,
-        "INSERT INTO key_blocks (consumer_name, order_key, failure_id, reason) VALUES (:c, 'H', 'H#f', 'quarantined')",
+        "INSERT INTO key_blocks (consumer_name, ordering_key, failure_id, reason)"
+        " VALUES (:c, 'H', 'H#f', 'quarantined')",
         c=settings.consumer_name,
     )
 
@@ -137,7 +138,9 @@ async def test_a_parked_record_whose_key_is_held_again_is_left_parked_and_unclai
 
     # Then it left memory, stays parked, and no member holds a claim on it any more
     assert left == {pending}
-    assert await rows(engine, "SELECT order_key, claimed_by FROM parked") == [{"order_key": "H", "claimed_by": None}]
+    assert await rows(engine, "SELECT ordering_key, claimed_by FROM parked") == [
+        {"ordering_key": "H", "claimed_by": None}
+    ]
 
 
 async def test_a_late_hand_off_from_a_member_that_lost_the_race_leaves_no_retry_row_and_its_copy_cleans_up(
@@ -204,7 +207,7 @@ async def test_parked_release_frees_a_key_held_by_a_retrying_head_which_keeps_it
     await _retry_row(engine, settings, "U.1", "U")
     await _park(engine, settings, "U", 2)
     listed = json.loads((await cli(settings, "parked", "list", "--json")).stdout)
-    assert [(item["order_key"], item["retrying"], item["blocked_by"]) for item in listed] == [("U", "U.1", None)]
+    assert [(item["ordering_key"], item["retrying"], item["blocked_by"]) for item in listed] == [("U", "U.1", None)]
     assert "head in a retry tier U.1" in (await cli(settings, "parked", "list")).stdout
     assert await members[0].releasable(set()) == []
 
@@ -220,7 +223,9 @@ async def test_parked_release_frees_a_key_held_by_a_retrying_head_which_keeps_it
         "retrying": ["U.1"],
         "parked": 2,
     }
-    assert await rows(engine, "SELECT message_id, order_key FROM retries") == [{"message_id": "U.1", "order_key": None}]
+    assert await rows(engine, "SELECT message_id, ordering_key FROM retries") == [
+        {"message_id": "U.1", "ordering_key": None}
+    ]
     assert len(await members[0].releasable(set())) == 2
     assert "being released by" in (await cli(settings, "parked", "list")).stdout
     again = await cli(settings, "parked", "release", "U")
@@ -238,7 +243,8 @@ async def test_a_parked_record_delivered_again_is_parked_once(
     # Given a key held by a quarantined head, and a record of it that one member parked
     await _execute(
         engine,
-        "INSERT INTO key_blocks (consumer_name, order_key, failure_id, reason) VALUES (:c, 'P', 'P#f', 'quarantined')",
+        "INSERT INTO key_blocks (consumer_name, ordering_key, failure_id, reason)"
+        " VALUES (:c, 'P', 'P#f', 'quarantined')",
         c=settings.consumer_name,
     )
     record = SourceRecord(settings.source_topic, 0, 3, 0, b"P", cancelled("P"), (("message-id", b"P.2/cancel"),))

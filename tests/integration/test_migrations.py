@@ -8,6 +8,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.orders import tables as order_tables  # noqa: F401 (the domain's tables join the metadata)
 from service.store.tables import metadata
 from tests.support import rows
 

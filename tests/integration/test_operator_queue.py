@@ -204,7 +204,7 @@ async def _effect_row(engine: AsyncEngine, key: str, kind: str, state: str) -> N
     async with engine.begin() as connection:
         await connection.execute(
             text(
-                "INSERT INTO effects (idempotency_key, order_id, kind, state, payload, attempts)"
+                "INSERT INTO effects (idempotency_key, aggregate_id, kind, state, payload, attempts)"
                 " VALUES (:key, split_part(:key, '/', 1), :kind, :state, '{}', 1)"
             ),
             {"key": key, "kind": kind, "state": state},

@@ -256,7 +256,7 @@ async def test_records_of_a_key_released_by_reprocessing_keep_their_order(
     )
     async with running(settings, "consumer_loop", "relay"):
         await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM key_blocks"), timeout=60)
-        assert await scalar(engine, "SELECT count(*) FROM parked WHERE order_key = 'K'") == 1
+        assert await scalar(engine, "SELECT count(*) FROM parked WHERE ordering_key = 'K'") == 1
 
         # When the directory is back and the head is reprocessed
         downstream.clear_faults()

@@ -109,7 +109,7 @@ async def test_under_key_ordering_a_later_record_waits_behind_its_retrying_key_a
     # When the service runs
     async with running(settings, "consumer_loop", "relay"):
         # Then K's cancellation is parked while K waits in a tier, and the other keys are applied meanwhile
-        await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM parked WHERE order_key = 'K'"))
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM parked WHERE ordering_key = 'K'"))
         assert await scalar(engine, "SELECT count(*) FROM orders WHERE order_id LIKE 'L-%'") == 3
         assert await scalar(engine, "SELECT count(*) FROM orders WHERE order_id = 'K'") == 0
         await eventually(lambda: scalar(engine, "SELECT count(*) = 5 FROM inbox"), timeout=60)
@@ -120,7 +120,7 @@ async def test_under_key_ordering_a_later_record_waits_behind_its_retrying_key_a
     assert [row["message_id"] for row in applied][-2:] == [f"{topics.source}/0/0", f"{topics.source}/0/1"]
     assert {row["status"] for row in applied} == {"processed"}
     assert await scalar(engine, "SELECT count(*) FROM parked") == 0
-    assert await scalar(engine, "SELECT count(*) FROM effects WHERE order_id = 'K'") == 2
+    assert await scalar(engine, "SELECT count(*) FROM effects WHERE aggregate_id = 'K'") == 2
 
 
 async def test_a_quarantined_head_keeps_its_key_parked_until_an_operator_releases_it(
@@ -137,7 +137,7 @@ async def test_a_quarantined_head_keeps_its_key_parked_until_an_operator_release
         await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM quarantine"), timeout=60)
         # Then K stays parked, and `parked list` says why
         listed = json.loads((await cli(settings, "parked", "list", "--json")).stdout)
-        assert [(item["order_key"], item["parked"], item["blocked_by"]) for item in listed] == [
+        assert [(item["ordering_key"], item["parked"], item["blocked_by"]) for item in listed] == [
             ("K", 1, f"{topics.source}/2/0")
         ]
         assert await scalar(engine, "SELECT count(*) FROM inbox WHERE message_id = 'K.2/cancel'") == 0

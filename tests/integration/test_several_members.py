@@ -676,7 +676,7 @@ async def check_database(engine: AsyncEngine, plan: Plan) -> list[str]:
     if strangers:
         problems.append(f"inbox rows for message ids nobody sent: {examples(strangers)}")
 
-    quarantined = await rows(engine, "SELECT failure_id, message_id, error_code, status, order_key FROM quarantine")
+    quarantined = await rows(engine, "SELECT failure_id, message_id, error_code, status, ordering_key FROM quarantine")
     meant = {r.message_id for r in plan.records if r.status == "quarantined"}
     healthy = [(q["message_id"], q["error_code"]) for q in quarantined if q["message_id"] not in meant]
     if healthy:
@@ -689,28 +689,29 @@ async def check_database(engine: AsyncEngine, plan: Plan) -> list[str]:
         problems.append(f"records quarantined more than once: {examples(repeated)}")
 
     retries = await rows(
-        engine, "SELECT message_id, order_key, tier_step, attempts, error_code, due_at FROM retries ORDER BY due_at"
+        engine, "SELECT message_id, ordering_key, tier_step, attempts, error_code, due_at FROM retries ORDER BY due_at"
     )
     if retries:
         terminal = [r["message_id"] for r in retries if r["message_id"] in inbox]
-        left = [(r["message_id"], r["order_key"], r["tier_step"], r["error_code"]) for r in retries]
+        left = [(r["message_id"], r["ordering_key"], r["tier_step"], r["error_code"]) for r in retries]
         problems.append(f"retry rows left: {examples(left)}; {len(terminal)} of them for records already terminal")
 
-    blocks = await rows(engine, "SELECT order_key, failure_id FROM key_blocks")
+    blocks = await rows(engine, "SELECT ordering_key, failure_id FROM key_blocks")
     open_heads = {q["failure_id"]: q for q in quarantined if q["status"] == "open"}
-    unheaded = [(b["order_key"], b["failure_id"]) for b in blocks if b["failure_id"] not in open_heads]
+    unheaded = [(b["ordering_key"], b["failure_id"]) for b in blocks if b["failure_id"] not in open_heads]
     if unheaded:
         problems.append(f"keys held without a quarantined head: {examples(unheaded)}")
-    held = {b["order_key"] for b in blocks}
+    held = {b["ordering_key"] for b in blocks}
     meant_held = plan.keys_held()
     if held != meant_held:
         problems.append(
             f"held keys differ: unexpected {sorted(held - meant_held)}, not held {sorted(meant_held - held)}"
         )
     parked = await rows(
-        engine, "SELECT id, order_key, message_id, source_partition, source_offset, parked_at FROM parked ORDER BY id"
+        engine,
+        "SELECT id, ordering_key, message_id, source_partition, source_offset, parked_at FROM parked ORDER BY id",
     )
-    loose = [(p["order_key"], p["message_id"]) for p in parked if p["order_key"] not in held]
+    loose = [(p["ordering_key"], p["message_id"]) for p in parked if p["ordering_key"] not in held]
     if loose:
         problems.append(f"parked records of keys nothing holds (never released): {examples(loose)}")
     meant_parked = {r.message_id for r in plan.records if r.status == "parked"}
@@ -743,8 +744,8 @@ async def check_database(engine: AsyncEngine, plan: Plan) -> list[str]:
     if wrong_orders:
         problems.append(f"orders not in their final state (status, version): {examples(wrong_orders)}")
 
-    effects = await rows(engine, "SELECT order_id, kind, state, count(*) AS n FROM effects GROUP BY 1, 2, 3")
-    per_kind = Counter((e["order_id"], e["kind"]) for e in effects for _ in range(e["n"]))
+    effects = await rows(engine, "SELECT aggregate_id, kind, state, count(*) AS n FROM effects GROUP BY 1, 2, 3")
+    per_kind = Counter((e["aggregate_id"], e["kind"]) for e in effects for _ in range(e["n"]))
     doubled = [key for key, n in per_kind.items() if n > 1]
     if doubled:
         problems.append(f"more than one effect row per (order, kind): {examples(doubled)}")
@@ -753,7 +754,7 @@ async def check_database(engine: AsyncEngine, plan: Plan) -> list[str]:
             f"effects differ: unexpected {examples(sorted(set(per_kind) - plan.effects()))}, "
             f"missing {examples(sorted(plan.effects() - set(per_kind)))}"
         )
-    unsent = [(e["order_id"], e["kind"], e["state"]) for e in effects if e["state"] != "sent"]
+    unsent = [(e["aggregate_id"], e["kind"], e["state"]) for e in effects if e["state"] != "sent"]
     if unsent:
         problems.append(f"effects not sent: {examples(unsent)}")
     return problems
