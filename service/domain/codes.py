@@ -1,4 +1,10 @@
-"""The bounded, documented set of error codes and the kind of failure each one is."""
+"""The bounded, documented set of error codes and the kind of failure each one is.
+
+The core's codes (`ErrorCode`) are the failures any domain meets: invalid input, transient downstream trouble,
+the unexpected, an exhausted budget, and the generic outcomes of an effect. A domain registers its own permanent
+business answers (rejections, refused effects) as a `DomainCode` subclass (the order domain:
+service/orders/codes.py); they are all of kind `rejected`: terminal, never retried.
+"""
 
 from __future__ import annotations
 
@@ -15,19 +21,12 @@ class FailureKind(StrEnum):
 
 
 class ErrorCode(StrEnum):
-    """Stable error codes; envelopes, inbox rows, metrics and alerts use these strings."""
+    """The core's stable error codes; envelopes, inbox rows, metrics and alerts use these strings."""
 
     MALFORMED_PAYLOAD = "MALFORMED_PAYLOAD"
     SCHEMA_UNSUPPORTED = "SCHEMA_UNSUPPORTED"
     INVALID_FIELD = "INVALID_FIELD"
     UNREADABLE_RECORD = "UNREADABLE_RECORD"  # the Kafka client cannot decode the record (e.g. a non-UTF-8 header name)
-
-    UNKNOWN_TENANT = "UNKNOWN_TENANT"
-    ORDER_NOT_FOUND = "ORDER_NOT_FOUND"
-    ORDER_EXISTS = "ORDER_EXISTS"
-    INVALID_TRANSITION = "INVALID_TRANSITION"
-    UNKNOWN_CUSTOMER = "UNKNOWN_CUSTOMER"
-    CUSTOMER_BLOCKED = "CUSTOMER_BLOCKED"
 
     RATE_LIMITED = "RATE_LIMITED"
     DOWNSTREAM_UNAVAILABLE = "DOWNSTREAM_UNAVAILABLE"
@@ -37,11 +36,9 @@ class ErrorCode(StrEnum):
 
     UNEXPECTED_ERROR = "UNEXPECTED_ERROR"
 
-    PAYMENT_DECLINED = "PAYMENT_DECLINED"
     PROVIDER_REJECTED = "PROVIDER_REJECTED"
     NOT_FOUND_AFTER_RECONCILE = "NOT_FOUND_AFTER_RECONCILE"
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
-    CAPTURE_FAILED = "CAPTURE_FAILED"
     PROVIDER_UNAUTHORIZED = "PROVIDER_UNAUTHORIZED"
     PROVIDER_IN_PROGRESS = "PROVIDER_IN_PROGRESS"
 
@@ -67,12 +64,6 @@ _KINDS: dict[ErrorCode, FailureKind] = {
     ErrorCode.SCHEMA_UNSUPPORTED: FailureKind.INVALID,
     ErrorCode.INVALID_FIELD: FailureKind.INVALID,
     ErrorCode.UNREADABLE_RECORD: FailureKind.INVALID,
-    ErrorCode.UNKNOWN_TENANT: FailureKind.REJECTED,
-    ErrorCode.ORDER_NOT_FOUND: FailureKind.REJECTED,
-    ErrorCode.ORDER_EXISTS: FailureKind.REJECTED,
-    ErrorCode.INVALID_TRANSITION: FailureKind.REJECTED,
-    ErrorCode.UNKNOWN_CUSTOMER: FailureKind.REJECTED,
-    ErrorCode.CUSTOMER_BLOCKED: FailureKind.REJECTED,
     ErrorCode.RATE_LIMITED: FailureKind.TRANSIENT,
     ErrorCode.DOWNSTREAM_UNAVAILABLE: FailureKind.TRANSIENT,
     ErrorCode.DOWNSTREAM_TIMEOUT: FailureKind.TRANSIENT,
@@ -81,11 +72,9 @@ _KINDS: dict[ErrorCode, FailureKind] = {
     ErrorCode.UNEXPECTED_ERROR: FailureKind.UNKNOWN,
     # Effect outcomes, never a record's failure: the kind only keeps them out of the record retry rules;
     # service/policy/effects.py decides what each means for its effect.
-    ErrorCode.PAYMENT_DECLINED: FailureKind.REJECTED,
     ErrorCode.PROVIDER_REJECTED: FailureKind.REJECTED,
     ErrorCode.NOT_FOUND_AFTER_RECONCILE: FailureKind.REJECTED,
     ErrorCode.OUTCOME_UNKNOWN: FailureKind.REJECTED,
-    ErrorCode.CAPTURE_FAILED: FailureKind.REJECTED,
     # The provider refuses our credentials (401, 403): our configuration; the effect waits, spending no attempt.
     ErrorCode.PROVIDER_UNAUTHORIZED: FailureKind.REJECTED,
     # The provider is still working on the same idempotency key (409): the outcome is looked up, never guessed.
@@ -98,3 +87,31 @@ _KINDS: dict[ErrorCode, FailureKind] = {
     ErrorCode.PROCESSING_TIMEOUT_EXHAUSTED: FailureKind.INVALID,
     ErrorCode.UNEXPECTED_ERROR_EXHAUSTED: FailureKind.INVALID,
 }
+
+
+class DomainCode(StrEnum):
+    """The base of a domain's registered codes: permanent business answers, terminal, never retried.
+
+    A domain subclasses it with its members (`class OrderCode(DomainCode): ORDER_NOT_FOUND = "ORDER_NOT_FOUND"`);
+    its values must not be core codes (`registered` checks).
+    """
+
+    @property
+    def kind(self) -> FailureKind:
+        """Always `rejected`: a domain's code is a business answer."""
+        return FailureKind.REJECTED
+
+
+# What a rejection, an inbox row or an effect's outcome may carry: a core code or a domain's.
+Code = ErrorCode | DomainCode
+
+
+def registered(*domains: type[DomainCode]) -> dict[str, FailureKind]:
+    """Every code, the core's and the domains', with its kind; raises ValueError on a code defined twice."""
+    codes: dict[str, FailureKind] = {code.value: code.kind for code in ErrorCode}
+    for domain in domains:
+        for code in domain:
+            if code.value in codes:
+                raise ValueError(f"{domain.__name__}.{code.name} is defined twice ({code.value})")
+            codes[code.value] = code.kind
+    return codes

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.config import Topics
-from service.domain.codes import ErrorCode
+from service.orders.codes import OrderCode
 from service.orders.providers import EmailsClient, PaymentsClient
 from service.policy.effects import (
     CallOutcome,
@@ -54,7 +54,7 @@ class _Payment:
             # provider: ask before deciding that there is nothing to refund.
             captured = await self._payments.find(f"{effect.aggregate_id}/{CAPTURE.name}")
             if isinstance(captured, Missing):
-                return Refused(ErrorCode.CAPTURE_FAILED)
+                return Refused(OrderCode.CAPTURE_FAILED)
             if isinstance(captured, LookupFailed):
                 return NotSent(captured.code)
         return await self._payments.pay(effect.idempotency_key, effect.payload)

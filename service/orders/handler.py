@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.domain.codes import ErrorCode
+from service.domain.codes import Code
 from service.orders import model
 from service.orders import store as orders
 from service.orders.customers import CustomersClient
@@ -79,7 +79,7 @@ class OrderHandler:
         self,
         message_id: str,
         aggregate_id: str | None,
-        code: ErrorCode,
+        code: Code,
         schema: str | None,
         origin: Coordinates,
         at: datetime,

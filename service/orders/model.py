@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, TypeVar, dataclass_transform
 
-from service.domain.codes import ErrorCode
+from service.orders.codes import OrderCode
 from service.orders.messages import (
     OrderCancelledV1,
     OrderMessage,
@@ -121,9 +121,9 @@ def apply(message: OrderMessage, current: Order | None, context: Context) -> App
     if isinstance(message, OrderPlacedV1):
         return _place(message, current, context)
     if current is None:
-        return Rejected(ErrorCode.ORDER_NOT_FOUND)
+        return Rejected(OrderCode.ORDER_NOT_FOUND)
     if current.status is not OrderStatus.PLACED:
-        return Rejected(ErrorCode.INVALID_TRANSITION)
+        return Rejected(OrderCode.INVALID_TRANSITION)
     if isinstance(message, OrderShippedV1):
         return _ship(message, current)
     return _cancel(message, current)
@@ -131,13 +131,13 @@ def apply(message: OrderMessage, current: Order | None, context: Context) -> App
 
 def _place(message: OrderPlacedV1, current: Order | None, context: Context) -> Applied | Rejected:
     if message.tenant not in context.known_tenants:
-        return Rejected(ErrorCode.UNKNOWN_TENANT)
+        return Rejected(OrderCode.UNKNOWN_TENANT)
     if current is not None:
-        return Rejected(ErrorCode.ORDER_EXISTS)
+        return Rejected(OrderCode.ORDER_EXISTS)
     if context.customer is CustomerStatus.UNKNOWN:
-        return Rejected(ErrorCode.UNKNOWN_CUSTOMER)
+        return Rejected(OrderCode.UNKNOWN_CUSTOMER)
     if context.customer is CustomerStatus.BLOCKED:
-        return Rejected(ErrorCode.CUSTOMER_BLOCKED)
+        return Rejected(OrderCode.CUSTOMER_BLOCKED)
     when = placed_at(message)
     order = Order(
         order_id=message.order_id,

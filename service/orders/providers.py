@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from service.domain.codes import ErrorCode
+from service.orders.codes import OrderCode
 from service.orders.customers import retry_after
 from service.policy.effects import (
     CallOutcome,
@@ -43,7 +44,7 @@ def _answer(response: httpx.Response, reference_field: str) -> CallOutcome:
             # It did something, but we cannot tell what: let a look-up decide.
             return Unknown(ErrorCode.UNEXPECTED_ERROR)
     if status == 402:
-        return Refused(ErrorCode.PAYMENT_DECLINED)
+        return Refused(OrderCode.PAYMENT_DECLINED)
     if status in (401, 403):
         return NotSent(ErrorCode.PROVIDER_UNAUTHORIZED)
     if status == 409:

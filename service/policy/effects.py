@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from datetime import timedelta
 
-from service.domain.codes import ErrorCode
+from service.domain.codes import Code, ErrorCode
 
 
 @dataclass(frozen=True)
@@ -23,9 +23,9 @@ class Sent:
 
 @dataclass(frozen=True)
 class Refused:
-    """A permanent answer (402, 422): the effect will never succeed."""
+    """A permanent answer (402, 422): the effect will never succeed; a core code or one the domain registers."""
 
-    code: ErrorCode
+    code: Code
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class EffectDecision:
     """The next state of an effect row."""
 
     state: str
-    code: ErrorCode | None = None
+    code: Code | None = None
     reference: str | None = None
     retry_in: timedelta | None = None
     # The claim made no call that counts (handed back unmade, or refused our credentials): not an attempt.

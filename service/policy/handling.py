@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.domain.codes import ErrorCode
+from service.domain.codes import Code, ErrorCode
 
 
 @dataclass(frozen=True, slots=True)  # not a pydantic model: isinstance on those goes through ABCMeta, slowly
@@ -18,6 +18,7 @@ class DecodeFailure:
 
 @dataclass(frozen=True)
 class Rejected:
-    """The message is a permanent business rejection: terminal, never retried, announced by an event."""
+    """The message is a permanent business rejection: terminal, never retried, announced by an event; its code is
+    usually one the domain registers (service/domain/codes.py `DomainCode`)."""
 
-    code: ErrorCode
+    code: Code

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.domain.codes import ErrorCode
+from service.domain.codes import Code
 from service.policy.records import Coordinates
 from service.store.batch import AggregateRows
 
@@ -60,7 +60,7 @@ class Handler(Protocol):
         self,
         message_id: str,
         aggregate_id: str | None,
-        code: ErrorCode,
+        code: Code,
         schema: str | None,
         origin: Coordinates,
         at: datetime,

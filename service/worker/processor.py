@@ -28,7 +28,7 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.domain.codes import ErrorCode, FailureKind
+from service.domain.codes import Code, ErrorCode, FailureKind
 from service.durations import format_duration
 from service.errors import ConcurrentWrite, InfrastructureUnavailable, RecordFailure
 from service.faults import crash_point, fail_point
@@ -166,7 +166,7 @@ class _Write:
     retrying: list[RetryRow] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
     blocks: list[tuple[str, str]] = field(default_factory=list)
-    outcomes: list[tuple[Pending, Outcome, ErrorCode | None]] = field(default_factory=list)
+    outcomes: list[tuple[Pending, Outcome, Code | None]] = field(default_factory=list)
     stepped: Collection[str] = ()  # message ids with a retry row, per the round's look-up
     holding: Collection[str] = ()  # of those, the ones that hold their key (a retrying head)
 
@@ -484,7 +484,7 @@ class Processor:
             crash_point("mid-write", self._settings.fault_crash_at)
             await uow.commit()
         crash_point("after-commit", self._settings.fault_crash_at)
-        counts: Counter[tuple[Outcome, ErrorCode | None]] = Counter()
+        counts: Counter[tuple[Outcome, Code | None]] = Counter()
         for pending, outcome, code in write.outcomes:
             counts[outcome, code] += 1
             if outcome is not Outcome.PROCESSED:
@@ -557,7 +557,7 @@ class Processor:
         return write
 
     def _leave(
-        self, write: _Write, pending: Pending, outcome: Outcome, code: ErrorCode | None, *, orphan: bool = False
+        self, write: _Write, pending: Pending, outcome: Outcome, code: Code | None, *, orphan: bool = False
     ) -> None:
         """Book-keeping every departing record shares: out of the parked table and the retry table.
 
@@ -579,7 +579,7 @@ class Processor:
         known = facts.known
         return pending.message_id in known.steps and known.seen.get(pending.message_id) is not None
 
-    def _terminal(self, write: _Write, pending: Pending, status: str, code: ErrorCode | None) -> None:
+    def _terminal(self, write: _Write, pending: Pending, status: str, code: Code | None) -> None:
         """The inbox row of a record that reached `status`; a reprocessed quarantined record moves its row."""
         row = self._inbox_row(pending, status, code)
         if pending.reopen:
@@ -589,7 +589,7 @@ class Processor:
         if pending.reprocess:
             write.reprocessed.append(pending.origin.failure_id)
 
-    def _inbox_row(self, pending: Pending, status: str, code: ErrorCode | None) -> InboxRow:
+    def _inbox_row(self, pending: Pending, status: str, code: Code | None) -> InboxRow:
         origin = pending.origin
         return InboxRow(
             message_id=pending.message_id,
@@ -661,7 +661,7 @@ class Processor:
             write.unparked.append(pending.parked_id)
         write.outcomes.append((pending, Outcome.RETRY_SCHEDULED, pending.last_code))
 
-    def _reject(self, write: _Write, pending: Pending, code: ErrorCode) -> None:
+    def _reject(self, write: _Write, pending: Pending, code: Code) -> None:
         event_type, document = self._handler.rejection(
             pending.message_id, pending.aggregate_id, code, pending.schema_name, pending.origin, self._clock()
         )

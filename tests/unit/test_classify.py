@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from service.domain.codes import ErrorCode, FailureKind
+from service.orders.codes import OrderCode
 from service.policy.classify import Action, Decision, Failure, classify
 from service.policy.retry import AttemptHistory, Budget, RetryPolicy
 
@@ -25,12 +26,12 @@ TIERED = RetryPolicy(
 
 INVALID = [ErrorCode.MALFORMED_PAYLOAD, ErrorCode.SCHEMA_UNSUPPORTED, ErrorCode.INVALID_FIELD]
 REJECTED = [
-    ErrorCode.UNKNOWN_TENANT,
-    ErrorCode.ORDER_NOT_FOUND,
-    ErrorCode.ORDER_EXISTS,
-    ErrorCode.INVALID_TRANSITION,
-    ErrorCode.UNKNOWN_CUSTOMER,
-    ErrorCode.CUSTOMER_BLOCKED,
+    OrderCode.UNKNOWN_TENANT,
+    OrderCode.ORDER_NOT_FOUND,
+    OrderCode.ORDER_EXISTS,
+    OrderCode.INVALID_TRANSITION,
+    OrderCode.UNKNOWN_CUSTOMER,
+    OrderCode.CUSTOMER_BLOCKED,
 ]
 TRANSIENT = [
     ErrorCode.RATE_LIMITED,

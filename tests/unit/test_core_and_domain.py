@@ -12,6 +12,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.unit.test_architecture import PACKAGE, REPO_ROOT, imports_of, module_name, names_any, relative, sources
 
 DOMAIN = "service.orders"
@@ -35,7 +37,6 @@ NAMES_AT_MOST = {
     "service/cli/reprocess.py": 1,
     "service/cli/serve.py": 1,
     "service/config.py": 14,
-    "service/domain/codes.py": 15,
     "service/explain.py": 8,
     "service/health.py": 1,
     "service/policy/owners.py": 2,
@@ -139,3 +140,19 @@ def test_the_word_scanner_sees_identifiers_and_sql_but_not_docstrings(tmp_path: 
     module.write_text('"""About orders."""\ndef pay(order_id):\n    """Emails."""\n    return "SELECT payment"\n')
 
     assert domain_words(module) == ["order", "payment"]
+
+
+def test_the_domain_registers_its_own_codes_and_none_is_a_core_code() -> None:
+    from service.domain.codes import DomainCode, ErrorCode, FailureKind, registered
+    from service.orders.codes import OrderCode
+
+    codes = registered(OrderCode)
+    assert {code.value for code in ErrorCode} < set(codes)
+    assert all(codes[code.value] is FailureKind.REJECTED for code in OrderCode)
+    assert not {code.value for code in OrderCode} & {code.value for code in ErrorCode}
+
+    class Clashing(DomainCode):
+        UNEXPECTED_ERROR = "UNEXPECTED_ERROR"
+
+    with pytest.raises(ValueError, match="defined twice"):
+        registered(OrderCode, Clashing)

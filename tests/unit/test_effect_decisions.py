@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from service.domain.codes import ErrorCode
+from service.orders.codes import OrderCode
 from service.orders.providers import _answer
 from service.policy.effects import (
     EffectDecision,
@@ -35,7 +36,7 @@ def answered(status: int, body: object = None, headers: dict[str, str] | None = 
     [
         (201, Sent("p-1")),
         (200, Sent("p-1")),
-        (402, Refused(ErrorCode.PAYMENT_DECLINED)),
+        (402, Refused(OrderCode.PAYMENT_DECLINED)),
         (422, Refused(ErrorCode.PROVIDER_REJECTED)),
         (400, Refused(ErrorCode.PROVIDER_REJECTED)),
         (401, NotSent(ErrorCode.PROVIDER_UNAUTHORIZED)),

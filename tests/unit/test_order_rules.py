@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from service.domain.codes import ErrorCode, FailureKind
+from service.orders.codes import OrderCode
 from service.orders.messages import (
     DecodeFailure,
     OrderCancelledV1,
@@ -148,18 +149,18 @@ def test_a_placed_v1_carrying_a_sequence_below_one_never_creates_an_order_with_i
 @pytest.mark.parametrize(
     ("message", "current", "customer", "code"),
     [
-        pytest.param(placed(tenant="umbrella"), None, CustomerStatus.ACTIVE, ErrorCode.UNKNOWN_TENANT, id="tenant"),
-        pytest.param(placed(), existing(), CustomerStatus.ACTIVE, ErrorCode.ORDER_EXISTS, id="second-placed"),
-        pytest.param(placed_v2(), existing(), CustomerStatus.ACTIVE, ErrorCode.ORDER_EXISTS, id="second-placed-v2"),
+        pytest.param(placed(tenant="umbrella"), None, CustomerStatus.ACTIVE, OrderCode.UNKNOWN_TENANT, id="tenant"),
+        pytest.param(placed(), existing(), CustomerStatus.ACTIVE, OrderCode.ORDER_EXISTS, id="second-placed"),
+        pytest.param(placed_v2(), existing(), CustomerStatus.ACTIVE, OrderCode.ORDER_EXISTS, id="second-placed-v2"),
         pytest.param(
             placed(),
             existing(OrderStatus.SHIPPED, 2),
             CustomerStatus.ACTIVE,
-            ErrorCode.ORDER_EXISTS,
+            OrderCode.ORDER_EXISTS,
             id="placed-after-shipped",
         ),
-        pytest.param(placed(), None, CustomerStatus.UNKNOWN, ErrorCode.UNKNOWN_CUSTOMER, id="unknown-customer"),
-        pytest.param(placed(), None, CustomerStatus.BLOCKED, ErrorCode.CUSTOMER_BLOCKED, id="blocked-customer"),
+        pytest.param(placed(), None, CustomerStatus.UNKNOWN, OrderCode.UNKNOWN_CUSTOMER, id="unknown-customer"),
+        pytest.param(placed(), None, CustomerStatus.BLOCKED, OrderCode.CUSTOMER_BLOCKED, id="blocked-customer"),
     ],
 )
 def test_a_placed_that_breaks_a_rule_is_rejected_with_its_code(
@@ -182,12 +183,12 @@ def test_a_placed_for_every_default_tenant_is_accepted(tenant: str) -> None:
 def test_a_tenant_outside_a_configured_list_is_rejected_even_if_it_is_a_default_one() -> None:
     context = Context(known_tenants=frozenset({"umbrella"}))
 
-    assert apply(placed(tenant="acme"), None, context) == Rejected(ErrorCode.UNKNOWN_TENANT)
+    assert apply(placed(tenant="acme"), None, context) == Rejected(OrderCode.UNKNOWN_TENANT)
 
 
 @pytest.mark.parametrize("message", [pytest.param(shipped(), id="shipped"), pytest.param(cancelled(), id="cancelled")])
 def test_an_update_for_an_order_that_does_not_exist_is_rejected_with_order_not_found(message: OrderMessage) -> None:
-    assert apply(message, None, CONTEXT) == Rejected(ErrorCode.ORDER_NOT_FOUND)
+    assert apply(message, None, CONTEXT) == Rejected(OrderCode.ORDER_NOT_FOUND)
 
 
 @pytest.mark.parametrize(
@@ -202,7 +203,7 @@ def test_an_update_for_an_order_that_does_not_exist_is_rejected_with_order_not_f
 def test_an_update_from_a_status_other_than_placed_is_an_invalid_transition(
     message: OrderMessage, status: OrderStatus
 ) -> None:
-    assert apply(message, existing(status, 2), CONTEXT) == Rejected(ErrorCode.INVALID_TRANSITION)
+    assert apply(message, existing(status, 2), CONTEXT) == Rejected(OrderCode.INVALID_TRANSITION)
 
 
 def test_a_shipped_moves_a_placed_order_to_shipped_and_keeps_what_it_was_placed_with() -> None:
