@@ -1,0 +1,1 @@
+"""The inventory branch's revision files."""
