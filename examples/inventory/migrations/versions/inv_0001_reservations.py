@@ -36,7 +36,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("reservation_id", name="pk_reservations"),
         sa.CheckConstraint("status IN ('reserved', 'released')", name="ck_reservations_status"),
         sa.CheckConstraint(
-            "hold_status IN ('held', 'refused', 'unheld', 'unhold_failed')", name="ck_reservations_hold_status"
+            "hold_status IN ('held', 'hold_failed', 'unheld', 'unhold_failed')", name="ck_reservations_hold_status"
         ),
         sa.CheckConstraint("quantity > 0", name="ck_reservations_quantity"),
     )

@@ -1,0 +1,95 @@
+"""The inventory domain's effects: the hold at the warehouse when stock is reserved, and its release.
+
+Both calls are idempotent on the effect's key. The release waits for the hold (`waits_for`): the core claims it
+only once the hold is resolved, so the warehouse never sees a release before its hold. Each outcome sets the
+reservation's `hold_status`, raises its version, and publishes one event on `<source>.events`.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from examples.inventory.model import HOLD, UNHOLD
+from examples.inventory.providers import WarehouseClient
+from service.config import Topics
+from service.policy.effects import CallOutcome, EffectDecision, LookupOutcome
+from service.policy.envelope import event_headers
+from service.store import outbox
+from service.store.effects import EffectRow
+from service.store.outbox import OutboxMessage
+from service.worker.effect_kinds import EffectKind, EffectRegistry, EffectSpec
+
+# `provider_setting` names the variable that enables the calls (ORDERS_WAREHOUSE_URL): this domain's own
+# settings read it (examples/inventory/composition.py), the core only names it when the calls are disabled.
+HOLD_SPEC = EffectSpec(HOLD, idempotent=True, provider_setting="warehouse_url")
+UNHOLD_SPEC = EffectSpec(UNHOLD, idempotent=True, provider_setting="warehouse_url", waits_for=HOLD)
+SPECS = (HOLD_SPEC, UNHOLD_SPEC)
+
+# Per kind and settled state: the reservation's hold status and the event that announces it.
+_OUTCOMES = {
+    (HOLD, "sent"): ("held", "reservation.held"),
+    (HOLD, "failed"): ("hold_failed", "reservation.hold_failed"),
+    (UNHOLD, "sent"): ("unheld", "reservation.unheld"),
+    (UNHOLD, "failed"): ("unhold_failed", "reservation.unhold_failed"),
+}
+
+_SET_HOLD_STATUS = text(
+    """
+    UPDATE reservations SET hold_status = :status, version = version + 1, updated_at = now()
+    WHERE reservation_id = :reservation_id
+    RETURNING version
+    """
+)
+
+
+class _WarehouseEffect:
+    """A call to the warehouse, keyed by the effect's idempotency key."""
+
+    def __init__(self, spec: EffectSpec, warehouse: WarehouseClient) -> None:
+        self.spec = spec
+        self._warehouse = warehouse
+
+    @property
+    def enabled(self) -> bool:
+        """False when ORDERS_WAREHOUSE_URL is unset: the effects wait, pending."""
+        return self._warehouse.enabled
+
+    async def call(self, effect: EffectRow) -> CallOutcome:
+        """Hold, or release the hold."""
+        if self.spec is HOLD_SPEC:
+            return await self._warehouse.hold(effect.idempotency_key, effect.payload)
+        return await self._warehouse.release(effect.idempotency_key, effect.payload)
+
+    async def look_up(self, effect: EffectRow) -> LookupOutcome:
+        """The hold (or release) the warehouse made under the effect's key, if any."""
+        if self.spec is HOLD_SPEC:
+            return await self._warehouse.find_hold(effect.idempotency_key)
+        return await self._warehouse.find_release(effect.idempotency_key)
+
+    async def on_outcome(
+        self, connection: AsyncConnection, topics: Topics, effect: EffectRow, decision: EffectDecision
+    ) -> None:
+        """A sent or failed call: the reservation's hold status, its version, and one `reservation.*` event."""
+        settled = _OUTCOMES.get((effect.kind, decision.state))
+        if settled is None:
+            return  # not settled yet (pending, uncertain): nothing follows
+        status, event_type = settled
+        # The reservation's row lock first, then the outbox row: one reservation's events publish in order.
+        version = await connection.scalar(_SET_HOLD_STATUS, {"status": status, "reservation_id": effect.aggregate_id})
+        document = {
+            "type": event_type,
+            "reservationId": effect.aggregate_id,
+            "reservationVersion": version,
+            "effect": effect.idempotency_key,
+            "reference": decision.reference,
+            "errorCode": decision.code.value if decision.code else None,
+        }
+        headers = event_headers(effect.idempotency_key, event_type, None)
+        await outbox.add(connection, [OutboxMessage.json(topics.events, effect.aggregate_id, headers, document)])
+
+
+def inventory_effects(warehouse: WarehouseClient) -> EffectRegistry:
+    """The inventory domain's effect kinds, with their client."""
+    kinds: list[EffectKind] = [_WarehouseEffect(HOLD_SPEC, warehouse), _WarehouseEffect(UNHOLD_SPEC, warehouse)]
+    return EffectRegistry(kinds)
