@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, overload
 
 from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.durations import FORMAT_HINT, format_duration, parse_duration
 from service.policy.owners import parse_owners
@@ -36,7 +36,8 @@ DEDUP_MARGIN = timedelta(seconds=10)
 
 
 class Settings(BaseSettings):
-    """Every knob of the service; each field is read from `ORDERS_<FIELD>`."""
+    """Every knob of the core; each field is read from `ORDERS_<FIELD>`. A domain adds its own (its downstream
+    URLs, its rules' parameters) in a subclass (the order domain: service/orders/settings.py)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
 
@@ -55,10 +56,6 @@ class Settings(BaseSettings):
     quarantine_owners: str = ""
     ordering: Literal["key", "versioned", "unordered"] = "key"
     dedup_window: Duration = timedelta(days=7)
-    customers_url: str | None = None
-    payments_url: str | None = None
-    emails_url: str | None = None
-    known_tenants: Annotated[tuple[str, ...], NoDecode] = ("acme", "globex", "initech")
     metrics_port: int = Field(default=9108, ge=0, le=65535)
     metrics_refresh: Duration = timedelta(seconds=10)
     http_timeout: Duration = timedelta(seconds=2)
@@ -69,16 +66,6 @@ class Settings(BaseSettings):
     fault_crash_at: Literal["after-commit", "mid-write", "after-publish"] | None = None
     # Test instrumentation only: a named write that fails as if the store refused its content.
     fault_fail_at: Literal["quarantine-write"] | None = None
-
-    @field_validator("known_tenants", mode="before")
-    @classmethod
-    def _split_tenants(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            tenants = tuple(part.strip() for part in value.split(",") if part.strip())
-            if not tenants:
-                raise ValueError("needs at least one tenant id, comma-separated")
-            return tenants
-        return value
 
     @field_validator("retry_tiers")
     @classmethod
@@ -109,17 +96,6 @@ class Settings(BaseSettings):
     def _check_window(cls, value: timedelta) -> timedelta:
         if not DEDUP_WINDOW_MIN <= value <= DEDUP_WINDOW_MAX:
             raise ValueError("must be between 20s and 7d")
-        return value
-
-    @field_validator("customers_url", "payments_url", "emails_url", mode="before")
-    @classmethod
-    def _blank_is_unset(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            value = value.strip().rstrip("/")
-            if not value:
-                return None
-            if not value.startswith(("http://", "https://")):
-                raise ValueError("must be an http:// or https:// base URL, or empty to disable the call")
         return value
 
     @field_validator("database_url")
@@ -191,9 +167,39 @@ def describe_validation_error(error: ValidationError) -> str:
     return "invalid configuration: " + "; ".join(parts)
 
 
-def load_settings(**overrides: Any) -> Settings:
-    """Read the settings from the environment, raising ConfigurationError with a one-line message."""
+def base_url(value: Any) -> Any:
+    """A downstream's base URL setting: blank is unset (the calls are off), else http(s), without a trailing /.
+
+    For a domain's URL settings: `Annotated[str | None, BeforeValidator(base_url)]`."""
+    if isinstance(value, str):
+        value = value.strip().rstrip("/")
+        if not value:
+            return None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// base URL, or empty to disable the call")
+    return value
+
+
+BaseUrl = Annotated[str | None, BeforeValidator(base_url)]
+
+
+S = TypeVar("S", bound=Settings)
+
+
+@overload
+def load_settings(settings_class: None = None, **overrides: Any) -> Settings:
+    """The core's settings."""
+
+
+@overload
+def load_settings(settings_class: type[S], **overrides: Any) -> S:
+    """A domain's settings (a subclass of the core's)."""
+
+
+def load_settings(settings_class: type[Settings] | None = None, **overrides: Any) -> Settings:
+    """Read the settings (the core's, or a domain's subclass of them) from the environment, raising
+    ConfigurationError with a one-line message."""
     try:
-        return Settings(**overrides)
+        return (settings_class or Settings)(**overrides)
     except ValidationError as error:
         raise ConfigurationError(describe_validation_error(error)) from None

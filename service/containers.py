@@ -25,6 +25,8 @@ from service.orders.handler import OrderHandler
 from service.orders.messages import decode as decode_order
 from service.orders.messages import invalid_field
 from service.orders.providers import EmailsClient, PaymentsClient
+from service.orders.settings import READS as ORDER_READS
+from service.orders.settings import OrderSettings
 from service.policy.backpressure import BackpressurePolicy
 from service.policy.effects import EffectPolicy
 from service.policy.retry import RetryPolicy
@@ -87,6 +89,12 @@ def _topics(settings: Settings, policy: RetryPolicy) -> list[str]:
     """The source topic, every retry tier topic, and the reprocess topic."""
     tiers = [settings.topics.retry(label) for label in policy.tier_labels]
     return [settings.topics.source, *tiers, settings.topics.reprocess]
+
+
+# The settings class of this service (the core's and the domain's), and the domain's variables per command
+# (each command's --help lists them).
+SETTINGS = OrderSettings
+DOMAIN_READS = ORDER_READS
 
 
 class Container(containers.DeclarativeContainer):

@@ -9,6 +9,7 @@ import typer
 
 from service.cli import effects, outbox, parked, quarantine, reprocess, serve
 from service.cli.environment import describe
+from service.containers import DOMAIN_READS
 
 app = typer.Typer(
     name="order-service",
@@ -49,7 +50,7 @@ def main() -> None:
     """Console-script entry point."""
     command = typer.main.get_command(app)
     plain_help(command)
-    describe(command)
+    describe(command, DOMAIN_READS)
     command(prog_name="order-service")
 
 

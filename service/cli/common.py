@@ -20,7 +20,7 @@ from typer.exceptions import TyperException
 
 from service import logs
 from service.config import ConfigurationError, Settings, load_settings
-from service.containers import Container
+from service.containers import SETTINGS, Container
 from service.explain import explain
 from service.store.uow import UnitOfWork
 
@@ -35,7 +35,7 @@ def configured() -> Settings:
     """The settings from the environment; a bad one is one line and exit 2. Configures logging."""
     global _loaded
     try:
-        settings = load_settings()
+        settings = load_settings(SETTINGS)
     except ConfigurationError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None

@@ -3,6 +3,7 @@ the variable is ENV_PREFIX and the name in capitals)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from service.config import ENV_PREFIX
@@ -22,16 +23,12 @@ _CONSUME = (
     "quarantine_owners",
     "ordering",
     "dedup_window",
-    "customers_url",
-    "known_tenants",
     "http_timeout",
     "batch_size",
 )
 _RELAY = ("relay_batch_size",)
 _EFFECTS = (
     "source_topic",
-    "payments_url",
-    "emails_url",
     "http_timeout",
     "effect_lease",
     "effect_max_attempts",
@@ -46,8 +43,6 @@ READS: dict[str, tuple[str, ...]] = {
     "run": _KAFKA + _PROCESS + _CONSUME + _RELAY + _EFFECTS,
     "reconcile": (
         "source_topic",
-        "payments_url",
-        "emails_url",
         "http_timeout",
         "effect_lease",
         "dedup_window",
@@ -55,23 +50,25 @@ READS: dict[str, tuple[str, ...]] = {
     "quarantine": (),
     "reprocess": (*_KAFKA, "consumer_name", "source_topic"),
     "parked": ("consumer_name",),
-    "effects list": ("payments_url", "emails_url"),
+    "effects list": (),
     "effects show": (),
     "effects retry": (),
     "outbox": (),
 }
 
 
-def reads(path: str) -> tuple[str, ...]:
-    """The variables the command at `path` reads: its own entry, else its group's, always with _EVERY."""
+def reads(path: str, domain: Mapping[str, tuple[str, ...]] | None = None) -> tuple[str, ...]:
+    """The variables the command at `path` reads: its own entry, else its group's, always with _EVERY, and the
+    domain's for the same command (`domain`: a command path → the domain's settings it reads)."""
     words = path.split()
     while words and " ".join(words) not in READS:
         words.pop()
-    own = READS.get(" ".join(words), ())
+    command = " ".join(words)
+    own = READS.get(command, ()) + (domain or {}).get(command, ())
     return tuple(f"{ENV_PREFIX}{name.upper()}" for name in dict.fromkeys(_EVERY + own))
 
 
-def describe(command: Any, path: str = "") -> None:
+def describe(command: Any, domain: Mapping[str, tuple[str, ...]], path: str = "") -> None:
     """Add 'Reads: …' to the help of every command under `command` (a click command tree)."""
     if not path:
         command.epilog = (
@@ -79,6 +76,6 @@ def describe(command: Any, path: str = "") -> None:
             "each command's --help lists the ones it reads."
         )
     else:
-        command.epilog = "Reads " + ", ".join(reads(path)) + " (README, Configuration)."
+        command.epilog = "Reads " + ", ".join(reads(path, domain)) + " (README, Configuration)."
     for name, sub in getattr(command, "commands", {}).items():
-        describe(sub, f"{path} {name}".strip())
+        describe(sub, domain, f"{path} {name}".strip())

@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from service.config import Settings
 from service.containers import Container
+from service.orders.settings import OrderSettings
 from service.policy.records import SourceRecord
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +108,7 @@ def settings_for(database_url: str, bootstrap: str, topics: Topics, **overrides:
         "max_elapsed": "20s",
     }
     values.update(overrides)
-    return Settings(**values)
+    return OrderSettings(**values)
 
 
 def env_for(settings: Settings) -> dict[str, str]:

@@ -39,11 +39,14 @@ def test_help_shows_no_type_placeholders(path: tuple[str, ...], capsys: pytest.C
 
 def test_every_variable_a_command_says_it_reads_is_a_setting() -> None:
     from service.cli.environment import READS, reads
-    from service.config import ENV_PREFIX, Settings
+    from service.config import ENV_PREFIX
+    from service.containers import DOMAIN_READS, SETTINGS
 
-    settings = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
-    listed = {variable for path in READS for variable in reads(path)}
+    settings = {f"{ENV_PREFIX}{name.upper()}" for name in SETTINGS.model_fields}
+    listed = {variable for path in READS | DOMAIN_READS for variable in reads(path, DOMAIN_READS)}
 
     assert listed - settings == set()
     assert "ORDERS_KAFKA_BOOTSTRAP_SERVERS" in reads("consume")
     assert "ORDERS_DATABASE_URL" in reads("quarantine list")  # a group's commands read what the group reads
+    assert "ORDERS_CUSTOMERS_URL" in reads("consume", DOMAIN_READS)  # and the domain's
+    assert "ORDERS_CUSTOMERS_URL" not in reads("consume")

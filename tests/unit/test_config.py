@@ -9,6 +9,7 @@ import pytest
 
 from service.config import ConfigurationError, load_settings
 from service.durations import format_duration, parse_duration
+from service.orders.settings import OrderSettings
 
 
 @pytest.fixture(autouse=True)
@@ -23,7 +24,7 @@ def configuration_error(monkeypatch: pytest.MonkeyPatch, variable: str, value: s
     """Set one variable, load the settings, and return the message of the ConfigurationError that must follow."""
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigurationError) as caught:
-        load_settings()
+        load_settings(OrderSettings)
     return str(caught.value)
 
 
@@ -66,7 +67,7 @@ def test_a_duration_is_written_back_in_the_shortest_exact_form(value: timedelta,
 
 
 def test_without_any_variable_the_contract_defaults_apply() -> None:
-    settings = load_settings()
+    settings = load_settings(OrderSettings)
 
     assert settings.consumer_name == "order-service"
     assert settings.source_topic == "orders"
@@ -117,13 +118,13 @@ def test_a_valid_variable_is_read_into_its_setting(
 ) -> None:
     monkeypatch.setenv(variable, value)
 
-    assert getattr(load_settings(), field) == expected
+    assert getattr(load_settings(OrderSettings), field) == expected
 
 
 def test_an_explicit_override_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORDERS_SOURCE_TOPIC", "from-environment")
 
-    assert load_settings(source_topic="from-override").source_topic == "from-override"
+    assert load_settings(OrderSettings, source_topic="from-override").source_topic == "from-override"
 
 
 @pytest.mark.parametrize(
@@ -205,7 +206,7 @@ def test_the_error_does_not_chain_the_validation_error_that_would_print_a_traceb
     monkeypatch.setenv("ORDERS_ORDERING", "strict")
 
     with pytest.raises(ConfigurationError) as caught:
-        load_settings()
+        load_settings(OrderSettings)
 
     assert caught.value.__cause__ is None
     assert caught.value.__suppress_context__
@@ -225,7 +226,7 @@ def test_several_invalid_variables_are_all_named_on_the_same_line(monkeypatch: p
 
     # When the settings load
     with pytest.raises(ConfigurationError) as caught:
-        load_settings()
+        load_settings(OrderSettings)
 
     # Then one line names both, so an operator fixes them in one go
     message = str(caught.value)
@@ -235,7 +236,7 @@ def test_several_invalid_variables_are_all_named_on_the_same_line(monkeypatch: p
 
 
 def test_topic_names_derive_from_the_default_source_topic() -> None:
-    topics = load_settings().topics
+    topics = load_settings(OrderSettings).topics
 
     assert topics.source == "orders"
     assert topics.quarantine == "orders.quarantine"
@@ -249,7 +250,7 @@ def test_topic_names_derive_from_the_default_source_topic() -> None:
 def test_topic_names_follow_a_configured_source_topic(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORDERS_SOURCE_TOPIC", "shop.orders")
 
-    topics = load_settings().topics
+    topics = load_settings(OrderSettings).topics
 
     assert topics.quarantine == "shop.orders.quarantine"
     assert topics.reprocess == "shop.orders.reprocess"
@@ -259,7 +260,7 @@ def test_topic_names_follow_a_configured_source_topic(monkeypatch: pytest.Monkey
 
 
 def test_each_default_retry_tier_names_its_topic_with_the_duration_as_written() -> None:
-    settings = load_settings()
+    settings = load_settings(OrderSettings)
 
     names = [settings.topics.retry(format_duration(parse_duration(tier))) for tier in settings.retry_tiers.split(",")]
 
@@ -273,7 +274,7 @@ def test_the_shortest_dedup_window_is_accepted_when_the_retry_horizon_fits_in_it
     monkeypatch.setenv("ORDERS_RETRY_TIERS", "")
     monkeypatch.setenv("ORDERS_DEDUP_WINDOW", "20s")
 
-    assert load_settings().dedup_window == timedelta(seconds=20)
+    assert load_settings(OrderSettings).dedup_window == timedelta(seconds=20)
 
 
 @pytest.mark.parametrize(
@@ -302,7 +303,7 @@ def test_a_window_shorter_than_the_retry_horizon_is_refused_in_one_line(
         monkeypatch.setenv(name, value)
 
     with pytest.raises(ConfigurationError) as refused:
-        load_settings()
+        load_settings(OrderSettings)
 
     assert str(refused.value) == expected
 
@@ -310,4 +311,4 @@ def test_a_window_shorter_than_the_retry_horizon_is_refused_in_one_line(
 @pytest.mark.parametrize(("value", "level"), [("DEBUG", "debug"), (" Info ", "info"), ("warning", "warning")])
 def test_the_log_level_is_taken_in_any_case(monkeypatch: pytest.MonkeyPatch, value: str, level: str) -> None:
     monkeypatch.setenv("ORDERS_LOG_LEVEL", value)
-    assert load_settings().log_level == level
+    assert load_settings(OrderSettings).log_level == level

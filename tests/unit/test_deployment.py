@@ -12,8 +12,9 @@ import typer
 import yaml
 
 from service.cli import app
-from service.config import ENV_PREFIX, Settings
+from service.config import ENV_PREFIX
 from service.metrics import Metrics
+from service.orders.settings import OrderSettings as Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

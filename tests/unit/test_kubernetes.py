@@ -18,8 +18,9 @@ import typer
 import yaml
 
 from service.cli import app
-from service.config import ENV_PREFIX, Settings, load_settings
+from service.config import ENV_PREFIX, load_settings
 from service.durations import parse_duration
+from service.orders.settings import OrderSettings as Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
@@ -367,7 +368,7 @@ def test_the_configuration_every_container_gets_is_one_the_service_accepts(
         for variable in container.get("env", []):
             monkeypatch.setenv(variable["name"], variable["value"])
 
-        load_settings()
+        load_settings(Settings)
 
 
 def test_every_container_reads_the_configmap_and_the_database_secret(objects: list[Object]) -> None:
