@@ -70,7 +70,8 @@ def decode(value: bytes | None) -> InventoryMessage | DecodeFailure:
         except (ValidationError, RecursionError):
             pass
         else:
-            if _holds_nul(message.model_dump()):
+            # JSON spells NUL only as the escape \u0000: only a value holding that text needs the walk.
+            if b"\\u0000" in value and _holds_nul(message.model_dump()):
                 return DecodeFailure(code=ErrorCode.INVALID_FIELD, schema_name=message.schema_name)
             return message
     try:

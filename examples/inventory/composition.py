@@ -1,0 +1,51 @@
+"""Wiring the inventory domain into the core's container (service/containers.py), in place of the orders.
+
+`use_inventory(container)` overrides the container's domain providers (`handler`, `effect_kinds`,
+`effect_specs`, `failing_field`) and the reprocessor's decoder with the inventory domain's. The domain's own
+settings extend the core's (`InventorySettings`, read with the core's environment prefix): `ORDERS_STOCK_URL`
+and `ORDERS_WAREHOUSE_URL`; unset, the stock is not checked before a reserve, or the warehouse calls wait,
+pending.
+"""
+
+from __future__ import annotations
+
+from dependency_injector import providers
+
+from examples.inventory.effects import SPECS, inventory_effects
+from examples.inventory.handler import InventoryHandler
+from examples.inventory.messages import decode, invalid_field
+from examples.inventory.migrations import LOCATION
+from examples.inventory.providers import StockClient, WarehouseClient
+from service.config import BaseUrl, Settings
+from service.containers import Container
+from service.worker.handler import Handler
+
+# The domain's migrations, for the core's schema functions (service/store/schema.py `extra_locations`).
+MIGRATIONS = (LOCATION,)
+
+
+class InventorySettings(Settings):
+    """The core's settings and the inventory domain's, each read from `ORDERS_<FIELD>`."""
+
+    stock_url: BaseUrl = None
+    warehouse_url: BaseUrl = None
+
+
+def inventory_handler(stock: StockClient) -> Handler:
+    """The domain's handler (typed as the core's protocol, so the type checker holds it to the seam)."""
+    return InventoryHandler(stock)
+
+
+def use_inventory(container: Container) -> Container:
+    """Rewire `container`, whose settings are `InventorySettings`, for the inventory domain (before its resources
+    start); returns it."""
+    settings = container.settings
+    stock = providers.Factory(StockClient, http=container.http, base_url=settings.provided.stock_url)
+    warehouse = providers.Factory(WarehouseClient, http=container.http, base_url=settings.provided.warehouse_url)
+    container.handler.override(providers.Factory(inventory_handler, stock=stock))
+    container.effect_kinds.override(providers.Factory(inventory_effects, warehouse=warehouse))
+    container.effect_specs.override(providers.Object(SPECS))
+    container.failing_field.override(providers.Object(invalid_field))
+    # The reprocessor takes its decoder as a plain value, not a provider: replace that one argument.
+    container.reprocessor.add_kwargs(decode=decode)
+    return container
