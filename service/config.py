@@ -12,6 +12,7 @@ from service.durations import FORMAT_HINT, format_duration, parse_duration
 from service.policy.owners import parse_owners
 from service.policy.retry import Budget, RetryPolicy, build_policy
 
+PROGRAM = "order-service"  # the console script, the distribution, the default consumer name
 ENV_PREFIX = "ORDERS_"  # every setting is this prefix and its name in capitals: ORDERS_DATABASE_URL
 METRICS_PREFIX = "orders"  # every metric is named <prefix>_<what>: orders_records_total
 
@@ -43,7 +44,7 @@ class Settings(BaseSettings):
 
     database_url: str = "postgresql+asyncpg://postgres@127.0.0.1:55432/orders"
     kafka_bootstrap_servers: str = "127.0.0.1:19092"
-    consumer_name: str = Field(default="order-service", min_length=1, max_length=200)
+    consumer_name: str = Field(default=PROGRAM, min_length=1, max_length=200)
     source_topic: str = Field(default="orders", pattern=r"^[A-Za-z0-9._-]{1,200}$")
     retry_tiers: str = "30s,5m"
     max_attempts: int | None = Field(default=None, ge=1, le=1000)
@@ -109,14 +110,17 @@ class Settings(BaseSettings):
     def _check_together(self) -> Settings:
         if self.effect_lease <= 2 * self.http_timeout:
             timeout = format_duration(2 * self.http_timeout)
-            raise ValueError(f"{ENV_PREFIX}EFFECT_LEASE: must be longer than twice ORDERS_HTTP_TIMEOUT ({timeout})")
+            raise ValueError(
+                f"{ENV_PREFIX}EFFECT_LEASE: must be longer than twice {ENV_PREFIX}HTTP_TIMEOUT ({timeout})"
+            )
         horizon = self.retry_policy().horizon
         margin = max(DEDUP_MARGIN, horizon / 10)
         if self.dedup_window < horizon + margin:
             raise ValueError(
                 f"{ENV_PREFIX}DEDUP_WINDOW: {format_duration(self.dedup_window)} is shorter than the retry horizon "
                 f"{format_duration(horizon)} plus a margin of {format_duration(margin)}: it must be at least "
-                f"{format_duration(horizon + margin)}; raise it, or shorten ORDERS_MAX_ELAPSED / ORDERS_RETRY_TIERS"
+                f"{format_duration(horizon + margin)}; raise it, or shorten {ENV_PREFIX}MAX_ELAPSED / "
+                f"{ENV_PREFIX}RETRY_TIERS"
             )
         return self
 

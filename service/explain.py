@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 from aiokafka.errors import KafkaConnectionError, KafkaError
 
+from service.config import ENV_PREFIX, PROGRAM
 from service.errors import InfrastructureUnavailable, SchemaNotCurrent
 from service.store.uow import sqlstate
 
@@ -54,22 +55,22 @@ def explain(error: BaseException, *, metrics_port: int | None = None) -> str:
     for cause in found:
         state = sqlstate(cause)
         if state == _NO_DATABASE:
-            return f"{first_line(cause)} (ORDERS_DATABASE_URL)"
+            return f"{first_line(cause)} ({ENV_PREFIX}DATABASE_URL)"
         if state == _NO_TABLE:
-            return "the database is not migrated: run `order-service migrate`"
+            return f"the database is not migrated: run `{PROGRAM} migrate`"
         if state in _AUTHENTICATION:
-            return f"the database refused the login: {first_line(cause)} (ORDERS_DATABASE_URL)"
+            return f"the database refused the login: {first_line(cause)} ({ENV_PREFIX}DATABASE_URL)"
     for cause in found:
         if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
             port = f" {metrics_port}" if metrics_port else ""
-            return f"port{port} is already in use: set ORDERS_METRICS_PORT to a free port (0 disables it)"
+            return f"port{port} is already in use: set {ENV_PREFIX}METRICS_PORT to a free port (0 disables it)"
     for cause in found:
         if isinstance(cause, InfrastructureUnavailable):
-            return "the database is unreachable (ORDERS_DATABASE_URL)"
+            return f"the database is unreachable ({ENV_PREFIX}DATABASE_URL)"
         if isinstance(cause, KafkaConnectionError):
-            return "Kafka is unreachable (ORDERS_KAFKA_BOOTSTRAP_SERVERS)"
+            return f"Kafka is unreachable ({ENV_PREFIX}KAFKA_BOOTSTRAP_SERVERS)"
         if isinstance(cause, KafkaError):
-            return f"Kafka failed: {type(cause).__name__} (ORDERS_KAFKA_BOOTSTRAP_SERVERS)"
+            return f"Kafka failed: {type(cause).__name__} ({ENV_PREFIX}KAFKA_BOOTSTRAP_SERVERS)"
         if isinstance(cause, ConnectionError | TimeoutError):
             return f"a connection failed: {type(cause).__name__}"
-    return f"unexpected error ({type(error).__name__}); ORDERS_LOG_LEVEL=debug shows the stack trace"
+    return f"unexpected error ({type(error).__name__}); {ENV_PREFIX}LOG_LEVEL=debug shows the stack trace"

@@ -9,10 +9,11 @@ import typer
 
 from service.cli import effects, outbox, parked, quarantine, reprocess, serve
 from service.cli.environment import describe
+from service.config import PROGRAM
 from service.containers import DOMAIN_READS
 
 app = typer.Typer(
-    name="order-service",
+    name=PROGRAM,
     help="Apply order events from Kafka to PostgreSQL; every record reaches a known terminal state.",
     no_args_is_help=True,
     add_completion=False,
@@ -32,7 +33,7 @@ app.add_typer(outbox.app, name="outbox")
 
 def _print_version(value: bool) -> None:
     if value:
-        typer.echo(f"order-service {package_version('order-service')}")
+        typer.echo(f"{PROGRAM} {package_version(PROGRAM)}")
         raise typer.Exit()
 
 
@@ -51,7 +52,7 @@ def main() -> None:
     command = typer.main.get_command(app)
     plain_help(command)
     describe(command, DOMAIN_READS)
-    command(prog_name="order-service")
+    command(prog_name=PROGRAM)
 
 
 def plain_help(command: Any) -> None:

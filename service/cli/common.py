@@ -19,7 +19,7 @@ from rich.table import Column, Table
 from typer.exceptions import TyperException
 
 from service import logs
-from service.config import ConfigurationError, Settings, load_settings
+from service.config import PROGRAM, ConfigurationError, Settings, load_settings
 from service.containers import SETTINGS, Container
 from service.explain import explain
 from service.store.uow import UnitOfWork
@@ -75,7 +75,7 @@ def _command() -> str:
         if word.startswith("-"):
             break
         words.append(word)
-    return " ".join(["order-service", *words[:2]])
+    return " ".join([PROGRAM, *words[:2]])
 
 
 @asynccontextmanager

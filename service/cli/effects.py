@@ -21,6 +21,7 @@ from service.cli.common import (
 )
 from service.cli.selection import go_ahead
 from service.cli.serve import serve_parts
+from service.config import PROGRAM
 from service.containers import Container
 from service.store import audit
 from service.store import effects as effects_store
@@ -177,7 +178,7 @@ def effects_retry(
             typer.echo(
                 f"{one}: pending: the effect worker calls it again"
                 if goes_to == "pending"
-                else f"{one}: uncertain: the next `order-service reconcile` looks it up, and sends it only if not found"
+                else f"{one}: uncertain: the next `{PROGRAM} reconcile` looks it up, and sends it only if not found"
             )
     for one, (was, went) in outcomes.items():
         if was is None:
@@ -185,7 +186,7 @@ def effects_retry(
         elif went is None and was.startswith("failed"):
             typer.echo(f"{one}: not retried: {was}", err=True)
         elif went is None:
-            hint = "; `order-service reconcile` resolves it" if was == "uncertain" else ""
+            hint = f"; `{PROGRAM} reconcile` resolves it" if was == "uncertain" else ""
             typer.echo(f"{one} is {was}, not failed: nothing to retry{hint}", err=True)
     if len(retried) < len(outcomes):
         raise typer.Exit(1)

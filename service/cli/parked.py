@@ -17,9 +17,10 @@ from service.cli.common import (
     who_acts,
     with_connection,
 )
+from service.config import ENV_PREFIX
 from service.store import audit, parking
 
-app = typer.Typer(help="Records parked behind a held key (ORDERS_ORDERING=key).", no_args_is_help=True)
+app = typer.Typer(help=f"Records parked behind a held key ({ENV_PREFIX}ORDERING=key).", no_args_is_help=True)
 
 
 @app.command("list")

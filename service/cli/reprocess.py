@@ -24,7 +24,7 @@ from service.cli.common import (
     who_acts,
     with_connection,
 )
-from service.config import Settings
+from service.config import PROGRAM, Settings
 from service.worker.reprocess import Options, Selection
 
 
@@ -149,7 +149,7 @@ def reprocess(
     if report.unverified:
         typer.echo(
             f"reprocess: {report.unverified} items unverified (no business change seen in time): check them with "
-            f"`order-service quarantine show <failure id>` and that a consumer named {settings.consumer_name} runs",
+            f"`{PROGRAM} quarantine show <failure id>` and that a consumer named {settings.consumer_name} runs",
             err=True,
         )
         raise typer.Exit(1)
