@@ -146,8 +146,8 @@ def decode(value: bytes | None) -> OrderMessage | DecodeFailure:
 
 def _fits(message: OrderMessage, value: bytes) -> bool:
     """Whether the store's columns can hold the message: no NUL in any text, a total within bigint."""
-    # JSON can spell NUL only as the escape \u0000, so only a value holding that text needs the walk. (An int
-    # needle is a plain memchr; a bytes one costs a buffer request: 0.3 us a record.)
+    # JSON can spell NUL only as the escape \u0000, so only a value holding that text needs the walk (an int
+    # needle: a plain memchr; docs/performance.md).
     if _BACKSLASH in value and b"\\u0000" in value and _holds_nul(message.model_dump()):
         return False
     if type(message) in PLACEMENTS and len(message.items) > _LINES_THAT_FIT:  # type: ignore[union-attr]

@@ -32,12 +32,10 @@ class Known:
 
 
 # The inbox and the aggregates are probed by primary key once per id (`OFFSET 0` keeps each probe a subquery the
-# planner cannot turn into a join). With `= ANY(:ids)` the planner scanned the whole table instead whenever it held
-# up to a few hundred thousand rows (its cost model prices thousands of index probes above one sequential scan),
-# so a round's look-up grew with the table: 18 ms for 4,000 ids against 100,000 rows, 7 ms probed. The id lists
-# travel as JSON arrays (service/store/recordset.py): asyncpg encodes a `text[]` parameter element by element,
-# 0.8 ms of CPU per 4,000 ids against 0.1 ms for one orjson call. Where a table is searched by its index with
-# `= ANY`, `ARRAY(SELECT ...)` turns the JSON into an array once per statement.
+# planner cannot turn into a join): with `= ANY(:ids)` the planner scans the whole table once it is large. The id
+# lists travel as JSON arrays, one orjson call each; where a table is searched by its index with `= ANY`,
+# `ARRAY(SELECT ...)` turns the JSON into an array once per statement. (Figures: docs/performance.md, "Why the
+# hot path is shaped this way".)
 _LOOKUP = """
     SELECT 'seen' AS kind, m.id AS name, s.status AS value FROM json_array_elements_text(CAST(:ids AS json)) AS m(id)
      CROSS JOIN LATERAL (SELECT status FROM inbox WHERE consumer_name = :consumer AND message_id = m.id OFFSET 0) s
