@@ -11,8 +11,7 @@ import select
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 
 from service.orders.fakes import ROUTES, Downstream, OrderFakes
 from service.testing.faults import FakeApi, FaultServer, Route, json_reply, key_from_param
+from tests.support import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,16 +34,6 @@ def payment_body(order_id: str = "o-1", kind: str = "capture") -> dict[str, Any]
 def email_body(ref: str = "o-1:confirmation") -> dict[str, Any]:
     """A valid email request body."""
     return {"to_customer": "c-1", "template": "order_confirmed", "ref": ref}
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
-    """Poll a condition until it holds or the deadline passes (instead of sleeping a guessed amount)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 @pytest.fixture

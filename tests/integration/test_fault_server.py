@@ -27,6 +27,7 @@ from service.testing.faults import (
     key_from_body,
     key_from_param,
 )
+from tests.support import wait_until
 
 
 class Notes:
@@ -72,16 +73,6 @@ class Notes:
         with self.lock:
             self.notes.pop(request.params["id"], None)
         return Reply(204, b"")
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
-    """Poll a condition until it holds or the deadline passes (instead of sleeping a guessed amount)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 @pytest.fixture

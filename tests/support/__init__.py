@@ -247,6 +247,16 @@ async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> set[int]:
     raise AssertionError(f"topic {topic} has no partitions")
 
 
+def wait_until(condition: Callable[[], bool], timeout: float = 2.0) -> bool:
+    """Poll a condition until it holds or the deadline passes (instead of sleeping a guessed amount)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 async def eventually(check: Callable[[], Awaitable[T]], *, timeout: float = 30.0, interval: float = 0.1) -> T:
     """Poll `check` until it returns a truthy value, or fail at the deadline with its last value."""
     deadline = time.monotonic() + timeout
