@@ -116,6 +116,7 @@ class Container(containers.DeclarativeContainer):
     emails = providers.Factory(EmailsClient, http=http, base_url=settings.provided.emails_url)
     effect_kinds = providers.Factory(order_effects, payments=payments, emails=emails)
     effect_specs = providers.Object(ORDER_EFFECT_SPECS)
+    decode = providers.Object(decode_order)  # a record's bytes as a message (reprocess re-reads stored payloads)
     failing_field = providers.Object(invalid_field)  # (path, rule) of an invalid record's first bad field
     effect_policy = providers.Singleton(EffectPolicy, max_attempts=settings.provided.effect_max_attempts)
     processor = providers.Factory(
@@ -162,7 +163,7 @@ class Container(containers.DeclarativeContainer):
         settings=settings,
         engine=engine,
         lag=providers.Callable(_reprocess_lag, settings),
-        decode=decode_order,
+        decode=decode,
     )
     relay = providers.Factory(
         Relay,

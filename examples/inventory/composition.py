@@ -1,7 +1,7 @@
 """Wiring the inventory domain into the core's container (service/containers.py), in place of the orders.
 
 `use_inventory(container)` overrides the container's domain providers (`handler`, `effect_kinds`,
-`effect_specs`, `failing_field`) and the reprocessor's decoder with the inventory domain's. The domain's own
+`effect_specs`, `failing_field`, `decode`) with the inventory domain's. The domain's own
 settings extend the core's (`InventorySettings`, read with the core's environment prefix): `ORDERS_STOCK_URL`
 and `ORDERS_WAREHOUSE_URL`; unset, the stock is not checked before a reserve, or the warehouse calls wait,
 pending.
@@ -46,6 +46,5 @@ def use_inventory(container: Container) -> Container:
     container.effect_kinds.override(providers.Factory(inventory_effects, warehouse=warehouse))
     container.effect_specs.override(providers.Object(SPECS))
     container.failing_field.override(providers.Object(invalid_field))
-    # The reprocessor takes its decoder as a plain value, not a provider: replace that one argument.
-    container.reprocessor.add_kwargs(decode=decode)
+    container.decode.override(providers.Object(decode))
     return container

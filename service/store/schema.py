@@ -25,6 +25,7 @@ from alembic.script import ScriptDirectory
 from alembic.script.revision import RevisionError
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from service.config import PROGRAM
 from service.errors import SchemaNotCurrent
 
 MIGRATIONS = "service.migrations"
@@ -62,14 +63,14 @@ async def require_head(database_url: str, extra_locations: Locations = ()) -> No
     """Raise SchemaNotCurrent unless the database is at `head_revision()` (long-running commands check first)."""
     current = await current_heads(database_url)
     if not current:
-        raise SchemaNotCurrent("the database is not migrated: run `order-service migrate`")
+        raise SchemaNotCurrent(f"the database is not migrated: run `{PROGRAM} migrate`")
     with _script_config(extra_locations) as config:
         script = ScriptDirectory.from_config(config)
         heads = script.get_heads()
         if not _applied(script, current, heads):
             raise SchemaNotCurrent(
                 f"the database schema is at {_listed(current)}, this version needs {_listed(heads)}: "
-                "run `order-service migrate`"
+                f"run `{PROGRAM} migrate`"
             )
 
 

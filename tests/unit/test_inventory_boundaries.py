@@ -101,4 +101,4 @@ def test_the_composition_rewires_every_domain_provider_of_the_core() -> None:
     assert container.effect_kinds.last_overriding.provides is inventory_effects
     assert container.effect_specs() == SPECS
     assert container.failing_field() is invalid_field
-    assert container.reprocessor.kwargs["decode"] is decode
+    assert container.decode() is decode
