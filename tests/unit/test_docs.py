@@ -35,8 +35,8 @@ def test_every_error_code_is_in_the_readme() -> None:
 
 
 _GUIDES = [*DOCS, ROOT / "docs" / "template-guide.md", ROOT / "docs" / "performance.md"]
-_PATH = re.compile(r"`((?:service|tests|scripts|docs|deploy|migrations)/[A-Za-z0-9_./-]+?)(?::\d+)?`")
-_MODULE = re.compile(r"`(service(?:\.[a-z_]+)+)`")
+_PATH = re.compile(r"`((?:service|tests|scripts|docs|deploy|migrations|examples)/[A-Za-z0-9_./-]+?)(?::\d+)?`")
+_MODULE = re.compile(r"`((?:service|examples)(?:\.[a-z_]+)+)`")
 
 
 def _importable(module: str) -> bool:
