@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 from dependency_injector import containers, providers
-from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -30,7 +29,7 @@ from service.orders.settings import OrderSettings
 from service.policy.backpressure import BackpressurePolicy
 from service.policy.effects import EffectPolicy
 from service.policy.retry import RetryPolicy
-from service.store.uow import create_engine
+from service.store.uow import create_engine, ping
 from service.worker.consumer import ConsumerLoop
 from service.worker.effects import EffectWorker
 from service.worker.gauges import GaugeRefresher
@@ -70,8 +69,7 @@ async def _ready(engine: AsyncEngine, settings: Settings) -> bool:
     """Ready when PostgreSQL answers a query and a Kafka bootstrap server accepts a connection."""
     try:
         async with asyncio.timeout(2):
-            async with engine.connect() as connection:
-                await connection.execute(text("SELECT 1"))
+            await ping(engine)
             host, _, port = settings.kafka_bootstrap_servers.split(",")[0].strip().rpartition(":")
             _, writer = await asyncio.open_connection(host, int(port))
             writer.close()

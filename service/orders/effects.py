@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.config import Topics
+from service.orders import store
 from service.orders.codes import OrderCode
 from service.orders.providers import EmailsClient, PaymentsClient
 from service.policy.effects import (
@@ -81,17 +81,7 @@ class _Payment:
         # The order's row lock first, then the outbox row: its id is then taken after every change of the order
         # that committed before, so the relay publishes one order's events in the order they happened.
         status = ("captured" if self.spec is CAPTURE else "refunded") if decision.state == "sent" else "failed"
-        version = await connection.scalar(
-            text(
-                """
-                UPDATE orders SET details = details || jsonb_build_object('payment_status', CAST(:status AS text)),
-                                  version = version + 1, updated_at = now()
-                WHERE order_id = :order_id
-                RETURNING version
-                """
-            ),
-            {"status": status, "order_id": effect.aggregate_id},
-        )
+        version = await store.set_payment_status(connection, effect.aggregate_id, status)
         headers = event_headers(effect.idempotency_key, event_type, None)
         document = {
             "type": event_type,

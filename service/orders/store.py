@@ -38,6 +38,23 @@ async def lock(connection: AsyncConnection, order_ids: Iterable[str]) -> dict[st
 
 _LOCK = text("SELECT * FROM orders WHERE order_id = ANY(CAST(:ids AS text[])) ORDER BY order_id FOR UPDATE")
 
+
+async def set_payment_status(connection: AsyncConnection, order_id: str, status: str) -> int | None:
+    """Record a payment's outcome on its order (`details.payment_status`), a new version of it; return that
+    version (None: no such order)."""
+    version = await connection.scalar(_SET_PAYMENT_STATUS, {"status": status, "order_id": order_id})
+    return int(version) if version is not None else None
+
+
+_SET_PAYMENT_STATUS = text(
+    """
+    UPDATE orders SET details = details || jsonb_build_object('payment_status', CAST(:status AS text)),
+                      version = version + 1, updated_at = now()
+    WHERE order_id = :order_id
+    RETURNING version
+    """
+)
+
 # The fields of `Order`, as a recordset (service/store/recordset.py): new orders and changed ones, parts of a
 # round's one write statement (service/store/batch.py). A new order that exists already (created concurrently)
 # is a unique violation of `pk_orders`, which fails the round's transaction.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -72,3 +73,19 @@ async def reopen(connection: AsyncConnection, consumer: str, rows: Sequence[Inbo
         },
     )
     return set(result.scalars())
+
+
+# ctid batches keep each delete small; SKIP LOCKED never waits on a row a consumer is writing.
+_PURGE = text(
+    """
+    DELETE FROM inbox WHERE ctid IN (
+        SELECT ctid FROM inbox WHERE processed_at < now() - CAST(:older_than AS interval)
+        LIMIT :limit FOR UPDATE SKIP LOCKED)
+    """
+)
+
+
+async def purge(connection: AsyncConnection, older_than: timedelta, limit: int) -> int:
+    """Delete up to `limit` rows that reached their terminal state more than `older_than` ago; return how many."""
+    result = await connection.execute(_PURGE, {"older_than": older_than, "limit": limit})
+    return int(result.rowcount)

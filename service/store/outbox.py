@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import orjson
@@ -179,3 +179,19 @@ async def put_back(connection: AsyncConnection, row_id: int) -> bool:
     """Hand a set-aside row to the relay again (after the broker's limit was raised); False if there is none."""
     result = await connection.execute(_PUT_BACK, {"id": row_id})
     return bool(result.rowcount)
+
+
+# As for the inbox (inbox.purge): small ctid batches, never waiting on a locked row.
+_PURGE_PUBLISHED = text(
+    """
+    DELETE FROM outbox WHERE ctid IN (
+        SELECT ctid FROM outbox WHERE published_at < now() - CAST(:older_than AS interval)
+        LIMIT :limit FOR UPDATE SKIP LOCKED)
+    """
+)
+
+
+async def purge_published(connection: AsyncConnection, older_than: timedelta, limit: int) -> int:
+    """Delete up to `limit` rows published more than `older_than` ago; return how many."""
+    result = await connection.execute(_PURGE_PUBLISHED, {"older_than": older_than, "limit": limit})
+    return int(result.rowcount)

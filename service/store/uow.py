@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from types import TracebackType
 
-from sqlalchemy import exc
+from sqlalchemy import exc, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction, create_async_engine
 
 from service.errors import ConcurrentWrite, InfrastructureUnavailable
@@ -19,6 +19,8 @@ from service.errors import ConcurrentWrite, InfrastructureUnavailable
 # class 08 (connection exception), admin and crash shutdown, "cannot connect now" (starting up or shutting
 # down) and too many connections. Matching classes alone let `CannotConnectNowError` through.
 _UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+_PING = text("SELECT 1")
 
 
 def sqlstate(error: BaseException) -> str | None:
@@ -131,3 +133,9 @@ def create_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
         pool_recycle=1800,
         connect_args={"server_settings": {"plan_cache_mode": "force_custom_plan"}},
     )
+
+
+async def ping(engine: AsyncEngine) -> None:
+    """Run a trivial query on a connection of the pool: PostgreSQL answers, or the driver's error is raised."""
+    async with engine.connect() as connection:
+        await connection.execute(_PING)

@@ -12,16 +12,14 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
 import structlog
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
 from service.domain.codes import ErrorCode
 from service.metrics import Metrics
 from service.policy.effects import EffectPolicy, LookupFailed, LookupOutcome, after_lookup
-from service.store import effects, retries
+from service.store import effects, inbox, outbox, reconcile_runs, retries
 from service.store.effects import EffectRow
-from service.store.tables import reconcile_runs
 from service.store.uow import UnitOfWork, translated_errors
 from service.worker.effect_kinds import EffectRegistry
 from service.worker.effects import record_outcome
@@ -83,7 +81,7 @@ class Reconciler:
         async with translated_errors(), self._engine.connect() as lock:
             # A session-level lock on a connection of its own: held for the pass, released even on a crash.
             key = f"order-service:reconcile:{self._settings.consumer_name}"
-            got = (await lock.execute(text("SELECT pg_try_advisory_lock(hashtext(:key))"), {"key": key})).scalar()
+            got = await reconcile_runs.try_lock(lock, key)
             await lock.commit()
             if not got:
                 return None
@@ -97,7 +95,7 @@ class Reconciler:
                 await self._record(started, summary)
                 return summary
             finally:
-                await lock.execute(text("SELECT pg_advisory_unlock(hashtext(:key))"), {"key": key})
+                await reconcile_runs.unlock(lock, key)
                 await lock.commit()
 
     async def _expire(self, summary: Summary) -> None:
@@ -158,16 +156,13 @@ class Reconciler:
     async def _purge(self, summary: Summary, deadline: float) -> None:
         """Delete expired rows in small batches, each its own short transaction (no long locks)."""
         window = self._settings.dedup_window
-        for table, column, extra, field in (
-            ("inbox", "processed_at", "", "inbox_purged"),
-            ("outbox", "published_at", "AND published_at IS NOT NULL", "outbox_purged"),
-        ):
+        for purge, field in ((inbox.purge, "inbox_purged"), (outbox.purge_published, "outbox_purged")):
             while True:
                 if time.monotonic() > deadline:
                     summary.complete = False
                     return
                 async with UnitOfWork(self._engine) as uow:
-                    deleted = await _purge_batch(uow.connection, table, column, extra, window.total_seconds())
+                    deleted = await purge(uow.connection, window, _PURGE_BATCH)
                     await uow.commit()
                 setattr(summary, field, getattr(summary, field) + deleted)
                 if deleted < _PURGE_BATCH:
@@ -175,28 +170,6 @@ class Reconciler:
 
     async def _record(self, started: datetime, summary: Summary) -> None:
         async with UnitOfWork(self._engine) as uow:
-            await uow.connection.execute(
-                reconcile_runs.insert().values(
-                    started_at=started,
-                    finished_at=datetime.now(UTC),
-                    outcome="complete" if summary.complete else "partial",
-                    summary=asdict(summary),
-                )
-            )
+            outcome = "complete" if summary.complete else "partial"
+            await reconcile_runs.record(uow.connection, started, datetime.now(UTC), outcome, asdict(summary))
             await uow.commit()
-
-
-async def _purge_batch(connection: AsyncConnection, table: str, column: str, extra: str, seconds: float) -> int:
-    # ctid batches keep each delete small; SKIP LOCKED never waits on a row a consumer is writing.
-    result = await connection.execute(
-        text(
-            f"""
-            DELETE FROM {table} WHERE ctid IN (
-                SELECT ctid FROM {table}
-                WHERE {column} < now() - make_interval(secs => :seconds) {extra}
-                LIMIT :batch FOR UPDATE SKIP LOCKED)
-            """
-        ),
-        {"seconds": seconds, "batch": _PURGE_BATCH},
-    )
-    return int(result.rowcount)
