@@ -1,0 +1,259 @@
+"""The next step after a failed attempt (service/policy/next_step.py): retry in place within the budget, hand
+over to a tier, quarantine when the budget is spent or the input is invalid, and pause, without spending an
+attempt, when a downstream keeps failing or asks us to wait. Table-driven, no I/O, no sleeping."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from service.domain.codes import ErrorCode
+from service.policy.backpressure import BackpressurePolicy
+from service.policy.classify import Failure
+from service.policy.delivery import FRESH, Delivery, RetryState
+from service.policy.next_step import Budgets, NextStep, Pause, Quarantine, RetryInPlace, ToTier, next_step
+from service.policy.records import SourceRecord
+from service.policy.retry import AttemptHistory, Budget, RetryPolicy
+
+NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+LOOP_NOW = 1_000.0
+POLICY = RetryPolicy(
+    total=Budget(5, timedelta(minutes=15)),
+    blocking=Budget(3, timedelta(seconds=5)),
+    tiers=(timedelta(seconds=30), timedelta(minutes=5)),
+)
+BUDGETS = Budgets.of(POLICY)
+BACKPRESSURE = BackpressurePolicy(after_failures=5, pause=timedelta(seconds=2), max_pause=timedelta(minutes=1))
+TIMEOUT = Failure(ErrorCode.DOWNSTREAM_TIMEOUT, downstream="directory")
+
+
+@dataclass(frozen=True)
+class _Message:
+    aggregate_id: str = "A-1"
+    schema_name: str | None = "thing.v1"
+
+
+def delivery(*, in_tier: bool = False, reprocess: bool = False) -> Delivery:
+    record = SourceRecord("things", 0, 7, 0, b"A-1", b"{}")
+    return Delivery(record, _Message(), record.coordinates, 0, in_tier=in_tier, reprocess=reprocess)
+
+
+def failed(attempts: int, first_failed_ago: timedelta = timedelta(0), tier_step: int = 0) -> RetryState:
+    """The retry state of a delivery that failed `attempts` times, the first time `first_failed_ago`."""
+    return RetryState(AttemptHistory(attempts, NOW - first_failed_ago, NOW, tier_step))
+
+
+def step(
+    state: RetryState = FRESH,
+    failure: Failure = TIMEOUT,
+    *,
+    failing: int = 0,
+    in_tier: bool = False,
+    reprocess: bool = False,
+) -> NextStep:
+    return next_step(
+        delivery(in_tier=in_tier, reprocess=reprocess),
+        state,
+        failure,
+        budgets=BUDGETS,
+        backpressure=BACKPRESSURE,
+        failing=failing,
+        now=NOW,
+        loop_now=LOOP_NOW,
+        rng=random.Random(7),
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "attempt", "lowest", "highest"),
+    [
+        (FRESH, 1, timedelta(milliseconds=100), timedelta(milliseconds=200)),
+        (failed(1), 2, timedelta(milliseconds=200), timedelta(milliseconds=400)),
+    ],
+    ids=["first failure", "second failure"],
+)
+def test_a_transient_failure_within_the_blocking_budget_is_retried_in_place_after_a_growing_backoff(
+    state: RetryState, attempt: int, lowest: timedelta, highest: timedelta
+) -> None:
+    decided = step(state)
+
+    assert isinstance(decided, RetryInPlace)
+    assert lowest <= decided.delay <= highest
+    assert decided.state.history is not None
+    assert decided.state.history.attempts == attempt
+    assert decided.state.due == LOOP_NOW + decided.delay.total_seconds()
+    assert (decided.state.last_code, decided.state.backpressure, decided.state.verdict) == (
+        ErrorCode.DOWNSTREAM_TIMEOUT,
+        False,
+        None,
+    )
+
+
+def test_the_same_seed_gives_the_same_jitter() -> None:
+    assert step() == step()
+
+
+@pytest.mark.parametrize(
+    ("state", "in_tier", "expected_delay", "why"),
+    [
+        (failed(2), False, timedelta(seconds=30), "the blocking attempts are spent"),
+        (failed(1, timedelta(seconds=5)), False, timedelta(seconds=30), "the blocking elapsed budget is spent"),
+        (failed(3, timedelta(seconds=40), tier_step=1), True, timedelta(minutes=5), "in a tier: the next tier"),
+        (failed(1), True, timedelta(seconds=30), "in a tier: no blocking retries there"),
+    ],
+)
+def test_a_failure_past_the_blocking_phase_is_handed_over_to_the_next_tier(
+    state: RetryState, in_tier: bool, expected_delay: timedelta, why: str
+) -> None:
+    decided = step(state, in_tier=in_tier)
+
+    assert decided == ToTier(
+        RetryState(decided.state.history, LOOP_NOW, False, None, expected_delay, ErrorCode.DOWNSTREAM_TIMEOUT),
+        expected_delay,
+    ), why
+
+
+@pytest.mark.parametrize(
+    ("state", "failure", "in_tier", "reprocess", "expected_code"),
+    [
+        (failed(4, timedelta(minutes=6), 2), TIMEOUT, True, False, ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED),
+        (failed(3, timedelta(minutes=14, seconds=45), 1), TIMEOUT, True, False, ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED),
+        (failed(1), Failure(ErrorCode.UNEXPECTED_ERROR), False, False, ErrorCode.UNEXPECTED_ERROR_EXHAUSTED),
+        (failed(2), TIMEOUT, False, True, ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED),
+        (FRESH, Failure(ErrorCode.MALFORMED_PAYLOAD), False, False, ErrorCode.MALFORMED_PAYLOAD),
+        (FRESH, Failure(ErrorCode.INVALID_FIELD), True, False, ErrorCode.INVALID_FIELD),
+    ],
+    ids=[
+        "attempts spent",
+        "elapsed budget spent: the next tier would end past it",
+        "unknown failures: two attempts, no tiers",
+        "reprocessed: the blocking retries only",
+        "invalid input: at once",
+        "invalid input in a tier: at once",
+    ],
+)
+def test_a_spent_budget_or_invalid_input_is_quarantined_on_the_next_write(
+    state: RetryState, failure: Failure, in_tier: bool, reprocess: bool, expected_code: ErrorCode
+) -> None:
+    decided = step(state, failure, in_tier=in_tier, reprocess=reprocess)
+
+    assert isinstance(decided, Quarantine)
+    assert decided.code is expected_code
+    assert (decided.state.verdict, decided.state.next_tier, decided.state.last_code) == (
+        expected_code,
+        None,
+        failure.code,
+    )
+    assert decided.state.due == LOOP_NOW
+    attempts = state.history.attempts if state.history else 0
+    assert decided.state.history is not None
+    assert decided.state.history.attempts == attempts + 1
+
+
+@pytest.mark.parametrize(
+    ("failure", "failing", "expected"),
+    [
+        (TIMEOUT, 4, None),
+        (TIMEOUT, 5, timedelta(seconds=2)),
+        (TIMEOUT, 6, timedelta(seconds=4)),
+        (TIMEOUT, 9, timedelta(seconds=32)),
+        (TIMEOUT, 10, timedelta(minutes=1)),
+        (TIMEOUT, 1_000, timedelta(minutes=1)),
+        (Failure(ErrorCode.RATE_LIMITED, timedelta(seconds=3), "directory"), 0, timedelta(seconds=3)),
+        (Failure(ErrorCode.RATE_LIMITED, timedelta(hours=1), "directory"), 0, timedelta(minutes=1)),
+        (Failure(ErrorCode.UNEXPECTED_ERROR, downstream="directory"), 50, None),
+        (Failure(ErrorCode.MALFORMED_PAYLOAD), 50, None),
+    ],
+    ids=[
+        "below the threshold: an attempt",
+        "at the threshold: the first pause",
+        "doubling",
+        "doubling again",
+        "bounded",
+        "bounded however long the run",
+        "rate limited: the time the server asked for",
+        "rate limited: bounded",
+        "not transient: never a pause",
+        "invalid: never a pause",
+    ],
+)
+def test_a_run_of_failures_of_one_downstream_pauses_without_spending_an_attempt(
+    failure: Failure, failing: int, expected: timedelta | None
+) -> None:
+    before = failed(2, timedelta(seconds=1))
+
+    decided = step(before, failure, failing=failing)
+
+    if expected is None:
+        assert not isinstance(decided, Pause)
+        assert decided.state.backpressure is False
+        return
+    assert decided == Pause(
+        RetryState(before.history, LOOP_NOW + expected.total_seconds(), backpressure=True), expected
+    )
+
+
+def test_a_first_failure_that_pauses_starts_the_elapsed_budget_with_no_attempt_spent() -> None:
+    decided = step(FRESH, failing=5)
+
+    assert decided == Pause(RetryState(AttemptHistory(0, NOW, NOW), LOOP_NOW + 2.0, True), timedelta(seconds=2))
+
+
+@pytest.mark.parametrize(
+    ("first_failed_ago", "pauses"),
+    [
+        (timedelta(minutes=14, seconds=58), True),  # the pause ends exactly at the 15-minute budget
+        (timedelta(minutes=14, seconds=58, milliseconds=1), False),  # it would end past it
+    ],
+    ids=["ends at the budget: a pause", "ends past the budget: an attempt"],
+)
+def test_a_pause_that_would_outlast_the_elapsed_budget_spends_an_attempt_instead(
+    first_failed_ago: timedelta, pauses: bool
+) -> None:
+    before = failed(2, first_failed_ago, tier_step=1)
+
+    decided = step(before, failing=5, in_tier=True)
+
+    # So a downstream that never comes back still ends the record in quarantine.
+    assert isinstance(decided, Pause) is pauses
+    if not pauses:
+        assert decided == Quarantine(
+            RetryState(
+                AttemptHistory(3, NOW - first_failed_ago, NOW, 1),
+                LOOP_NOW,
+                verdict=ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED,
+                last_code=ErrorCode.DOWNSTREAM_TIMEOUT,
+            ),
+            ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED,
+        )
+
+
+def test_a_rate_limit_late_in_the_budget_still_pauses_while_the_pause_ends_within_it() -> None:
+    rate_limited = Failure(ErrorCode.RATE_LIMITED, timedelta(seconds=30), "directory")
+
+    decided = step(failed(1, timedelta(minutes=14)), rate_limited)
+
+    assert decided == Pause(
+        RetryState(AttemptHistory(1, NOW - timedelta(minutes=14), NOW), LOOP_NOW + 30.0, True),
+        timedelta(seconds=30),
+    )
+
+
+def test_a_retry_in_place_keeps_a_hand_off_decided_before_so_the_next_write_makes_it() -> None:
+    # A tier hand-off whose write failed unexpectedly is retried in place, still to be handed over.
+    before = RetryState(
+        AttemptHistory(1, NOW, NOW), next_tier=timedelta(seconds=30), last_code=ErrorCode.DOWNSTREAM_TIMEOUT
+    )
+
+    decided = step(before, Failure(ErrorCode.UNEXPECTED_ERROR))
+
+    # The unknown kind's budget is two attempts: this second one is the last, so the record is quarantined.
+    assert isinstance(decided, Quarantine)
+    assert decided.state.next_tier is None
+
+    retried = step(RetryState(next_tier=timedelta(seconds=30)), Failure(ErrorCode.UNEXPECTED_ERROR))
+    assert isinstance(retried, RetryInPlace)
+    assert retried.state.next_tier == timedelta(seconds=30)
