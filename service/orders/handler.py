@@ -15,6 +15,7 @@ from service.orders import store as orders
 from service.orders.customers import CustomersClient
 from service.orders.messages import PLACEMENTS, OrderMessage, OrderPlacedV1, decode, sequence_of
 from service.policy.envelope import iso
+from service.policy.handling import Rejected
 from service.policy.records import Coordinates
 
 
@@ -60,7 +61,7 @@ class OrderHandler:
         """The customer's status in the directory."""
         return await self._customers.status(key)
 
-    def apply(self, message: Any, current: Any | None, looked_up: Mapping[str, Any]) -> Any:
+    def apply(self, message: Any, current: Any | None, looked_up: Mapping[str, Any]) -> model.Applied | Rejected:
         """The order rules, with the customer's status when it was looked up (active when it was not asked)."""
         return model.apply(message, current, self._contexts[_customer_status(looked_up, message)])
 

@@ -101,9 +101,9 @@ class Event:
 
 @value
 class Applied:
-    """The message changed the order."""
+    """The message changed the order (the core reads it as service/policy/handling.py `Applied`)."""
 
-    order: Order
+    aggregate: Order
     effects: tuple[Effect, ...]
     events: tuple[Event, ...]
 

@@ -10,7 +10,7 @@ after its record left the processor (its transaction committed).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from typing import Any
 
 import structlog
@@ -21,8 +21,9 @@ from sqlalchemy.exc import DBAPIError
 from service.adapters.kafka import start_with_backoff, stop_quietly, to_source
 from service.errors import InfrastructureUnavailable
 from service.metrics import Metrics
+from service.policy.delivery import Delivery, RetryState
 from service.worker.lanes import Lanes
-from service.worker.processor import Pending, Processor
+from service.worker.processor import Processor
 
 log = structlog.get_logger("order_service.consumer")
 
@@ -144,11 +145,11 @@ class ConsumerLoop:
 
     def _take(self, batches: dict[TopicPartition, list[Any]]) -> None:
         """Fetched records into their lanes; remember where each partition's next record is."""
-        pending = self._processor.pending
+        delivery = self._processor.pending
         for partition, records in batches.items():
             if records:
                 self._lanes.add(
-                    (partition.topic, partition.partition), [pending(to_source(record)) for record in records]
+                    (partition.topic, partition.partition), [delivery(to_source(record)) for record in records]
                 )
                 self._fetched_to[partition] = records[-1].offset + 1
 
@@ -237,23 +238,25 @@ class ConsumerLoop:
             self._fetched_to.pop(partition, None)
         self._room.set()
 
-    def _start_round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, due: list[Pending]) -> None:
+    def _start_round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, due: dict[Delivery, RetryState]) -> None:
         """Attempt `due` in a task of its own: the next round is planned while this one's transaction runs."""
         ids = {p.message_id for p in due} | {p.aggregate_id for p in due} | {p.key for p in due}
         ids.discard(None)
         self._rounds[asyncio.create_task(self._round(consumer, stop, due))] = ids
 
-    async def _round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, due: list[Pending]) -> None:
-        left: set[Pending] = set()
+    async def _round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, due: dict[Delivery, RetryState]) -> None:
+        left: Collection[Delivery] = ()
+        retried: Mapping[Delivery, RetryState] = {}
         try:
             with self._metrics.batch_seconds.time():
-                left = await self._processor.attempt(due, stop)
+                attempted = await self._processor.attempt_round(due, stop)
+            left, retried = attempted.left, attempted.retry
         except Exception as error:
             self._error = error
             return
         finally:
             self._rounds.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
-            for lane, offset in self._lanes.settle(due, left).items():
+            for lane, offset in self._lanes.settle(due, left, retried).items():
                 partition = TopicPartition(*lane)
                 self._uncommitted[partition] = max(self._uncommitted.get(partition, 0), offset)
             self._arrived.set()
@@ -312,8 +315,8 @@ class ConsumerLoop:
                 "parked_release_failed", error=type(error.orig).__name__ if error.orig else type(error).__name__
             )
             return
-        for pending in released:
-            self._lanes.add(pending.lane, [pending])
+        for delivery in released:
+            self._lanes.add(delivery.lane, [delivery])
         if released:
             log.info("parked_released", records=len(released), keys=len({p.key for p in released}))
 

@@ -6,8 +6,9 @@ round. A domain supplies, through one `Handler` (the order domain: `service/orde
 - `creates` and `sequence`: whether a message creates its aggregate, and its per-aggregate sequence;
 - `context_key` and `look_up`: an outside fact a message needs, looked up before the transaction, at most once
   per key and round, concurrently (a transient failure raises `RecordFailure` and is retried like any other);
-- `apply`: the pure rule, `(message, current, looked up) -> Applied | Rejected`; an applied result carries
-  the new aggregate state (`order`, with its `version` and `sequence`), its effects and its events;
+- `apply`: the pure rule, `(message, current, looked up) -> Applied | Rejected` (service/policy/handling.py); an
+  applied result carries the new aggregate state (`aggregate`, with its `version` and `sequence`), its effects
+  and its events;
 - `event` and `rejection`: the documents the outbox publishes for an event and for a rejection;
 - `lock` and `rows`: the aggregate store: read and lock a round's current aggregates inside its transaction,
   and write the new and changed ones as part of its one statement (`service/store/batch.py`).
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.domain.codes import Code
+from service.policy.handling import Applied, Rejected
 from service.policy.records import Coordinates
 from service.store.batch import AggregateRows
 
@@ -50,7 +52,7 @@ class Handler(Protocol):
     async def look_up(self, key: str) -> Any:
         """The outside fact for `key`; raises `RecordFailure` when it cannot be had now."""
 
-    def apply(self, message: Any, current: Any | None, looked_up: Mapping[str, Any]) -> Any:
+    def apply(self, message: Any, current: Any | None, looked_up: Mapping[str, Any]) -> Applied | Rejected:
         """The pure rule: an applied result or a `Rejected`."""
 
     def event(self, event: Any, version: int, message_id: str) -> tuple[str, str, dict[str, Any]]:

@@ -9,27 +9,36 @@ whatever order overlapping rounds finish in.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
-from service.worker.processor import PARKED_TOPIC, Pending
+from service.policy.delivery import FRESH, PARKED_TOPIC, Delivery, RetryState
 
 Lane = tuple[str, int]  # a (topic, partition), or the parked records of one key (partition -1)
 
 
 class Lanes:
-    """Records fetched (or unparked) and not yet terminal, per lane, in order."""
+    """Deliveries fetched (or unparked) and not yet terminal, per lane, in order, with their retry states.
+
+    A delivery is an immutable value; what changes from round to round is its `RetryState`, which the lanes
+    hold (only for the deliveries whose state is not `FRESH`) and replace when a round settles.
+    """
 
     def __init__(self, round_size: int, bound: int) -> None:
         self._round_size = round_size  # a round attempts at most this many records
         self._bound = bound  # records held in all lanes, at most
-        self._lanes: dict[Lane, deque[Pending]] = {}
-        self._backpressured: dict[Lane, set[Pending]] = {}  # records waiting because a downstream said so
+        self._lanes: dict[Lane, deque[Delivery]] = {}
+        self._states: dict[Delivery, RetryState] = {}  # deliveries in the lanes whose state is not FRESH
+        self._in_flight: set[Delivery] = set()  # taken by a round that has not settled yet
+        self._backpressured: dict[Lane, set[Delivery]] = {}  # records waiting because a downstream said so
         self._done: dict[Lane, int] = {}  # per partition: the offset after the highest record that left
         self._frozen: set[Lane] = set()  # revoked, being handed over: no new round takes from them
 
-    def add(self, lane: Lane, records: Iterable[Pending]) -> None:
-        """Append records to the end of their lane."""
+    def add(self, lane: Lane, records: Sequence[Delivery]) -> None:
+        """Append deliveries to the end of their lane, each in the retry state it arrived with."""
         self._lanes.setdefault(lane, deque()).extend(records)
+        for delivery in records:
+            if delivery.arrival is not FRESH:
+                self._states[delivery] = delivery.arrival
 
     def held(self) -> int:
         """How many records the lanes hold."""
@@ -39,74 +48,97 @@ class Lanes:
         """How many more records may be fetched before the bound."""
         return self._bound - self.held()
 
-    def head(self, lane: Lane) -> Pending | None:
+    def head(self, lane: Lane) -> Delivery | None:
         """The first record of a lane, if it holds any."""
         records = self._lanes.get(lane)
         return records[0] if records else None
+
+    def state(self, delivery: Delivery) -> RetryState:
+        """The delivery's retry state now."""
+        return self._states.get(delivery, FRESH)
 
     def parked_keys(self) -> set[str]:
         """The keys whose parked records are in memory already."""
         return {lane[0].removeprefix(f"{PARKED_TOPIC}/") for lane in self._lanes if lane[1] < 0}
 
-    def take(self, now: float, busy: Sequence[Collection[str | None]]) -> list[Pending]:
-        """Up to a round's worth of records that may be attempted now, marked in flight until `settle`: due, not
-        in a round already, with no earlier record of their key still waiting, and sharing no message id, order
-        or key with a record that a round in flight writes (`busy`: the ids of each such round), so two rounds
-        never touch the same rows."""
+    def take(self, now: float, busy: Sequence[Collection[str | None]]) -> dict[Delivery, RetryState]:
+        """Up to a round's worth of deliveries that may be attempted now, with their retry states, in lane order;
+        in flight until `settle`. Due, not in a round already, with no earlier record of their key still waiting,
+        and sharing no message id, aggregate or key with a record that a round in flight writes (`busy`: the ids
+        of each such round), so two rounds never touch the same rows."""
         due = self._due(now, busy)
-        for pending in due:
-            pending.in_flight = True
-        return due
+        self._in_flight.update(due)
+        states = self._states
+        return {delivery: states.get(delivery, FRESH) for delivery in due}
 
-    def _due(self, now: float, busy: Sequence[Collection[str | None]]) -> list[Pending]:
-        due: list[Pending] = []
+    def _due(self, now: float, busy: Sequence[Collection[str | None]]) -> list[Delivery]:
+        due: list[Delivery] = []
+        in_flight, states = self._in_flight, self._states
         for lane, records in self._lanes.items():
             if lane in self._frozen:
                 continue
             waiting: set[tuple[str, int, str]] = set()
-            for pending in records:
-                if pending.in_flight:
+            for delivery in records:
+                if delivery in in_flight:
                     continue  # records behind it that share its key are held by `_shares_ids`
-                if pending.due > now or (busy and _shares_ids(pending, busy)):
-                    waiting.add(pending.thread)
-                elif not waiting or pending.thread not in waiting:
-                    due.append(pending)
+                state = states.get(delivery)
+                if (state is not None and state.due > now) or (busy and _shares_ids(delivery, busy)):
+                    waiting.add(delivery.thread)
+                elif not waiting or delivery.thread not in waiting:
+                    due.append(delivery)
                     if len(due) >= self._round_size:
                         return due
         return due
 
     def next_due(self, now: float) -> float | None:
         """The earliest time after `now` at which a waiting record becomes due, if any does."""
+        in_flight = self._in_flight
         return min(
-            (p.due for records in self._lanes.values() for p in records if p.due > now and not p.in_flight),
+            (state.due for delivery, state in self._states.items() if state.due > now and delivery not in in_flight),
             default=None,
         )
 
-    def settle(self, attempted: Iterable[Pending], left: set[Pending]) -> dict[Lane, int]:
-        """End a round: the records it `attempted` are no longer in flight, those that `left` (terminal) leave
-        their lanes; return the offset each partition may now be committed up to, for the partitions that moved.
+    def settle(
+        self,
+        attempted: Iterable[Delivery],
+        left: Collection[Delivery],
+        retried: Mapping[Delivery, RetryState] | None = None,
+    ) -> dict[Lane, int]:
+        """End a round: the deliveries it `attempted` are no longer in flight, those that `left` (terminal) leave
+        their lanes, and those that failed take their new retry state (`retried`); return the offset each
+        partition may now be committed up to, for the partitions that moved.
 
         Rounds finish in any order, so records may leave a lane from its middle or its end: the highest offset
         that left each partition is remembered. Only records still in the lane count: after a rebalance the lane
         may be a new one, refetched from the committed offset, and this round's records are not in it."""
-        for pending in attempted:
-            pending.in_flight = False
-            if pending.backpressure and pending not in left:
-                self._backpressured.setdefault(pending.lane, set()).add(pending)
-            elif pending.lane in self._backpressured:
-                self._backpressured[pending.lane].discard(pending)
+        retried = retried or {}
+        for delivery in attempted:
+            if delivery not in self._in_flight:
+                continue  # its lane was forgotten while the round ran (revoked)
+            self._in_flight.discard(delivery)
+            if delivery in left:
+                self._states.pop(delivery, None)
+                state = FRESH
+            elif (new := retried.get(delivery)) is not None:
+                self._states[delivery] = state = new
+            else:
+                state = self._states.get(delivery, FRESH)
+            if state.backpressure:
+                self._backpressured.setdefault(delivery.lane, set()).add(delivery)
+            elif delivery.lane in self._backpressured:
+                self._backpressured[delivery.lane].discard(delivery)
         positions: dict[Lane, int] = {}
-        for lane in {pending.lane for pending in left}:
+        for lane in {delivery.lane for delivery in left}:
             records = self._lanes.get(lane)
             if records is None:
                 continue
-            remaining: deque[Pending] = deque()
+            remaining: deque[Delivery] = deque()
             top = -1
-            for pending in records:
-                if pending in left:
-                    top = max(top, pending.record.offset)
+            for delivery in records:
+                if delivery in left:
+                    top = max(top, delivery.record.offset)
                 else:
-                    remaining.append(pending)
+                    remaining.append(delivery)
             if top < 0:
                 continue
             if lane[1] >= 0:
@@ -137,18 +169,21 @@ class Lanes:
         """Drop the lanes of revoked partitions: their records were not terminal; the next owner gets them."""
         for lane in lanes:
             self._frozen.discard(lane)
-            self._lanes.pop(lane, None)
+            for delivery in self._lanes.pop(lane, ()):
+                self._states.pop(delivery, None)
+                self._in_flight.discard(delivery)
             self._backpressured.pop(lane, None)
             self._done.pop(lane, None)
 
-    def _stalls(self, lane: Lane, records: deque[Pending], now: float) -> bool:
-        if any(p.due > now for p in self._backpressured.get(lane, ())):
+    def _stalls(self, lane: Lane, records: deque[Delivery], now: float) -> bool:
+        state = self.state
+        if any(state(delivery).due > now for delivery in self._backpressured.get(lane, ())):
             return True
-        if ".retry." in lane[0] and records and records[0].due > now:
+        if ".retry." in lane[0] and records and state(records[0]).due > now:
             return True
         return len(records) >= self._bound - self._round_size
 
 
-def _shares_ids(pending: Pending, busy: Sequence[Collection[str | None]]) -> bool:
-    """Whether a round in flight writes a record with the same message id, order or key."""
-    return any(pending.message_id in ids or pending.aggregate_id in ids or pending.key in ids for ids in busy)
+def _shares_ids(delivery: Delivery, busy: Sequence[Collection[str | None]]) -> bool:
+    """Whether a round in flight writes a record with the same message id, aggregate or key."""
+    return any(delivery.message_id in ids or delivery.aggregate_id in ids or delivery.key in ids for ids in busy)

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
 from service.domain.codes import ErrorCode
+from service.policy.delivery import RetryState
 from service.policy.records import SourceRecord
 from tests.support import ServiceProcess, Topics, cli, eventually, rows, running, settings_for
 
@@ -183,8 +184,8 @@ async def test_a_reprocess_run_that_cannot_reach_kafka_ends_failed_in_its_audit_
     async with running(base) as container:
         processor = await container.processor()
         pending = processor.pending(SourceRecord(topics.source, 0, 0, 0, b"R-1", placed))
-        pending.verdict = ErrorCode.DOWNSTREAM_UNAVAILABLE_EXHAUSTED
-        assert len(await processor.attempt([pending], asyncio.Event())) == 1
+        exhausted = RetryState(verdict=ErrorCode.DOWNSTREAM_UNAVAILABLE_EXHAUSTED)
+        assert len((await processor.attempt_round({pending: exhausted}, asyncio.Event())).left) == 1
     settings = base.model_copy(update={"kafka_bootstrap_servers": "127.0.0.1:1"})
 
     # When an operator reprocesses it

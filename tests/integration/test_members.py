@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.config import Settings
 from service.containers import Container
 from service.domain.codes import ErrorCode
+from service.policy.delivery import RetryState
 from service.policy.headers import from_json
 from service.policy.records import SourceRecord
 from service.policy.retry import AttemptHistory
@@ -152,9 +153,9 @@ async def test_a_late_hand_off_from_a_member_that_lost_the_race_leaves_no_retry_
     new_owner, revoked = members
     late = revoked.pending(record)
     now = datetime.now(UTC)
-    late.history = AttemptHistory(2, now, now)
-    late.last_code = ErrorCode.DOWNSTREAM_TIMEOUT
-    late.next_tier = timedelta(seconds=1)
+    handing_over = RetryState(
+        AttemptHistory(2, now, now), next_tier=timedelta(seconds=1), last_code=ErrorCode.DOWNSTREAM_TIMEOUT
+    )
     looked_up = revoked._look_up
 
     async def new_owner_commits_meanwhile(*args: Any) -> Any:
@@ -164,7 +165,7 @@ async def test_a_late_hand_off_from_a_member_that_lost_the_race_leaves_no_retry_
     revoked._look_up = new_owner_commits_meanwhile  # type: ignore[method-assign]
 
     # When the new owner applies the record between that look-up and the revoked member's write
-    assert len(await revoked.attempt([late], asyncio.Event())) == 1
+    assert len((await revoked.attempt_round({late: handing_over}, asyncio.Event())).left) == 1
 
     # Then no retry row holds the key: the record is terminal
     assert await scalar(engine, "SELECT count(*) FROM retries") == 0

@@ -11,9 +11,10 @@ from aiokafka import ConsumerRecord, TopicPartition
 
 from service.metrics import Metrics
 from service.orders.messages import decode
+from service.policy.delivery import Delivery, RetryState
 from service.policy.records import SourceRecord
 from service.worker.consumer import ConsumerLoop
-from service.worker.processor import Pending
+from service.worker.processor import Attempted
 from tests.support import eventually
 
 TOPIC = "orders"
@@ -23,21 +24,21 @@ class _Processor:
     """Holds each round until the test releases it, then reports every record of it as terminal."""
 
     def __init__(self) -> None:
-        self.rounds: list[tuple[list[Pending], asyncio.Event]] = []
+        self.rounds: list[tuple[list[Delivery], asyncio.Event]] = []
 
-    async def attempt(self, due: list[Pending], stop: asyncio.Event) -> set[Pending]:
+    async def attempt_round(self, due: dict[Delivery, RetryState], stop: asyncio.Event) -> Attempted:
         release = asyncio.Event()
-        self.rounds.append((due, release))
+        self.rounds.append((list(due), release))
         await release.wait()
-        return set(due)
+        return Attempted(frozenset(due), {})
 
-    def pending(self, record: SourceRecord) -> Pending:
-        return Pending(record, decode(record.value), record.coordinates, 0)
+    def pending(self, record: SourceRecord) -> Delivery:
+        return Delivery(record, decode(record.value), record.coordinates, 0)
 
     async def let_go(self) -> None:
         pass
 
-    async def releasable(self, busy: set[str]) -> list[Pending]:
+    async def releasable(self, busy: set[str]) -> list[Delivery]:
         return []
 
 

@@ -3,26 +3,31 @@ rounds overlap and finish in any order. No Kafka, no database."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
 from service.orders.messages import decode
+from service.policy.delivery import Delivery, RetryState
 from service.policy.records import SourceRecord
 from service.worker.lanes import Lanes
-from service.worker.processor import Pending
 
 TOPIC = "orders"
 LANE = (TOPIC, 0)
 
 
-def _pending(offset: int, key: str, topic: str = TOPIC) -> Pending:
+def _pending(offset: int, key: str, topic: str = TOPIC) -> Delivery:
     record = SourceRecord(topic, 0, offset, 0, key.encode(), b"{}", ((("message-id", f"{key}.{offset}".encode())),))
-    return Pending(record, decode(record.value), record.coordinates, 0)
+    return Delivery(record, decode(record.value), record.coordinates, 0)
 
 
-def _ids(round_: list[Pending]) -> set[str | None]:
-    """What the consumer loop tells `take` about a round in flight: its message ids, orders and keys."""
+def _ids(round_: Iterable[Delivery]) -> set[str | None]:
+    """What the consumer loop tells `take` about a round in flight: its message ids, aggregates and keys."""
     return {p.message_id for p in round_} | {p.key for p in round_}
 
 
-def _offsets(records: list[Pending]) -> list[int]:
+def _offsets(records: Iterable[Delivery]) -> list[int]:
     return [p.record.offset for p in records]
 
 
@@ -91,8 +96,8 @@ def test_records_of_a_key_that_a_round_in_flight_writes_wait_for_it() -> None:
 def test_a_record_not_due_yet_holds_back_its_key_but_not_the_other_keys() -> None:
     # Given a lane whose first record of key A waits for a blocking retry at t=5
     lanes = Lanes(round_size=10, bound=30)
-    waiting = _pending(0, "A")
-    waiting.due = 5.0
+    record = SourceRecord(TOPIC, 0, 0, 0, b"A", b"{}")
+    waiting = Delivery(record, decode(record.value), record.coordinates, 0, arrival=RetryState(due=5.0))
     lanes.add(LANE, [waiting, _pending(1, "B"), _pending(2, "A")])
 
     # When a round is taken at t=1 and settles, and the next at t=5
@@ -125,11 +130,56 @@ def test_a_record_a_downstream_asked_to_wait_for_stalls_its_partition_until_it_i
     record = _pending(0, "A")
     lanes.add(LANE, [record])
     taken = lanes.take(0.0, [])
-    record.backpressure, record.due = True, 10.0
 
-    # When the round settles without it
-    lanes.settle(taken, set())
+    # When the round settles without it, with its new retry state
+    lanes.settle(taken, set(), {record: RetryState(due=10.0, backpressure=True)})
 
     # Then its partition fetches nothing until t=10, and then it may again
     assert (lanes.stalled(9.9), lanes.stalled(10.0)) == ({LANE}, set())
     assert lanes.next_due(0.0) == 10.0
+
+
+def test_a_failed_delivery_keeps_its_retry_state_in_the_lanes_until_it_leaves() -> None:
+    # Given a round of one record that fails and must wait until t=3
+    lanes = Lanes(round_size=2, bound=6)
+    record = _pending(0, "A")
+    lanes.add(LANE, [record])
+    first = lanes.take(0.0, [])
+    retried = RetryState(due=3.0)
+    lanes.settle(first, set(), {record: retried})
+
+    # Then the lanes hand it out again only when it is due, with that state; the delivery itself is unchanged
+    assert (first, lanes.take(2.9, []), lanes.next_due(0.0)) == ({record: RetryState()}, {}, 3.0)
+    again = lanes.take(3.0, [])
+    assert again == {record: retried}
+
+    # And when it leaves, its state goes with it
+    lanes.settle(again, {record})
+    assert (lanes.state(record), lanes.held(), lanes.next_due(0.0)) == (RetryState(), 0, None)
+
+
+def test_a_round_that_settles_after_its_lane_was_forgotten_keeps_no_retry_state_for_it() -> None:
+    # Given a round in flight whose lane is revoked before it settles with a failure
+    lanes = Lanes(round_size=2, bound=6)
+    record = _pending(0, "A")
+    lanes.add(LANE, [record])
+    taken = lanes.take(0.0, [])
+    lanes.forget([LANE])
+
+    # When the round settles
+    lanes.settle(taken, set(), {record: RetryState(due=9.0, backpressure=True)})
+
+    # Then nothing of it stays: no state, no due time, no stalled partition
+    assert (lanes.state(record), lanes.next_due(0.0), lanes.stalled(0.0)) == (RetryState(), None, set())
+
+
+def test_importing_the_lanes_loads_neither_the_processor_nor_structlog() -> None:
+    # The lanes are plain data structures over immutable deliveries: no logging, no database, no Kafka.
+    code = (
+        "import sys, service.worker.lanes; "
+        "heavy = ('structlog', 'service.worker.processor', 'sqlalchemy', 'aiokafka'); "
+        "loaded = [m for m in heavy if m in sys.modules]; "
+        "assert not loaded, loaded"
+    )
+
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])

@@ -87,7 +87,7 @@ def applied(message: OrderMessage, current: Order | None, context: Context = CON
 
 
 def test_a_placed_for_a_new_order_creates_it_in_status_placed() -> None:
-    order = applied(placed(), None).order
+    order = applied(placed(), None).aggregate
 
     assert order.order_id == "A-1001"
     assert order.tenant == "acme"
@@ -124,7 +124,7 @@ def test_a_placed_emits_one_order_accepted_event() -> None:
     ],
 )
 def test_a_placed_sets_the_sequence_it_carries_or_one(message: OrderPlacedV1, sequence: int) -> None:
-    assert applied(message, None).order.sequence == sequence
+    assert applied(message, None).aggregate.sequence == sequence
 
 
 @pytest.mark.parametrize("sequence", [0, -3])
@@ -141,7 +141,7 @@ def test_a_placed_v1_carrying_a_sequence_below_one_never_creates_an_order_with_i
     if isinstance(message, DecodeFailure):
         assert message.code is ErrorCode.INVALID_FIELD
     else:
-        order = applied(message, None).order
+        order = applied(message, None).aggregate
         assert order.sequence is not None
         assert order.sequence >= 1
 
@@ -177,7 +177,7 @@ def test_a_placed_that_breaks_a_rule_is_rejected_with_its_code(
 
 @pytest.mark.parametrize("tenant", ["acme", "globex", "initech"])
 def test_a_placed_for_every_default_tenant_is_accepted(tenant: str) -> None:
-    assert applied(placed(tenant=tenant), None).order.tenant == tenant
+    assert applied(placed(tenant=tenant), None).aggregate.tenant == tenant
 
 
 def test_a_tenant_outside_a_configured_list_is_rejected_even_if_it_is_a_default_one() -> None:
@@ -209,7 +209,7 @@ def test_an_update_from_a_status_other_than_placed_is_an_invalid_transition(
 def test_a_shipped_moves_a_placed_order_to_shipped_and_keeps_what_it_was_placed_with() -> None:
     current = existing()
 
-    order = applied(shipped(), current).order
+    order = applied(shipped(), current).aggregate
 
     assert order.status is OrderStatus.SHIPPED
     assert (order.order_id, order.tenant, order.customer_id) == ("A-1001", "acme", "C-7")
@@ -232,7 +232,7 @@ def test_a_shipped_causes_one_shipping_email_whose_ref_is_the_order_and_effect()
 def test_a_cancelled_moves_a_placed_order_to_cancelled_with_one_refund_of_the_amount() -> None:
     result = applied(cancelled(), existing())
 
-    assert result.order.status is OrderStatus.CANCELLED
+    assert result.aggregate.status is OrderStatus.CANCELLED
     assert len(result.effects) == 1
     refund = result.effects[0]
     assert refund.kind == "payment.refund"
@@ -254,7 +254,7 @@ def test_a_cancelled_moves_a_placed_order_to_cancelled_with_one_refund_of_the_am
 def test_an_update_sets_the_sequence_it_carries_or_the_next_one(
     update: Callable[[int | None], OrderMessage], current: int, given: int | None, expected: int
 ) -> None:
-    assert applied(update(given), existing(sequence=current)).order.sequence == expected
+    assert applied(update(given), existing(sequence=current)).aggregate.sequence == expected
 
 
 def test_applying_is_pure_the_same_inputs_give_the_same_result() -> None:
@@ -266,7 +266,7 @@ def test_a_placed_order_is_at_version_one() -> None:
     result = apply(placed(), None, CONTEXT)
 
     assert isinstance(result, Applied)
-    assert result.order.version == 1
+    assert result.aggregate.version == 1
 
 
 @pytest.mark.parametrize("message", [shipped(), cancelled(), shipped(sequence=9)], ids=["shipped", "cancelled", "seq"])
@@ -276,4 +276,4 @@ def test_every_change_of_an_order_is_one_version_more_whatever_its_sequence(mess
     result = apply(message, current, CONTEXT)
 
     assert isinstance(result, Applied)
-    assert result.order.version == 5
+    assert result.aggregate.version == 5

@@ -1,0 +1,196 @@
+"""The rows of a round: a plan's steps (service/policy/round.py) as the values the store writes.
+
+No decision is made here: each step says what its delivery writes, and this module only builds the rows for
+it (inbox rows, outbox messages with their headers and documents, quarantine rows with their envelopes,
+parked records, retry rows), in lane order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from service.config import Topics
+from service.domain.codes import Code, ErrorCode
+from service.durations import format_duration
+from service.policy import redelivery
+from service.policy.delivery import Delivery, RetryState
+from service.policy.envelope import event_headers, failure_envelope
+from service.policy.headers import to_json
+from service.policy.owners import owner_for
+from service.policy.records import pack_key
+from service.policy.retry import AttemptHistory
+from service.policy.round import RoundPlan, Write
+from service.store.inbox import InboxRow
+from service.store.outbox import OutboxMessage
+from service.store.parking import ParkedRecord
+from service.store.quarantine import QuarantineRow
+from service.store.retries import RetryRow
+from service.worker.handler import Handler
+
+
+@dataclass(slots=True)
+class Rows:
+    """A round's rows, built once per write and handed to the store."""
+
+    inbox_rows: list[InboxRow] = field(default_factory=list)
+    reopened: list[InboxRow] = field(default_factory=list)  # quarantined messages a reprocess applied: moved
+    requarantined: list[tuple[Delivery, ErrorCode, AttemptHistory]] = field(default_factory=list)
+    messages: list[OutboxMessage] = field(default_factory=list)
+    quarantined: list[QuarantineRow] = field(default_factory=list)
+    parked: list[ParkedRecord] = field(default_factory=list)
+    retrying: list[RetryRow] = field(default_factory=list)
+
+
+class RowMaker:
+    """Builds the rows of a plan for one consumer (its topics, name, quarantine owners and domain handler)."""
+
+    def __init__(self, topics: Topics, consumer: str, owners: Mapping[str, str], handler: Handler) -> None:
+        self._topics = topics
+        self._consumer = consumer
+        self._owners = owners
+        self._handler = handler
+
+    def rows(self, plan: RoundPlan, due: Mapping[Delivery, RetryState], now: datetime) -> Rows:
+        """The rows of `plan`, whose deliveries had the retry states `due`, written at `now`."""
+        rows = Rows()
+        for delivery, write, code, applied, reopen in plan.steps:
+            if write is Write.APPLY:
+                assert applied is not None
+                version = applied.aggregate.version
+                for event in applied.events:
+                    rows.messages.append(self._event(delivery, event, version))
+                self._terminal(rows, delivery, "processed", None, reopen)
+            elif write is Write.STALE:
+                self._terminal(rows, delivery, "processed", None, reopen)
+            elif write is Write.REJECT:
+                assert code is not None
+                self._reject(rows, delivery, code, reopen, now)
+            elif write is Write.QUARANTINE or write is Write.LAST_RESORT:
+                assert isinstance(code, ErrorCode)
+                history = due[delivery].history or AttemptHistory.first(now)
+                self._quarantine(rows, delivery, code, history, last_resort=write is Write.LAST_RESORT)
+            elif write is Write.REQUARANTINE:
+                assert isinstance(code, ErrorCode)
+                rows.requarantined.append((delivery, code, due[delivery].history or AttemptHistory.first(now)))
+                if not reopen:
+                    rows.inbox_rows.append(_inbox_row(delivery, "quarantined", code))
+            elif write is Write.PARK:
+                rows.parked.append(_parked(delivery))
+            elif write is Write.TO_TIER:
+                self._to_tier(rows, delivery, due[delivery], now)
+        return rows
+
+    def _terminal(self, rows: Rows, delivery: Delivery, status: str, code: Code | None, reopen: bool) -> None:
+        (rows.reopened if reopen else rows.inbox_rows).append(_inbox_row(delivery, status, code))
+
+    def _event(self, delivery: Delivery, event: object, version: int) -> OutboxMessage:
+        event_type, aggregate_id, document = self._handler.event(event, version, delivery.message_id)
+        headers = event_headers(delivery.message_id, event_type, delivery.record.trace_id)
+        return OutboxMessage.json(self._topics.events, aggregate_id, headers, document)
+
+    def _reject(self, rows: Rows, delivery: Delivery, code: Code, reopen: bool, now: datetime) -> None:
+        event_type, document = self._handler.rejection(
+            delivery.message_id, delivery.aggregate_id, code, delivery.schema_name, delivery.origin, now
+        )
+        headers = {**event_headers(delivery.message_id, event_type, delivery.record.trace_id), "error-code": code}
+        rows.messages.append(OutboxMessage.json(self._topics.rejected, delivery.aggregate_id, headers, document))
+        self._terminal(rows, delivery, "rejected", code, reopen)
+
+    def _quarantine(
+        self, rows: Rows, delivery: Delivery, code: ErrorCode, history: AttemptHistory, *, last_resort: bool
+    ) -> None:
+        record = delivery.record
+        envelope = failure_envelope(
+            record,
+            delivery.origin,
+            consumer=self._consumer,
+            history=history,
+            code=code,
+            payload_schema=None if last_resort else delivery.schema_name,
+            timestamp_ms=delivery.origin_timestamp_ms,
+        )
+        if last_resort:
+            envelope.document["lastResort"] = True
+        stored_key = (
+            None if last_resort else delivery.key
+        )  # the last resort stores nothing taken from the record as text
+        rows.messages.append(
+            OutboxMessage.json(self._topics.quarantine, stored_key, envelope.headers(), envelope.document)
+        )
+        rows.quarantined.append(
+            QuarantineRow(
+                failure_id=envelope.failure_id,
+                message_id=delivery.message_id,
+                error_code=code.value,
+                owner=owner_for(code, self._owners),
+                ordering_key=stored_key,
+                envelope=envelope.document,
+                payload=record.value,
+                source_headers=to_json(record.headers),  # every name and value as base64 when not text
+                attempts=history.attempts,
+                first_failed_at=history.first_failed_at,
+                last_failed_at=history.last_failed_at,
+            )
+        )
+        rows.inbox_rows.append(_inbox_row(delivery, "quarantined", code))
+
+    def _to_tier(self, rows: Rows, delivery: Delivery, state: RetryState, now: datetime) -> None:
+        """A copy on `<source>.retry.<delay>` via the outbox, and the retry row that says where the record is."""
+        assert state.history is not None
+        assert state.next_tier is not None
+        assert state.last_code is not None
+        record = delivery.record
+        history = state.history.sent_to_tier()
+        due_at = now + state.next_tier
+        headers = redelivery.tier_headers(
+            record, delivery.message_id, delivery.origin, delivery.origin_timestamp_ms, history, due_at, state.last_code
+        )
+        topic = self._topics.retry(format_duration(state.next_tier))
+        rows.messages.append(
+            OutboxMessage(topic, delivery.key, to_json(headers), record.value or b"", pack_key(record.key))
+        )
+        rows.retrying.append(
+            RetryRow(
+                message_id=delivery.message_id,
+                ordering_key=delivery.key,
+                failure_id=delivery.origin.failure_id,
+                attempts=history.attempts,
+                tier_step=history.tier_step,
+                first_failed_at=history.first_failed_at,
+                last_failed_at=history.last_failed_at,
+                due_at=due_at,
+                error_code=state.last_code.value,
+            )
+        )
+
+
+def _inbox_row(delivery: Delivery, status: str, code: Code | None) -> InboxRow:
+    origin = delivery.origin
+    return InboxRow(
+        message_id=delivery.message_id,
+        status=status,
+        source_topic=origin.topic,
+        source_partition=origin.partition,
+        source_offset=origin.offset,
+        aggregate_id=delivery.aggregate_id,
+        error_code=code.value if code else None,
+        received_ms=delivery.record.timestamp_ms,
+    )
+
+
+def _parked(delivery: Delivery) -> ParkedRecord:
+    assert delivery.key is not None
+    record = delivery.record
+    return ParkedRecord(
+        ordering_key=delivery.key,
+        message_id=delivery.message_id,
+        source_topic=record.topic,
+        source_partition=record.partition,
+        source_offset=record.offset,
+        timestamp_ms=record.timestamp_ms,
+        value=record.value,
+        headers=to_json(record.headers),
+        source_key=pack_key(record.key),
+    )
