@@ -28,6 +28,7 @@ from service.explain import explain
 from service.policy.handling import DecodeFailure
 from service.policy.headers import from_json, to_json
 from service.policy.records import id_bytes, pack_key
+from service.policy.verification import judge
 from service.stopping import sleep_unless_stopped
 from service.store import outbox
 from service.store import reprocess as store
@@ -289,7 +290,8 @@ class Reprocessor:
             caught_up = await self._lag() == 0
             for item in open_items:
                 after = await store.state_of(c, self._consumer, item.candidate)
-                outcome, detail = _judge(item.before, after, caught_up and item.outbox_id not in waiting)
+                assert item.before is not None
+                outcome, detail = judge(item.before, after, caught_up and item.outbox_id not in waiting)
                 if outcome is None and final:
                     outcome, detail = "unverified", "no business change seen before the verification timeout"
                 if outcome is None:
@@ -318,21 +320,6 @@ class Reprocessor:
             report.noop += 1
         elif outcome == "unverified":
             report.unverified += 1
-
-
-def _judge(before: ItemState | None, after: ItemState, consumed: bool) -> tuple[str | None, str]:
-    """Compare an item's business state before publishing and now."""
-    assert before is not None
-    if after.repeat_failures > before.repeat_failures:
-        return "failed_again", f"quarantined again (repeat {after.repeat_failures})"
-    if before.inbox_status in ("processed", "rejected"):
-        if after.effects > before.effects:
-            return "unexpected_duplicate", f"effects grew from {before.effects} to {after.effects}"
-        # Nothing changes for a no-op: it is verified once the consumer has read everything published.
-        return ("noop", f"already {before.inbox_status}") if consumed else (None, "")
-    if after.inbox_status in ("processed", "rejected") and after.quarantine_status == "reprocessed":
-        return "reprocessed", f"inbox {after.inbox_status}, {after.effects} effects"
-    return None, ""
 
 
 def _verified(items: list[_Item]) -> int:
