@@ -11,7 +11,6 @@ possibly act? A refused connection did not; a timeout after sending may have, an
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -19,6 +18,14 @@ import httpx
 
 from examples.inventory.codes import InventoryCode
 from examples.inventory.model import Stock
+from service.adapters.http import (
+    Downstream,
+    call_status,
+    call_transport,
+    lookup_status,
+    transient_status,
+    transport_failure,
+)
 from service.domain.codes import Code, ErrorCode
 from service.errors import DownstreamError
 from service.policy.effects import (
@@ -27,35 +34,13 @@ from service.policy.effects import (
     LookupFailed,
     LookupOutcome,
     Missing,
-    NotSent,
     Refused,
     Sent,
     Unknown,
 )
 
-_MAX_RETRY_AFTER = timedelta(minutes=10)
 
-
-def retry_after(response: httpx.Response) -> timedelta | None:
-    """The `Retry-After` of a response in seconds form, capped; HTTP-date forms are ignored."""
-    value = response.headers.get("retry-after", "").strip()
-    return min(timedelta(seconds=int(value)), _MAX_RETRY_AFTER) if value.isdigit() else None
-
-
-class _Client:
-    """A downstream at a configurable base URL; unset (None) disables its calls."""
-
-    def __init__(self, http: httpx.AsyncClient, base_url: str | None) -> None:
-        self._http = http
-        self._base_url = base_url
-
-    @property
-    def enabled(self) -> bool:
-        """False when the downstream's URL is unset."""
-        return self._base_url is not None
-
-
-class StockClient(_Client):
+class StockClient(Downstream):
     """Asks the stock API what the catalogue knows of a SKU and what each warehouse has."""
 
     downstream = "stock"
@@ -65,15 +50,12 @@ class StockClient(_Client):
         try:
             response = await self._http.get(f"{self._base_url}/stock/{quote(sku, safe='')}")
         except httpx.TransportError as error:
-            timed_out = isinstance(error, httpx.TimeoutException)
-            code = ErrorCode.DOWNSTREAM_TIMEOUT if timed_out else ErrorCode.DOWNSTREAM_UNREACHABLE
-            raise DownstreamError(code, downstream=self.downstream) from error
+            raise transport_failure(error, self.downstream) from error
         if response.status_code == 404:
             return Stock(sku, known=False)
-        if response.status_code == 429:
-            raise DownstreamError(ErrorCode.RATE_LIMITED, retry_after=retry_after(response), downstream=self.downstream)
-        if response.status_code >= 500:
-            raise DownstreamError(ErrorCode.DOWNSTREAM_UNAVAILABLE, downstream=self.downstream)
+        failure = transient_status(response, self.downstream)
+        if failure is not None:
+            raise failure
         if response.status_code != 200:
             raise DownstreamError(ErrorCode.UNEXPECTED_ERROR, downstream=self.downstream)
         try:
@@ -84,7 +66,7 @@ class StockClient(_Client):
         return Stock(sku, known=True, available=available)
 
 
-class WarehouseClient(_Client):
+class WarehouseClient(Downstream):
     """The warehouse: holds and releases, each idempotent on its `Idempotency-Key`."""
 
     async def hold(self, idempotency_key: str, body: dict[str, Any]) -> CallOutcome:
@@ -112,7 +94,7 @@ class WarehouseClient(_Client):
                 f"{self._base_url}{path}", json=body, headers={"Idempotency-Key": idempotency_key}
             )
         except httpx.TransportError as error:
-            return _transport(error)
+            return call_transport(error)
         status = response.status_code
         if status in (200, 201):
             try:
@@ -121,15 +103,7 @@ class WarehouseClient(_Client):
                 return Unknown(ErrorCode.UNEXPECTED_ERROR)  # it did something we cannot name: a look-up decides
         if status == refusal[0]:
             return Refused(refusal[1])
-        if status in (401, 403):
-            return NotSent(ErrorCode.PROVIDER_UNAUTHORIZED)
-        if status == 409:
-            return Unknown(ErrorCode.PROVIDER_IN_PROGRESS)
-        if status == 429:
-            return NotSent(ErrorCode.RATE_LIMITED, retry_after(response))
-        if status >= 500:
-            return NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)
-        return Refused(ErrorCode.PROVIDER_REJECTED)
+        return call_status(response)
 
     async def _find(self, path: str, idempotency_key: str, reference: str) -> LookupOutcome:
         """GET by the key: found (with its reference), missing (404), or the look-up failed."""
@@ -140,18 +114,8 @@ class WarehouseClient(_Client):
         if response.status_code == 404:
             return Missing()
         if response.status_code != 200:
-            code = ErrorCode.RATE_LIMITED if response.status_code == 429 else ErrorCode.DOWNSTREAM_UNAVAILABLE
-            return LookupFailed(code)
+            return lookup_status(response)
         try:
             return Found(str(response.json()[reference]))
         except (ValueError, KeyError, TypeError):
             return LookupFailed(ErrorCode.UNEXPECTED_ERROR)
-
-
-def _transport(error: httpx.TransportError) -> CallOutcome:
-    """Whether a failed call may have reached the warehouse: not when the connection was never made."""
-    if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
-        return NotSent(ErrorCode.DOWNSTREAM_UNREACHABLE)
-    if isinstance(error, httpx.TimeoutException):
-        return Unknown(ErrorCode.DOWNSTREAM_TIMEOUT)
-    return Unknown(ErrorCode.DOWNSTREAM_UNREACHABLE)

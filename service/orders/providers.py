@@ -11,28 +11,19 @@ from typing import Any
 
 import httpx
 
+from service.adapters.http import Downstream, call_status, call_transport, lookup_status
 from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
-from service.orders.customers import retry_after
 from service.policy.effects import (
     CallOutcome,
     Found,
     LookupFailed,
     LookupOutcome,
     Missing,
-    NotSent,
     Refused,
     Sent,
     Unknown,
 )
-
-
-def _transport(error: httpx.TransportError) -> CallOutcome:
-    if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
-        return NotSent(ErrorCode.DOWNSTREAM_UNREACHABLE)
-    if isinstance(error, httpx.TimeoutException):
-        return Unknown(ErrorCode.DOWNSTREAM_TIMEOUT)
-    return Unknown(ErrorCode.DOWNSTREAM_UNREACHABLE)
 
 
 def _answer(response: httpx.Response, reference_field: str) -> CallOutcome:
@@ -45,36 +36,10 @@ def _answer(response: httpx.Response, reference_field: str) -> CallOutcome:
             return Unknown(ErrorCode.UNEXPECTED_ERROR)
     if status == 402:
         return Refused(OrderCode.PAYMENT_DECLINED)
-    if status in (401, 403):
-        return NotSent(ErrorCode.PROVIDER_UNAUTHORIZED)
-    if status == 409:
-        return Unknown(ErrorCode.PROVIDER_IN_PROGRESS)
-    if status == 429:
-        return NotSent(ErrorCode.RATE_LIMITED, retry_after(response))
-    if status >= 500:
-        return NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)
-    return Refused(ErrorCode.PROVIDER_REJECTED)
+    return call_status(response)
 
 
-def _lookup_failure(response: httpx.Response) -> LookupFailed:
-    code = ErrorCode.RATE_LIMITED if response.status_code == 429 else ErrorCode.DOWNSTREAM_UNAVAILABLE
-    return LookupFailed(code)
-
-
-class _Provider:
-    """A downstream reached over HTTP at a configurable base URL; unset disables its calls."""
-
-    def __init__(self, http: httpx.AsyncClient, base_url: str | None) -> None:
-        self._http = http
-        self._base_url = base_url
-
-    @property
-    def enabled(self) -> bool:
-        """False when the provider's ORDERS_*_URL is unset."""
-        return self._base_url is not None
-
-
-class PaymentsClient(_Provider):
+class PaymentsClient(Downstream):
     """The idempotent payment provider: the same Idempotency-Key always returns the same payment."""
 
     async def pay(self, idempotency_key: str, body: dict[str, Any]) -> CallOutcome:
@@ -84,7 +49,7 @@ class PaymentsClient(_Provider):
                 f"{self._base_url}/payments", json=body, headers={"Idempotency-Key": idempotency_key}
             )
         except httpx.TransportError as error:
-            return _transport(error)
+            return call_transport(error)
         return _answer(response, "payment_id")
 
     async def find(self, idempotency_key: str) -> LookupOutcome:
@@ -96,14 +61,14 @@ class PaymentsClient(_Provider):
         if response.status_code == 404:
             return Missing()
         if response.status_code != 200:
-            return _lookup_failure(response)
+            return lookup_status(response)
         try:
             return Found(str(response.json()["payment_id"]))
         except (ValueError, KeyError, TypeError):
             return LookupFailed(ErrorCode.UNEXPECTED_ERROR)
 
 
-class EmailsClient(_Provider):
+class EmailsClient(Downstream):
     """The email provider; it is NOT idempotent, so a resend is only ever made after a look-up by ref."""
 
     async def send(self, body: dict[str, Any]) -> CallOutcome:
@@ -111,7 +76,7 @@ class EmailsClient(_Provider):
         try:
             response = await self._http.post(f"{self._base_url}/emails", json=body)
         except httpx.TransportError as error:
-            return _transport(error)
+            return call_transport(error)
         return _answer(response, "email_id")
 
     async def find(self, ref: str) -> LookupOutcome:
@@ -121,7 +86,7 @@ class EmailsClient(_Provider):
         except httpx.TransportError:
             return LookupFailed(ErrorCode.DOWNSTREAM_UNREACHABLE)
         if response.status_code != 200:
-            return _lookup_failure(response)
+            return lookup_status(response)
         try:
             sent = response.json()
             return Found(str(sent[0]["email_id"])) if sent else Missing()

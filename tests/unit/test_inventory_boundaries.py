@@ -16,6 +16,7 @@ EXAMPLE = REPO_ROOT / "examples" / "inventory"
 # composition root a domain rewires.
 CORE_API = frozenset(
     {
+        "service.adapters.http",
         "service.config",
         "service.containers",
         "service.domain.codes",
