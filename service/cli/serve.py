@@ -20,6 +20,7 @@ from service.cli.common import (
     use,
 )
 from service.config import Settings
+from service.containers import MIGRATIONS
 from service.errors import InfrastructureUnavailable
 from service.explain import first_line
 from service.runtime import collect_garbage, tune_garbage_collector
@@ -59,7 +60,7 @@ async def _schema_ready(settings: Settings, stop: asyncio.Event) -> bool:
     delay = 1.0
     while not stop.is_set():
         try:
-            await schema.require_head(settings.database_url)
+            await schema.require_head(settings.database_url, MIGRATIONS)
             return True
         except Exception as error:
             if not is_unavailable(error):
@@ -79,7 +80,7 @@ def migrate() -> None:
     settings = configured()
     logging.getLogger("alembic").setLevel(min(logging.INFO, logging.getLogger().level))  # say each upgrade
     try:
-        head = schema.upgrade_to_head(settings.database_url)
+        head = schema.upgrade_to_head(settings.database_url, MIGRATIONS)
     except OSError as error:
         typer.echo(f"migrate: database unreachable ({type(error).__name__})", err=True)
         raise typer.Exit(1) from None
