@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import and_, delete, exists, func, select, text, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.store.tables import key_blocks, parked, pauses, retries
+from service.store.recordset import Columns
 
 
 @dataclass(frozen=True)
@@ -37,37 +36,80 @@ class StoredParked:
     record: ParkedRecord
 
 
+# `ParkedRecord` values as a recordset (service/store/recordset.py): a round's parked records in one statement,
+# inserted in the order given, so ids keep their arrival order.
+COLUMNS = Columns(
+    ("ordering_key", "text"),
+    ("message_id", "text"),
+    ("source_topic", "text"),
+    ("source_partition", "int"),
+    ("source_offset", "bigint"),
+    ("timestamp_ms", "bigint"),
+    ("value", "bytea"),
+    ("headers", "jsonb"),
+    ("source_key", "bytea"),
+)
+# Two members parking one record at once (a rebalance): the second one's row is not needed.
+_PARK = text(
+    f"""
+    INSERT INTO parked (consumer_name, ordering_key, message_id, source_topic, source_partition, source_offset,
+                        timestamp_ms, value, headers, source_key)
+    SELECT :consumer, * FROM ({COLUMNS.select("parked_rows")}) AS v
+    ON CONFLICT (consumer_name, message_id) DO NOTHING
+    """
+)
+_UNPARK = text("DELETE FROM parked WHERE id = ANY(CAST(:ids AS bigint[]))")
+_BLOCK = text(
+    """
+    INSERT INTO key_blocks (consumer_name, ordering_key, failure_id, reason)
+    SELECT :consumer, b.ordering_key, b.failure_id, 'quarantined'
+    FROM unnest(CAST(:keys AS text[]), CAST(:failure_ids AS text[])) AS b(ordering_key, failure_id)
+    ON CONFLICT DO NOTHING
+    """
+)
+_UNBLOCK_FAILURES = text("DELETE FROM key_blocks WHERE failure_id = ANY(CAST(:failure_ids AS text[]))")
+
+
 async def park(connection: AsyncConnection, consumer: str, records: Sequence[ParkedRecord]) -> None:
     """Park records in the caller's transaction (ids keep their arrival order)."""
     if records:
-        statement = insert(parked).values([{"consumer_name": consumer, **r.__dict__} for r in records])
-        # Two members parking one record at once (a rebalance): the second one's row is not needed.
-        await connection.execute(
-            statement.on_conflict_do_nothing(index_elements=[parked.c.consumer_name, parked.c.message_id])
-        )
+        await connection.execute(_PARK, {"consumer": consumer, "parked_rows": COLUMNS.encode(records)})
 
 
 async def unpark(connection: AsyncConnection, ids: Sequence[int]) -> None:
     """Delete parked rows whose records reached a terminal state."""
     if ids:
-        await connection.execute(delete(parked).where(parked.c.id.in_(ids)))
+        await connection.execute(_UNPARK, {"ids": list(ids)})
 
 
 async def block(connection: AsyncConnection, consumer: str, blocks: Sequence[tuple[str, str]]) -> None:
     """Block keys whose head was quarantined: (key, failure id)."""
     if blocks:
-        rows = [
-            {"consumer_name": consumer, "ordering_key": key, "failure_id": failure_id, "reason": "quarantined"}
-            for key, failure_id in blocks
-        ]
-        await connection.execute(insert(key_blocks).values(rows).on_conflict_do_nothing())
+        await connection.execute(
+            _BLOCK,
+            {
+                "consumer": consumer,
+                "keys": [key for key, _ in blocks],
+                "failure_ids": [failure_id for _, failure_id in blocks],
+            },
+        )
 
 
 async def unblock_failures(connection: AsyncConnection, failure_ids: Sequence[str]) -> None:
     """Free the keys held by these quarantined heads (resolved or reprocessed), under whichever consumer: a
     failure id is one record's, whoever acts on it."""
     if failure_ids:
-        await connection.execute(delete(key_blocks).where(key_blocks.c.failure_id.in_(failure_ids)))
+        await connection.execute(_UNBLOCK_FAILURES, {"failure_ids": list(failure_ids)})
+
+
+_UNBLOCK_KEY = text(
+    "DELETE FROM key_blocks WHERE consumer_name = :consumer AND ordering_key = :key RETURNING failure_id"
+)
+_UNHOLD_RETRYING = text(
+    "UPDATE retries SET ordering_key = NULL WHERE consumer_name = :consumer AND ordering_key = :key"
+    " RETURNING message_id"
+)
+_COUNT_PARKED = text("SELECT count(*) FROM parked WHERE consumer_name = :consumer AND ordering_key = :key")
 
 
 @dataclass(frozen=True)
@@ -91,27 +133,57 @@ async def release(connection: AsyncConnection, consumer: str, key: str) -> Relea
     its retry row, so its tier copy is still recognised and retried, but no longer holds the key: the records
     behind it are applied now, before it, as the operator asked.
     """
-    blocked_by = (
-        await connection.execute(
-            delete(key_blocks)
-            .where(key_blocks.c.consumer_name == consumer, key_blocks.c.ordering_key == key)
-            .returning(key_blocks.c.failure_id)
-        )
-    ).scalar()
-    retrying = (
-        await connection.execute(
-            update(retries)
-            .where(retries.c.consumer_name == consumer, retries.c.ordering_key == key)
-            .values(ordering_key=None)
-            .returning(retries.c.message_id)
-        )
-    ).scalars()
-    waiting = (
-        await connection.execute(
-            select(func.count()).where(parked.c.consumer_name == consumer, parked.c.ordering_key == key)
-        )
-    ).scalar_one()
+    params = {"consumer": consumer, "key": key}
+    blocked_by = (await connection.execute(_UNBLOCK_KEY, params)).scalar()
+    retrying = (await connection.execute(_UNHOLD_RETRYING, params)).scalars()
+    waiting = (await connection.execute(_COUNT_PARKED, params)).scalar_one()
     return Released(blocked_by, sorted(retrying), int(waiting))
+
+
+# Claims are taken one member at a time per consumer name (see `releasable`).
+_RELEASE_LOCK = text("SELECT pg_advisory_xact_lock(hashtext('parked-release'), hashtext(:consumer))")
+# Only leases past their half, and never a row a round of this member holds (SKIP LOCKED: the round deletes or
+# releases rows in id order; waiting on it here, in key order, could deadlock with it).
+_RENEW = text(
+    """
+    UPDATE parked SET claimed_until = now() + CAST(:lease AS interval)
+    WHERE id IN (
+        SELECT id FROM parked
+        WHERE consumer_name = :consumer AND claimed_by = :member AND ordering_key = ANY(CAST(:exclude AS text[]))
+          AND claimed_until < now() + CAST(:lease AS interval) / 2
+        ORDER BY id
+        FOR UPDATE SKIP LOCKED)
+    """
+)
+# Keys that nothing holds (no retrying head, no block, no other member's running lease), oldest first.
+_FREE_KEYS = text(
+    """
+    SELECT p.ordering_key FROM parked p
+    WHERE p.consumer_name = :consumer AND p.ordering_key <> ALL(CAST(:exclude AS text[]))
+      AND NOT EXISTS (SELECT FROM retries r WHERE r.consumer_name = :consumer AND r.ordering_key = p.ordering_key)
+      AND NOT EXISTS (SELECT FROM key_blocks b WHERE b.consumer_name = :consumer AND b.ordering_key = p.ordering_key)
+      AND NOT EXISTS (
+            SELECT FROM parked o
+            WHERE o.consumer_name = :consumer AND o.ordering_key = p.ordering_key
+              AND o.claimed_by <> :member AND o.claimed_until > now())
+    GROUP BY p.ordering_key
+    ORDER BY min(p.id)
+    LIMIT :keys
+    """
+)
+# The first `per_key` records of each free key.
+_CLAIM = text(
+    """
+    UPDATE parked SET claimed_by = :member, claimed_until = now() + CAST(:lease AS interval)
+    WHERE id IN (
+        SELECT id FROM (
+            SELECT id, row_number() OVER (PARTITION BY ordering_key ORDER BY id) AS n FROM parked
+            WHERE consumer_name = :consumer AND ordering_key = ANY(CAST(:free AS text[]))) AS numbered
+        WHERE n <= :per_key)
+    RETURNING id, ordering_key, message_id, source_topic, source_partition, source_offset, timestamp_ms, value,
+              headers, source_key
+    """
+)
 
 
 async def releasable(
@@ -130,73 +202,38 @@ async def releasable(
     member releases a key's records: a key is skipped while another member's lease on any of its records runs.
     The caller's keys in `exclude` are in its memory already: their leases are renewed instead. Commit after.
     """
-    await connection.execute(
-        text("SELECT pg_advisory_xact_lock(hashtext('parked-release'), hashtext(:consumer))"), {"consumer": consumer}
-    )
-    until = func.now() + lease
+    await connection.execute(_RELEASE_LOCK, {"consumer": consumer})
     if exclude:
-        # Only leases past their half, and never a row a round of this member holds (SKIP LOCKED: the round
-        # deletes or releases rows in id order; waiting on it here, in key order, could deadlock with it).
-        renew = (
-            select(parked.c.id)
-            .where(
-                parked.c.consumer_name == consumer,
-                parked.c.claimed_by == member,
-                parked.c.ordering_key.in_(list(exclude)),
-                parked.c.claimed_until < func.now() + lease / 2,
-            )
-            .order_by(parked.c.id)
-            .with_for_update(skip_locked=True, key_share=False, read=False)
+        await connection.execute(
+            _RENEW, {"consumer": consumer, "member": member, "exclude": list(exclude), "lease": lease}
         )
-        await connection.execute(update(parked).where(parked.c.id.in_(renew)).values(claimed_until=until))
-    other = parked.alias("other")
-    free = (
-        select(parked.c.ordering_key)
-        .where(
-            parked.c.consumer_name == consumer,
-            parked.c.ordering_key.not_in(list(exclude)),
-            ~exists().where(and_(retries.c.consumer_name == consumer, retries.c.ordering_key == parked.c.ordering_key)),
-            ~exists().where(
-                and_(key_blocks.c.consumer_name == consumer, key_blocks.c.ordering_key == parked.c.ordering_key)
-            ),
-            ~exists().where(
-                and_(
-                    other.c.consumer_name == consumer,
-                    other.c.ordering_key == parked.c.ordering_key,
-                    other.c.claimed_by != member,
-                    other.c.claimed_until > func.now(),
-                )
-            ),
-        )
-        .group_by(parked.c.ordering_key)
-        .order_by(func.min(parked.c.id))
-        .limit(keys)
+    free = await connection.execute(
+        _FREE_KEYS, {"consumer": consumer, "member": member, "exclude": list(exclude), "keys": keys}
     )
-    free_keys = list((await connection.execute(free)).scalars())
+    free_keys = list(free.scalars())
     if not free_keys:
         return []
-    numbered = (
-        select(parked.c.id, func.row_number().over(partition_by=parked.c.ordering_key, order_by=parked.c.id).label("n"))
-        .where(parked.c.consumer_name == consumer, parked.c.ordering_key.in_(free_keys))
-        .subquery()
-    )
     claimed = await connection.execute(
-        update(parked)
-        .where(parked.c.id.in_(select(numbered.c.id).where(numbered.c.n <= per_key)))
-        .values(claimed_by=member, claimed_until=until)
-        .returning(*parked.c)
+        _CLAIM,
+        {"consumer": consumer, "member": member, "free": free_keys, "per_key": per_key, "lease": lease},
     )
     return sorted((_stored(row) for row in claimed), key=lambda stored: stored.id)
 
 
+# Every claim of the member when :ids is NULL.
+_UNCLAIM = text(
+    """
+    UPDATE parked SET claimed_by = NULL, claimed_until = NULL
+    WHERE claimed_by = :member AND (CAST(:ids AS bigint[]) IS NULL OR id = ANY(CAST(:ids AS bigint[])))
+    """
+)
+
+
 async def unclaim(connection: AsyncConnection, member: str, ids: Sequence[int] | None = None) -> None:
     """Give up claims: on these parked rows (left parked, their key held again), or all of the member's."""
-    statement = update(parked).where(parked.c.claimed_by == member).values(claimed_by=None, claimed_until=None)
-    if ids is not None:
-        if not ids:
-            return
-        statement = statement.where(parked.c.id.in_(ids))
-    await connection.execute(statement)
+    if ids is not None and not ids:
+        return
+    await connection.execute(_UNCLAIM, {"member": member, "ids": list(ids) if ids is not None else None})
 
 
 def _stored(row: Any) -> StoredParked:
@@ -251,20 +288,27 @@ async def summary(connection: AsyncConnection, consumer: str | None = None) -> l
     return [dict(row._mapping) for row in await connection.execute(_SUMMARY, {"consumer": consumer})]
 
 
+_HOLDERS = text(
+    """
+    SELECT consumer_name FROM parked WHERE ordering_key = :key
+    UNION SELECT consumer_name FROM key_blocks WHERE ordering_key = :key
+    UNION SELECT consumer_name FROM retries WHERE ordering_key = :key
+    ORDER BY 1
+    """
+)
+
+
 async def holders(connection: AsyncConnection, key: str) -> list[str]:
     """The consumer names under which this key is held or has parked records."""
-    result = await connection.execute(
-        text(
-            """
-            SELECT consumer_name FROM parked WHERE ordering_key = :key
-            UNION SELECT consumer_name FROM key_blocks WHERE ordering_key = :key
-            UNION SELECT consumer_name FROM retries WHERE ordering_key = :key
-            ORDER BY 1
-            """
-        ),
-        {"key": key},
-    )
-    return list(result.scalars())
+    return list((await connection.execute(_HOLDERS, {"key": key})).scalars())
+
+
+_LOG_PAUSE = text(
+    """
+    INSERT INTO pauses (consumer_name, topic, partition, downstream, error_code, seconds)
+    VALUES (:consumer, :topic, :partition, :downstream, :error_code, :seconds)
+    """
+)
 
 
 async def log_pause(
@@ -278,12 +322,13 @@ async def log_pause(
 ) -> None:
     """Record one backpressure pause (visible to operators and tests)."""
     await connection.execute(
-        insert(pauses).values(
-            consumer_name=consumer,
-            topic=topic,
-            partition=partition,
-            downstream=downstream,
-            error_code=error_code,
-            seconds=seconds,
-        )
+        _LOG_PAUSE,
+        {
+            "consumer": consumer,
+            "topic": topic,
+            "partition": partition,
+            "downstream": downstream,
+            "error_code": error_code,
+            "seconds": seconds,
+        },
     )
