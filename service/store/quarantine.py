@@ -7,12 +7,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.store.recordset import Columns
-from service.store.tables import quarantine, quarantine_annotations, quarantine_events, reprocess_items
 
 
 @dataclass(frozen=True)
@@ -54,17 +52,26 @@ ADD_ROWS = f"""
     ON CONFLICT (failure_id) DO NOTHING"""
 
 
-_SUMMARY = (
-    quarantine.c.failure_id,
-    quarantine.c.message_id,
-    quarantine.c.error_code,
-    quarantine.c.status,
-    quarantine.c.owner,
-    quarantine.c.ordering_key,
-    quarantine.c.attempts,
-    quarantine.c.first_failed_at,
-    quarantine.c.last_failed_at,
+# The listing's filters, each off when its parameter is NULL: fixed SQL, whatever the filters. PostgreSQL plans
+# each execution with its values (custom plans, uow.create_engine), so the filters that are off fold away.
+_FILTERS = """
+    (CAST(:error_code AS text) IS NULL OR error_code = :error_code)
+    AND (CAST(:status AS text) IS NULL OR status = :status)
+    AND (CAST(:key AS text) IS NULL OR ordering_key = :key)
+    AND (CAST(:message_id AS text) IS NULL OR message_id = :message_id)
+    AND (CAST(:older_than AS interval) IS NULL OR first_failed_at <= now() - CAST(:older_than AS interval))
+    AND (CAST(:since AS timestamptz) IS NULL OR first_failed_at >= :since)
+    AND (CAST(:until AS timestamptz) IS NULL OR first_failed_at < :until)
+"""
+_LISTING = text(
+    f"""
+    SELECT failure_id, message_id, error_code, status, owner, ordering_key, attempts, first_failed_at, last_failed_at,
+           count(*) OVER () AS matching
+    FROM quarantine WHERE {_FILTERS}
+    ORDER BY first_failed_at, failure_id LIMIT :limit OFFSET :offset
+    """
 )
+_COUNT = text(f"SELECT count(*) FROM quarantine WHERE {_FILTERS}")
 
 
 async def listing(
@@ -81,128 +88,111 @@ async def listing(
     offset: int = 0,
 ) -> tuple[list[dict[str, Any]], int]:
     """Quarantined records, oldest first, filtered: one page of them, and how many match in all."""
-    conditions = []
-    if error_code:
-        conditions.append(quarantine.c.error_code == error_code)
-    if status:
-        conditions.append(quarantine.c.status == status)
-    if key:
-        conditions.append(quarantine.c.ordering_key == key)
-    if message_id:
-        conditions.append(quarantine.c.message_id == message_id)
-    if older_than:
-        conditions.append(quarantine.c.first_failed_at <= func.now() - older_than)
-    if since:
-        conditions.append(quarantine.c.first_failed_at >= since)
-    if until:
-        conditions.append(quarantine.c.first_failed_at < until)
-    query = (
-        select(*_SUMMARY, func.count().over().label("matching"))
-        .where(*conditions)
-        .order_by(quarantine.c.first_failed_at, quarantine.c.failure_id)
-        .limit(limit)
-        .offset(offset)
-    )
-    rows = [dict(row._mapping) for row in await connection.execute(query)]
-    if rows:
-        total = int(rows[0]["matching"])
-    else:
-        total = int(
-            (await connection.execute(select(func.count()).select_from(quarantine).where(*conditions))).scalar_one()
-        )
+    # An empty filter (a blank code, a zero age) is no filter.
+    filters = {
+        "error_code": error_code or None,
+        "status": status or None,
+        "key": key or None,
+        "message_id": message_id or None,
+        "older_than": older_than or None,
+        "since": since,
+        "until": until,
+    }
+    rows = [
+        dict(row._mapping) for row in await connection.execute(_LISTING, {**filters, "limit": limit, "offset": offset})
+    ]
+    total = int(rows[0]["matching"]) if rows else int((await connection.execute(_COUNT, filters)).scalar_one())
     for row in rows:
         del row["matching"]
     return rows, total
 
 
+_GET = text(
+    """
+    SELECT failure_id, consumer_name, message_id, error_code, status, owner, ordering_key, envelope, payload,
+           source_headers, attempts, repeat_failures, first_failed_at, last_failed_at, resolution, resolved_by,
+           resolved_at, created_at, updated_at
+    FROM quarantine WHERE failure_id = :failure_id
+    """
+)
+_ANNOTATIONS = text(
+    "SELECT author, note, created_at FROM quarantine_annotations WHERE failure_id = :failure_id ORDER BY id"
+)
+_REPROCESSING = text(
+    """
+    SELECT run_id, attempt, outcome, published_at, verified_at FROM reprocess_items
+    WHERE failure_id = :failure_id ORDER BY attempt
+    """
+)
+# In the order the database appended them (migration 0009's triggers): every failure and change, none rewritten;
+# the times are the clocks that saw each one.
+_TIMELINE = text(
+    """
+    SELECT at, event, error_code, attempts, actor, detail FROM quarantine_events
+    WHERE failure_id = :failure_id ORDER BY id
+    """
+)
+
+
 async def get(connection: AsyncConnection, failure_id: str) -> dict[str, Any] | None:
     """One quarantined record with its envelope, original bytes, annotations, reprocess history and timeline."""
-    row = (await connection.execute(select(quarantine).where(quarantine.c.failure_id == failure_id))).first()
+    params = {"failure_id": failure_id}
+    row = (await connection.execute(_GET, params)).first()
     if row is None:
         return None
     record = dict(row._mapping)
-    notes = await connection.execute(
-        select(quarantine_annotations.c.author, quarantine_annotations.c.note, quarantine_annotations.c.created_at)
-        .where(quarantine_annotations.c.failure_id == failure_id)
-        .order_by(quarantine_annotations.c.id)
-    )
-    record["annotations"] = [dict(note._mapping) for note in notes]
-    items = await connection.execute(
-        select(
-            reprocess_items.c.run_id,
-            reprocess_items.c.attempt,
-            reprocess_items.c.outcome,
-            reprocess_items.c.published_at,
-            reprocess_items.c.verified_at,
-        )
-        .where(reprocess_items.c.failure_id == failure_id)
-        .order_by(reprocess_items.c.attempt)
-    )
-    record["reprocessing"] = [dict(item._mapping) for item in items]
-    events = await connection.execute(
-        select(
-            quarantine_events.c.at,
-            quarantine_events.c.event,
-            quarantine_events.c.error_code,
-            quarantine_events.c.attempts,
-            quarantine_events.c.actor,
-            quarantine_events.c.detail,
-        )
-        .where(quarantine_events.c.failure_id == failure_id)
-        .order_by(quarantine_events.c.id)
-    )
-    # In the order the database appended them (migration 0009's triggers): every failure and change, none
-    # rewritten; the times are the clocks that saw each one.
-    record["timeline"] = [dict(event._mapping) for event in events]
+    record["annotations"] = [dict(note._mapping) for note in await connection.execute(_ANNOTATIONS, params)]
+    record["reprocessing"] = [dict(item._mapping) for item in await connection.execute(_REPROCESSING, params)]
+    record["timeline"] = [dict(event._mapping) for event in await connection.execute(_TIMELINE, params)]
     return record
+
+
+_EXISTS = text("SELECT failure_id FROM quarantine WHERE failure_id = :failure_id")
+_ANNOTATE = text("INSERT INTO quarantine_annotations (failure_id, author, note) VALUES (:failure_id, :author, :note)")
 
 
 async def annotate(connection: AsyncConnection, failure_id: str, author: str, note: str) -> bool:
     """Append a note; False when there is no such record."""
-    found = (
-        await connection.execute(select(quarantine.c.failure_id).where(quarantine.c.failure_id == failure_id))
-    ).first()
-    if found is None:
+    if (await connection.execute(_EXISTS, {"failure_id": failure_id})).first() is None:
         return False
-    await connection.execute(insert(quarantine_annotations).values(failure_id=failure_id, author=author, note=note))
+    await connection.execute(_ANNOTATE, {"failure_id": failure_id, "author": author, "note": note})
     return True
+
+
+_LOCK_STATUS = text("SELECT status FROM quarantine WHERE failure_id = :failure_id FOR UPDATE")
+_RESOLVE = text(
+    """
+    UPDATE quarantine SET status = 'resolved', resolution = :reason, resolved_by = :author, resolved_at = now(),
+                          updated_at = now()
+    WHERE failure_id = :failure_id
+    """
+)
 
 
 async def resolve(connection: AsyncConnection, failure_id: str, reason: str, author: str) -> str | None:
     """Close an open record without reprocessing it; returns its previous status (None: no such record)."""
-    current = (
-        await connection.execute(
-            select(quarantine.c.status).where(quarantine.c.failure_id == failure_id).with_for_update()
-        )
-    ).scalar()
+    current = (await connection.execute(_LOCK_STATUS, {"failure_id": failure_id})).scalar()
     if current != "open":
         return str(current) if current is not None else None
-    await connection.execute(
-        update(quarantine)
-        .where(quarantine.c.failure_id == failure_id)
-        .values(status="resolved", resolution=reason, resolved_by=author, resolved_at=func.now(), updated_at=func.now())
-    )
+    await connection.execute(_RESOLVE, {"failure_id": failure_id, "reason": reason, "author": author})
     return "open"
+
+
+_STATS_BY_CODE = text(
+    """
+    SELECT error_code, owner, count(*) FILTER (WHERE status = 'open') AS open, count(*) AS total,
+           count(*) FILTER (WHERE created_at > now() - interval '1 hour') AS last_hour
+    FROM quarantine
+    GROUP BY error_code, owner
+    ORDER BY error_code, owner
+    """
+)
+_OLDEST_OPEN = text("SELECT extract(epoch FROM now() - min(first_failed_at)) FROM quarantine WHERE status = 'open'")
 
 
 async def stats(connection: AsyncConnection) -> dict[str, Any]:
     """Counts per error code and owner, rates over the last hour, and the age of the oldest open record."""
-    open_ = quarantine.c.status == "open"
-    by_code = await connection.execute(
-        select(
-            quarantine.c.error_code,
-            quarantine.c.owner,
-            func.count().filter(open_).label("open"),
-            func.count().label("total"),
-            func.count().filter(quarantine.c.created_at > func.now() - timedelta(hours=1)).label("last_hour"),
-        )
-        .group_by(quarantine.c.error_code, quarantine.c.owner)
-        .order_by(quarantine.c.error_code, quarantine.c.owner)
-    )
-    oldest = await connection.execute(
-        select(func.extract("epoch", func.now() - func.min(quarantine.c.first_failed_at))).where(open_)
-    )
-    age = oldest.scalar_one()
+    by_code = await connection.execute(_STATS_BY_CODE)
     groups = [
         {
             "error_code": row.error_code,
@@ -213,6 +203,7 @@ async def stats(connection: AsyncConnection) -> dict[str, Any]:
         }
         for row in by_code
     ]
+    age = (await connection.execute(_OLDEST_OPEN)).scalar_one()
     return {
         "open": sum(group["open"] for group in groups),
         "oldest_open_age_seconds": float(age) if age is not None else None,
@@ -220,14 +211,28 @@ async def stats(connection: AsyncConnection) -> dict[str, Any]:
     }
 
 
+_MARK_REPROCESSED = text(
+    "UPDATE quarantine SET status = 'reprocessed', updated_at = now() WHERE failure_id = ANY(CAST(:ids AS text[]))"
+)
+
+
 async def mark_reprocessed(connection: AsyncConnection, failure_ids: Sequence[str]) -> None:
     """Records whose reprocessed copy was applied: `reprocessed` (terminal)."""
     if failure_ids:
-        await connection.execute(
-            update(quarantine)
-            .where(quarantine.c.failure_id.in_(failure_ids))
-            .values(status="reprocessed", updated_at=func.now())
-        )
+        await connection.execute(_MARK_REPROCESSED, {"ids": list(failure_ids)})
+
+
+_REQUARANTINE = text(
+    """
+    UPDATE quarantine
+    SET status = 'open', error_code = :code, repeat_failures = repeat_failures + 1, attempts = attempts + :attempts,
+        last_failed_at = :failed_at,
+        envelope = envelope || jsonb_build_object('errorCode', CAST(:code AS text),
+                                                  'lastFailedAt', CAST(:failed_at_text AS text)),
+        updated_at = now()
+    WHERE failure_id = :failure_id
+    """
+)
 
 
 async def requarantine(
@@ -235,18 +240,12 @@ async def requarantine(
 ) -> None:
     """A reprocessed record failed again: open again, with its repeat-failure count raised."""
     await connection.execute(
-        update(quarantine)
-        .where(quarantine.c.failure_id == failure_id)
-        .values(
-            status="open",
-            error_code=code,
-            owner=quarantine.c.owner,
-            repeat_failures=quarantine.c.repeat_failures + 1,
-            attempts=quarantine.c.attempts + attempts,
-            last_failed_at=failed_at,
-            envelope=quarantine.c.envelope.op("||")(
-                func.jsonb_build_object("errorCode", code, "lastFailedAt", failed_at.isoformat())
-            ),
-            updated_at=func.now(),
-        )
+        _REQUARANTINE,
+        {
+            "failure_id": failure_id,
+            "code": code,
+            "attempts": attempts,
+            "failed_at": failed_at,
+            "failed_at_text": failed_at.isoformat(),
+        },
     )
