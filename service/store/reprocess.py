@@ -7,11 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
-
-from service.store.tables import effects, inbox, quarantine, reprocess_items, reprocess_runs
 
 
 @dataclass(frozen=True)
@@ -39,28 +37,38 @@ class ItemState:
     effects: int
 
 
-def _selected(
-    query: Any,
-    *,
-    failure_ids: Sequence[str],
-    error_code: str | None,
-    since: datetime | None,
-    until: datetime | None,
-    consumer: str | None = None,
-) -> Any:
-    if consumer is not None:
-        query = query.where(quarantine.c.consumer_name == consumer)
-    if failure_ids:
-        query = query.where(quarantine.c.failure_id.in_(list(failure_ids)))
-    else:
-        query = query.where(quarantine.c.status == "open")
-    if error_code:
-        query = query.where(quarantine.c.error_code == error_code)
-    if since:
-        query = query.where(quarantine.c.first_failed_at >= since)
-    if until:
-        query = query.where(quarantine.c.first_failed_at < until)
-    return query
+# Which quarantined records a run takes: the named failure ids whatever their status, or else the open records;
+# each other filter is off when its parameter is NULL (fixed SQL, whatever the filters).
+_SELECTED = """
+    (CAST(:consumer AS text) IS NULL OR consumer_name = :consumer)
+    AND (failure_id = ANY(CAST(:failure_ids AS text[])) OR (CAST(:failure_ids AS text[]) IS NULL AND status = 'open'))
+    AND (CAST(:error_code AS text) IS NULL OR error_code = :error_code)
+    AND (CAST(:since AS timestamptz) IS NULL OR first_failed_at >= :since)
+    AND (CAST(:until AS timestamptz) IS NULL OR first_failed_at < :until)
+"""
+_OWNERS = text(
+    f"SELECT DISTINCT consumer_name, envelope -> 'source' ->> 'topic' AS topic FROM quarantine WHERE {_SELECTED}"
+)
+_CANDIDATES = text(
+    f"""
+    SELECT failure_id, message_id, ordering_key, error_code, status, payload, source_headers, envelope,
+           repeat_failures
+    FROM quarantine WHERE {_SELECTED}
+    ORDER BY first_failed_at, failure_id
+    """
+)
+
+
+def _selection(
+    failure_ids: Sequence[str], error_code: str | None, since: datetime | None, until: datetime | None
+) -> dict[str, Any]:
+    """The parameters of `_SELECTED` (without the consumer); an empty filter is no filter."""
+    return {
+        "failure_ids": list(failure_ids) or None,
+        "error_code": error_code or None,
+        "since": since,
+        "until": until,
+    }
 
 
 async def owners(
@@ -72,10 +80,8 @@ async def owners(
     until: datetime | None,
 ) -> list[tuple[str, str]]:
     """The (consumer name, source topic) pairs the selected records were quarantined under."""
-    topic = quarantine.c.envelope["source"]["topic"].astext
-    query = select(quarantine.c.consumer_name, topic).distinct()
-    query = _selected(query, failure_ids=failure_ids, error_code=error_code, since=since, until=until)
-    return sorted((name, source) for name, source in await connection.execute(query))
+    params = {**_selection(failure_ids, error_code, since, until), "consumer": None}
+    return sorted((name, source) for name, source in await connection.execute(_OWNERS, params))
 
 
 async def select_candidates(
@@ -89,10 +95,7 @@ async def select_candidates(
 ) -> list[Candidate]:
     """Named failure ids (whatever their status), or the open records matching the filters, of one consumer when
     it is given; oldest first."""
-    query = select(quarantine).order_by(quarantine.c.first_failed_at, quarantine.c.failure_id)
-    query = _selected(
-        query, failure_ids=failure_ids, error_code=error_code, since=since, until=until, consumer=consumer
-    )
+    params = {**_selection(failure_ids, error_code, since, until), "consumer": consumer}
     return [
         Candidate(
             failure_id=row.failure_id,
@@ -105,41 +108,59 @@ async def select_candidates(
             envelope=dict(row.envelope),
             repeat_failures=row.repeat_failures,
         )
-        for row in await connection.execute(query)
+        for row in await connection.execute(_CANDIDATES, params)
     ]
+
+
+_INBOX_STATUS = text("SELECT status FROM inbox WHERE consumer_name = :consumer AND message_id = :message_id")
+_QUARANTINE_STATE = text("SELECT status, repeat_failures FROM quarantine WHERE failure_id = :failure_id")
+_EFFECTS_OF = text("SELECT count(*) FROM effects WHERE aggregate_id = :aggregate_id")
 
 
 async def state_of(connection: AsyncConnection, consumer: str, item: Candidate) -> ItemState:
     """Inbox status, quarantine status and repeat count, and the number of effects of the item's order."""
-    status = (
-        await connection.execute(
-            select(inbox.c.status).where(inbox.c.consumer_name == consumer, inbox.c.message_id == item.message_id)
-        )
-    ).scalar()
-    row = (
-        await connection.execute(
-            select(quarantine.c.status, quarantine.c.repeat_failures).where(quarantine.c.failure_id == item.failure_id)
-        )
-    ).one()
-    count = (
-        await connection.execute(
-            select(func.count()).select_from(effects).where(effects.c.aggregate_id == item.ordering_key)
-        )
-    ).scalar_one()
+    status = (await connection.execute(_INBOX_STATUS, {"consumer": consumer, "message_id": item.message_id})).scalar()
+    row = (await connection.execute(_QUARANTINE_STATE, {"failure_id": item.failure_id})).one()
+    count = (await connection.execute(_EFFECTS_OF, {"aggregate_id": item.ordering_key})).scalar_one()
     return ItemState(status, row.status, row.repeat_failures, int(count))
+
+
+_ATTEMPTS = text("SELECT count(*) FROM reprocess_items WHERE failure_id = :failure_id")
 
 
 async def attempts_so_far(connection: AsyncConnection, failure_id: str) -> int:
     """How many times runs have sent this record back already."""
-    count = await connection.execute(
-        select(func.count()).select_from(reprocess_items).where(reprocess_items.c.failure_id == failure_id)
-    )
-    return int(count.scalar_one())
+    return int((await connection.execute(_ATTEMPTS, {"failure_id": failure_id})).scalar_one())
 
 
-async def start_run(connection: AsyncConnection, run_id: str, **values: Any) -> None:
+_START_RUN = text(
+    """
+    INSERT INTO reprocess_runs (id, actor, reason, selection, options, outcome)
+    VALUES (:run_id, :actor, :reason, :selection, :options, 'running')
+    """
+).bindparams(bindparam("selection", type_=JSONB), bindparam("options", type_=JSONB))
+_FINISH_RUN = text(
+    """
+    UPDATE reprocess_runs SET outcome = :outcome, stop_reason = :stop_reason, counts = :counts, finished_at = now()
+    WHERE id = :run_id
+    """
+).bindparams(bindparam("counts", type_=JSONB))
+
+
+async def start_run(
+    connection: AsyncConnection,
+    run_id: str,
+    *,
+    actor: str,
+    reason: str,
+    selection: dict[str, Any],
+    options: dict[str, Any],
+) -> None:
     """Open the audit row of a run."""
-    await connection.execute(insert(reprocess_runs).values(id=run_id, outcome="running", **values))
+    await connection.execute(
+        _START_RUN,
+        {"run_id": run_id, "actor": actor, "reason": reason, "selection": selection, "options": options},
+    )
 
 
 async def finish_run(
@@ -147,42 +168,78 @@ async def finish_run(
 ) -> None:
     """Close the audit row of a run."""
     await connection.execute(
-        update(reprocess_runs)
-        .where(reprocess_runs.c.id == run_id)
-        .values(outcome=outcome, stop_reason=stop_reason, counts=counts, finished_at=func.now())
+        _FINISH_RUN, {"run_id": run_id, "outcome": outcome, "stop_reason": stop_reason, "counts": counts}
     )
 
 
-async def add_item(connection: AsyncConnection, **values: Any) -> None:
+_ADD_ITEM = text(
+    """
+    INSERT INTO reprocess_items (run_id, failure_id, message_id, stage, attempt, outcome, published_at)
+    VALUES (:run_id, :failure_id, :message_id, :stage, :attempt, :outcome, :published_at)
+    """
+)
+_SETTLE_ITEM = text(
+    """
+    UPDATE reprocess_items SET outcome = :outcome, detail = :detail, verified_at = now()
+    WHERE run_id = :run_id AND failure_id = :failure_id
+    """
+)
+
+
+async def add_item(
+    connection: AsyncConnection,
+    *,
+    run_id: str,
+    failure_id: str,
+    message_id: str,
+    stage: str,
+    attempt: int,
+    outcome: str,
+    published_at: datetime,
+) -> None:
     """Record one item of a run."""
-    await connection.execute(insert(reprocess_items).values(**values))
+    await connection.execute(
+        _ADD_ITEM,
+        {
+            "run_id": run_id,
+            "failure_id": failure_id,
+            "message_id": message_id,
+            "stage": stage,
+            "attempt": attempt,
+            "outcome": outcome,
+            "published_at": published_at,
+        },
+    )
 
 
 async def settle_item(connection: AsyncConnection, run_id: str, failure_id: str, outcome: str, detail: str) -> None:
     """Record what verification found for one item."""
     await connection.execute(
-        update(reprocess_items)
-        .where(reprocess_items.c.run_id == run_id, reprocess_items.c.failure_id == failure_id)
-        .values(outcome=outcome, detail=detail, verified_at=func.now())
+        _SETTLE_ITEM, {"run_id": run_id, "failure_id": failure_id, "outcome": outcome, "detail": detail}
     )
+
+
+_RUN_COLUMNS = "id, actor, reason, selection, options, counts, outcome, stop_reason, started_at, finished_at"
+_RUNS = text(
+    f"""
+    SELECT {_RUN_COLUMNS}, count(*) OVER () AS matching FROM reprocess_runs
+    ORDER BY started_at DESC, id LIMIT :limit OFFSET :offset
+    """
+)
+_COUNT_RUNS = text("SELECT count(*) FROM reprocess_runs")
+_RUN = text(f"SELECT {_RUN_COLUMNS} FROM reprocess_runs WHERE id = :run_id")
+_RUN_ITEMS = text(
+    """
+    SELECT failure_id, message_id, stage, attempt, outcome, detail, published_at, verified_at FROM reprocess_items
+    WHERE run_id = :run_id ORDER BY published_at NULLS LAST, failure_id
+    """
+)
 
 
 async def runs(connection: AsyncConnection, *, limit: int = 50, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
     """Reprocess runs, newest first: one page of them, and how many there are."""
-    rows = [
-        dict(row._mapping)
-        for row in await connection.execute(
-            select(reprocess_runs, func.count().over().label("matching"))
-            .order_by(reprocess_runs.c.started_at.desc(), reprocess_runs.c.id)
-            .limit(limit)
-            .offset(offset)
-        )
-    ]
-    total = (
-        int(rows[0]["matching"])
-        if rows
-        else int((await connection.execute(select(func.count()).select_from(reprocess_runs))).scalar_one())
-    )
+    rows = [dict(row._mapping) for row in await connection.execute(_RUNS, {"limit": limit, "offset": offset})]
+    total = int(rows[0]["matching"]) if rows else int((await connection.execute(_COUNT_RUNS)).scalar_one())
     for row in rows:
         del row["matching"]
     return rows, total
@@ -190,23 +247,9 @@ async def runs(connection: AsyncConnection, *, limit: int = 50, offset: int = 0)
 
 async def run_with_items(connection: AsyncConnection, run_id: str) -> dict[str, Any] | None:
     """One run's audit row with its items, in the order they were sent."""
-    found = (await connection.execute(select(reprocess_runs).where(reprocess_runs.c.id == run_id))).first()
+    found = (await connection.execute(_RUN, {"run_id": run_id})).first()
     if found is None:
         return None
     run = dict(found._mapping)
-    items = await connection.execute(
-        select(
-            reprocess_items.c.failure_id,
-            reprocess_items.c.message_id,
-            reprocess_items.c.stage,
-            reprocess_items.c.attempt,
-            reprocess_items.c.outcome,
-            reprocess_items.c.detail,
-            reprocess_items.c.published_at,
-            reprocess_items.c.verified_at,
-        )
-        .where(reprocess_items.c.run_id == run_id)
-        .order_by(reprocess_items.c.published_at.nulls_last(), reprocess_items.c.failure_id)
-    )
-    run["items"] = [dict(item._mapping) for item in items]
+    run["items"] = [dict(item._mapping) for item in await connection.execute(_RUN_ITEMS, {"run_id": run_id})]
     return run
