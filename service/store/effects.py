@@ -110,25 +110,28 @@ async def claim(
     return [_row(row) for row in result]
 
 
+_SETTLE = text(
+    """
+    UPDATE effects
+    SET state = :state,
+        provider_ref = COALESCE(:reference, provider_ref),
+        last_error_code = :code,
+        next_attempt_at = now() + :retry_in,
+        reconcile_count = reconcile_count + :reconciled,
+        attempts = attempts - :unmade,
+        lease_owner = NULL, lease_until = NULL, updated_at = now()
+    WHERE idempotency_key = :key AND state = :from_state
+      AND (CAST(:owner AS text) IS NULL OR lease_owner = :owner)
+    """
+)
+
+
 async def settle(
     connection: AsyncConnection, key: str, decision: EffectDecision, *, from_state: str, owner: str | None = None
 ) -> bool:
     """Move an effect to its next state, only if it is still where we left it; False when it is not."""
     result = await connection.execute(
-        text(
-            """
-            UPDATE effects
-            SET state = :state,
-                provider_ref = COALESCE(:reference, provider_ref),
-                last_error_code = :code,
-                next_attempt_at = now() + :retry_in,
-                reconcile_count = reconcile_count + :reconciled,
-                attempts = attempts - :unmade,
-                lease_owner = NULL, lease_until = NULL, updated_at = now()
-            WHERE idempotency_key = :key AND state = :from_state
-              AND (CAST(:owner AS text) IS NULL OR lease_owner = :owner)
-            """
-        ),
+        _SETTLE,
         {
             "state": decision.state,
             "reference": decision.reference,
@@ -145,77 +148,93 @@ async def settle(
     return bool(result.rowcount)
 
 
+_EXPIRE_LEASES = text(
+    """
+    UPDATE effects SET state = 'uncertain', last_error_code = 'OUTCOME_UNKNOWN',
+                       lease_owner = NULL, lease_until = NULL, updated_at = now()
+    WHERE state = 'in_flight' AND lease_until < now()
+    RETURNING idempotency_key
+    """
+)
+
+
 async def expire_leases(connection: AsyncConnection) -> list[str]:
     """Claims whose lease ran out (the worker died mid-call) become uncertain: only a look-up can tell."""
-    result = await connection.execute(
-        text(
-            """
-            UPDATE effects SET state = 'uncertain', last_error_code = 'OUTCOME_UNKNOWN',
-                               lease_owner = NULL, lease_until = NULL, updated_at = now()
-            WHERE state = 'in_flight' AND lease_until < now()
-            RETURNING idempotency_key
-            """
-        )
-    )
-    return list(result.scalars())
+    return list((await connection.execute(_EXPIRE_LEASES)).scalars())
+
+
+_UNCERTAIN = text(
+    f"""
+    SELECT e.idempotency_key, e.aggregate_id, e.kind, e.payload, e.attempts, e.reconcile_count, {_PREREQUISITE_STATE}
+    FROM effects e WHERE e.state = 'uncertain' ORDER BY e.updated_at LIMIT :limit
+    """
+)
 
 
 async def uncertain(connection: AsyncConnection, limit: int, waits: Sequence[tuple[str, str]] = ()) -> list[EffectRow]:
     """Uncertain effects, oldest first (`waits` as for `claim`, for their prerequisite's state)."""
     result = await connection.execute(
-        text(
-            f"""
-            SELECT e.idempotency_key, e.aggregate_id, e.kind, e.payload, e.attempts, e.reconcile_count,
-                   {_PREREQUISITE_STATE}
-            FROM effects e WHERE e.state = 'uncertain' ORDER BY e.updated_at LIMIT :limit
-            """
-        ),
+        _UNCERTAIN,
         {"limit": limit, "dependent": [kind for kind, _ in waits], "prerequisite": [first for _, first in waits]},
     )
     return [_row(row) for row in result]
+
+
+# Fixed SQL whatever the filters: the kind's filter is off when :kind is NULL.
+_FILTERS = "state = ANY(CAST(:states AS text[])) AND (CAST(:kind AS text) IS NULL OR kind = :kind)"
+_LISTING = text(
+    f"""
+    SELECT idempotency_key, aggregate_id, kind, state, attempts, reconcile_count, last_error_code, provider_ref,
+           next_attempt_at, created_at, updated_at
+    FROM effects WHERE {_FILTERS} ORDER BY created_at, idempotency_key LIMIT :limit OFFSET :offset
+    """
+)
+_COUNT = text(f"SELECT count(*) FROM effects WHERE {_FILTERS}")
 
 
 async def listing(
     connection: AsyncConnection, states: Sequence[str], *, kind: str | None = None, limit: int = 100, offset: int = 0
 ) -> tuple[list[dict[str, Any]], int]:
     """Effects in these states, oldest first: one page of them, and how many match in all."""
-    conditions = ["state = ANY(CAST(:states AS text[]))"]
-    if kind:
-        conditions.append("kind = :kind")
-    where = " AND ".join(conditions)
-    params = {"states": list(states), "kind": kind, "limit": limit, "offset": offset}
-    rows = [
-        dict(row._mapping)
-        for row in await connection.execute(
-            text(
-                f"""
-                SELECT idempotency_key, aggregate_id, kind, state, attempts, reconcile_count, last_error_code,
-                       provider_ref, next_attempt_at, created_at, updated_at
-                FROM effects WHERE {where} ORDER BY created_at, idempotency_key LIMIT :limit OFFSET :offset
-                """
-            ),
-            params,
-        )
-    ]
-    total = (await connection.execute(text(f"SELECT count(*) FROM effects WHERE {where}"), params)).scalar_one()
+    # An empty kind is no filter.
+    params = {"states": list(states), "kind": kind or None, "limit": limit, "offset": offset}
+    rows = [dict(row._mapping) for row in await connection.execute(_LISTING, params)]
+    total = (await connection.execute(_COUNT, params)).scalar_one()
     return rows, int(total)
+
+
+_GET = text(
+    """
+    SELECT idempotency_key, aggregate_id, kind, state, payload, attempts, reconcile_count, provider_ref,
+           last_error_code, lease_owner, lease_until, next_attempt_at, created_at, updated_at
+    FROM effects WHERE idempotency_key = :key
+    """
+)
 
 
 async def get(connection: AsyncConnection, key: str) -> dict[str, Any] | None:
     """One effect, every column, by its idempotency key."""
-    row = (
-        await connection.execute(
-            text(
-                """
-                SELECT idempotency_key, aggregate_id, kind, state, payload, attempts, reconcile_count, provider_ref,
-                       last_error_code, lease_owner, lease_until, next_attempt_at, created_at, updated_at
-                FROM effects WHERE idempotency_key = :key
-                """
-            ),
-            {"key": key},
-        )
-    ).first()
+    row = (await connection.execute(_GET, {"key": key})).first()
     return dict(row._mapping) if row is not None else None
+
+
+_LOCK_FOR_RETRY = text(
+    "SELECT idempotency_key, kind, state FROM effects"
+    " WHERE idempotency_key = ANY(CAST(:keys AS text[])) ORDER BY idempotency_key FOR UPDATE"
+)
+# The effects of the retried one's aggregate whose kinds (`:kinds`) wait for its kind, locked.
+_LOCK_DEPENDENTS = text(
+    "SELECT d.idempotency_key, d.state FROM effects d JOIN effects f USING (aggregate_id)"
+    " WHERE f.idempotency_key = :key AND d.kind = ANY(CAST(:kinds AS text[]))"
+    " ORDER BY d.idempotency_key FOR UPDATE OF d"
+)
+_RETRY = text(
+    """
+    UPDATE effects SET state = :state, attempts = 0, reconcile_count = 0, lease_owner = NULL,
+           lease_until = NULL, next_attempt_at = now(), updated_at = now()
+    WHERE idempotency_key = :key
+    """
+)
 
 
 async def retry(
@@ -233,13 +252,7 @@ async def retry(
     no capture) would otherwise be overtaken by it. Their rows are locked, so no worker claims them meanwhile.
     """
     found: dict[str, tuple[str | None, str | None]] = {key: (None, None) for key in keys}
-    rows = await connection.execute(
-        text(
-            "SELECT idempotency_key, kind, state FROM effects"
-            " WHERE idempotency_key = ANY(CAST(:keys AS text[])) ORDER BY idempotency_key FOR UPDATE"
-        ),
-        {"keys": list(keys)},
-    )
+    rows = await connection.execute(_LOCK_FOR_RETRY, {"keys": list(keys)})
     for row in rows.all():
         if row.state != "failed":
             found[row.idempotency_key] = (row.state, None)
@@ -247,29 +260,13 @@ async def retry(
         dependents = list((waiting or {}).get(row.kind, ()))
         if dependents:
             ahead = (
-                await connection.execute(
-                    text(
-                        "SELECT d.idempotency_key, d.state FROM effects d JOIN effects f USING (aggregate_id)"
-                        " WHERE f.idempotency_key = :key AND d.kind = ANY(CAST(:kinds AS text[]))"
-                        " ORDER BY d.idempotency_key FOR UPDATE OF d"
-                    ),
-                    {"key": row.idempotency_key, "kinds": dependents},
-                )
+                await connection.execute(_LOCK_DEPENDENTS, {"key": row.idempotency_key, "kinds": dependents})
             ).all()
             moved = [f"{other.idempotency_key} is {other.state}" for other in ahead if other.state != "pending"]
             if moved:
                 found[row.idempotency_key] = (f"failed, and what waited for it went ahead ({', '.join(moved)})", None)
                 continue
         state = goes_to(row.kind)
-        await connection.execute(
-            text(
-                """
-                UPDATE effects SET state = :state, attempts = 0, reconcile_count = 0, lease_owner = NULL,
-                       lease_until = NULL, next_attempt_at = now(), updated_at = now()
-                WHERE idempotency_key = :key
-                """
-            ),
-            {"state": state, "key": row.idempotency_key},
-        )
+        await connection.execute(_RETRY, {"state": state, "key": row.idempotency_key})
         found[row.idempotency_key] = ("failed", state)
     return found

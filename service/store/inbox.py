@@ -47,6 +47,18 @@ ADD_ROWS = f"""
     FROM ({COLUMNS.select("inbox_rows")}) AS v"""
 
 
+_REOPEN = text(
+    """
+    UPDATE inbox SET status = v.status, error_code = v.error_code, processed_at = now()
+    FROM unnest(CAST(:ids AS text[]), CAST(:statuses AS text[]), CAST(:codes AS text[]))
+         AS v(message_id, status, error_code)
+    WHERE inbox.consumer_name = :consumer AND inbox.message_id = v.message_id
+      AND inbox.status = 'quarantined'
+    RETURNING inbox.message_id
+    """
+)
+
+
 async def reopen(connection: AsyncConnection, consumer: str, rows: Sequence[InboxRow]) -> set[str]:
     """Move quarantined messages that a reprocess applied to their new status; return the ids moved.
 
@@ -55,16 +67,7 @@ async def reopen(connection: AsyncConnection, consumer: str, rows: Sequence[Inbo
     if not rows:
         return set()
     result = await connection.execute(
-        text(
-            """
-            UPDATE inbox SET status = v.status, error_code = v.error_code, processed_at = now()
-            FROM unnest(CAST(:ids AS text[]), CAST(:statuses AS text[]), CAST(:codes AS text[]))
-                 AS v(message_id, status, error_code)
-            WHERE inbox.consumer_name = :consumer AND inbox.message_id = v.message_id
-              AND inbox.status = 'quarantined'
-            RETURNING inbox.message_id
-            """
-        ),
+        _REOPEN,
         {
             "consumer": consumer,
             "ids": [row.message_id for row in rows],
