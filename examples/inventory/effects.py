@@ -7,9 +7,9 @@ reservation's `hold_status`, raises its version, and publishes one event on `<so
 
 from __future__ import annotations
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from examples.inventory import store as reservations
 from examples.inventory.model import HOLD, UNHOLD
 from examples.inventory.providers import WarehouseClient
 from service.config import Topics
@@ -33,14 +33,6 @@ _OUTCOMES = {
     (UNHOLD, "sent"): ("unheld", "reservation.unheld"),
     (UNHOLD, "failed"): ("unhold_failed", "reservation.unhold_failed"),
 }
-
-_SET_HOLD_STATUS = text(
-    """
-    UPDATE reservations SET hold_status = :status, version = version + 1, updated_at = now()
-    WHERE reservation_id = :reservation_id
-    RETURNING version
-    """
-)
 
 
 class _WarehouseEffect:
@@ -76,7 +68,7 @@ class _WarehouseEffect:
             return  # not settled yet (pending, uncertain): nothing follows
         status, event_type = settled
         # The reservation's row lock first, then the outbox row: one reservation's events publish in order.
-        version = await connection.scalar(_SET_HOLD_STATUS, {"status": status, "reservation_id": effect.aggregate_id})
+        version = await reservations.set_hold_status(connection, effect.aggregate_id, status)
         document = {
             "type": event_type,
             "reservationId": effect.aggregate_id,

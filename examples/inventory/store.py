@@ -69,3 +69,19 @@ ROWS = AggregateRows(
     raced_key="pk_reservations",
     exists="SELECT FROM reservations WHERE reservation_id = m.id",
 )
+
+
+async def set_hold_status(connection: AsyncConnection, reservation_id: str, status: str) -> int | None:
+    """Record a hold's outcome on its reservation, a new version of it; return that version (None: no such
+    reservation)."""
+    version = await connection.scalar(_SET_HOLD_STATUS, {"status": status, "reservation_id": reservation_id})
+    return int(version) if version is not None else None
+
+
+_SET_HOLD_STATUS = text(
+    """
+    UPDATE reservations SET hold_status = :status, version = version + 1, updated_at = now()
+    WHERE reservation_id = :reservation_id
+    RETURNING version
+    """
+)
