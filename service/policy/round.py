@@ -21,6 +21,7 @@ from service.policy.delivery import Delivery, RetryState
 from service.policy.handling import Aggregate, Applied, Rejected
 
 _FREE_KEY = ordering.KeyState()  # a key with no retry head, block or parked records
+_APPLY, _PARK, _HOLD = ordering.Route.APPLY, ordering.Route.PARK, ordering.Route.HOLD
 
 
 class Outcome(StrEnum):
@@ -208,7 +209,7 @@ def to_lock(ready: Iterable[Delivery], round_: Round, creates: Callable[[Any], b
         delivery.aggregate_id
         for delivery in ready
         if delivery.aggregate_id is not None
-        and round_.routes[delivery] is ordering.Route.APPLY
+        and round_.routes[delivery] is _APPLY
         and delivery not in round_.duplicates
         and (delivery.aggregate_id in exists or not creates(delivery.decoded))
     ]
@@ -226,15 +227,16 @@ def plan_round(
     """Decide, in lane order, what each ready delivery writes (`current`: the locked aggregates; `last_resort`:
     quarantine the one delivery with an envelope of nothing but its identities)."""
     planner = _Planner(round_)
+    steps = planner.steps
     aggregates: dict[str, Any] = dict(current)
     touched: dict[str, None] = {}  # insertion-ordered set of the aggregates the round changes
     effects: list[Any] = []
     seen_now: set[str] = set()
     routes, duplicates, due, mode = round_.routes, round_.duplicates, round_.due, round_.ordering
-    seen = round_.facts.seen
+    seen, stepped = round_.facts.seen, round_.facts.steps
     for delivery in ready:
         route = routes[delivery]
-        if route is ordering.Route.HOLD:
+        if route is _HOLD:
             planner.hold(delivery)
             continue
         message_id = delivery.message_id
@@ -242,8 +244,8 @@ def plan_round(
             planner.duplicate(delivery)
             continue
         seen_now.add(message_id)
-        if route is ordering.Route.PARK:
-            planner.steps.append(Step(delivery, Write.PARK))
+        if route is _PARK:
+            steps.append(Step(delivery, Write.PARK))
             continue
         state = due[delivery]
         message = delivery.decoded
@@ -269,7 +271,11 @@ def plan_round(
             aggregates[message.aggregate_id] = result.aggregate
             touched[message.aggregate_id] = None
             effects.extend(result.effects)
-            planner.terminal(Step(delivery, Write.APPLY, applied=result, reopen=reopen))
+            step = Step(delivery, Write.APPLY, None, result, reopen)
+            if delivery.reprocess or delivery.parked_id is not None or delivery.in_tier or message_id in stepped:
+                planner.terminal(step)
+            else:
+                steps.append(step)  # the common case: nothing to book but the step
     return RoundPlan(
         steps=tuple(planner.steps),
         created=tuple(aggregates[key] for key in touched if key not in current),

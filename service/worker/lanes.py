@@ -69,6 +69,8 @@ class Lanes:
         due = self._due(now, busy)
         self._in_flight.update(due)
         states = self._states
+        if not states:
+            return dict.fromkeys(due, FRESH)  # the common case: nothing waits for a retry
         return {delivery: states.get(delivery, FRESH) for delivery in due}
 
     def _due(self, now: float, busy: Sequence[Collection[str | None]]) -> list[Delivery]:
@@ -81,7 +83,7 @@ class Lanes:
             for delivery in records:
                 if delivery in in_flight:
                     continue  # records behind it that share its key are held by `_shares_ids`
-                state = states.get(delivery)
+                state = states.get(delivery) if states else None
                 if (state is not None and state.due > now) or (busy and _shares_ids(delivery, busy)):
                     waiting.add(delivery.thread)
                 elif not waiting or delivery.thread not in waiting:
@@ -111,22 +113,11 @@ class Lanes:
         Rounds finish in any order, so records may leave a lane from its middle or its end: the highest offset
         that left each partition is remembered. Only records still in the lane count: after a rebalance the lane
         may be a new one, refetched from the committed offset, and this round's records are not in it."""
-        retried = retried or {}
-        for delivery in attempted:
-            if delivery not in self._in_flight:
-                continue  # its lane was forgotten while the round ran (revoked)
-            self._in_flight.discard(delivery)
-            if delivery in left:
-                self._states.pop(delivery, None)
-                state = FRESH
-            elif (new := retried.get(delivery)) is not None:
-                self._states[delivery] = state = new
-            else:
-                state = self._states.get(delivery, FRESH)
-            if state.backpressure:
-                self._backpressured.setdefault(delivery.lane, set()).add(delivery)
-            elif delivery.lane in self._backpressured:
-                self._backpressured[delivery.lane].discard(delivery)
+        # A delivery no longer in flight was in a lane that was forgotten while the round ran (revoked).
+        settled = self._in_flight.intersection(attempted)
+        self._in_flight -= settled
+        if retried or self._states or self._backpressured:  # else there is no retry state or pause to book
+            self._book(settled, left, retried or {})
         positions: dict[Lane, int] = {}
         for lane in {delivery.lane for delivery in left}:
             records = self._lanes.get(lane)
@@ -151,6 +142,26 @@ class Lanes:
             else:
                 del self._lanes[lane]
         return positions
+
+    def _book(
+        self, settled: Iterable[Delivery], left: Collection[Delivery], retried: Mapping[Delivery, RetryState]
+    ) -> None:
+        """Keep the new retry states of the settled deliveries that failed, drop those of the ones that left, and
+        note which wait because a downstream asked them to."""
+        for delivery in settled:
+            if delivery in left:
+                self._states.pop(delivery, None)
+                state = FRESH
+            elif (new := retried.get(delivery)) is not None:
+                self._states[delivery] = state = new
+            else:
+                state = self._states.get(delivery, FRESH)
+            if state.backpressure:
+                self._backpressured.setdefault(delivery.lane, set()).add(delivery)
+            elif (waiting := self._backpressured.get(delivery.lane)) is not None:
+                waiting.discard(delivery)
+                if not waiting:
+                    del self._backpressured[delivery.lane]
 
     def stalled(self, now: float) -> set[Lane]:
         """The partitions that must not fetch now.

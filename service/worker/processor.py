@@ -44,7 +44,7 @@ from service.policy.next_step import Budgets
 from service.policy.owners import parse_owners
 from service.policy.records import SourceRecord, unpack_key
 from service.policy.retry import RetryPolicy
-from service.policy.round import Facts, Outcome, Round, RoundPlan, plan_round, ready, survey, to_lock
+from service.policy.round import Facts, Outcome, Round, RoundPlan, Write, plan_round, ready, survey, to_lock
 from service.stopping import sleep_unless_stopped
 from service.store import batch, inbox, lookups, parking, quarantine, retries
 from service.store.parking import StoredParked
@@ -355,18 +355,17 @@ class Processor:
             await uow.commit()
         crash_point("after-commit", self._settings.fault_crash_at)
         self._report(plan, round_.due)
-        return frozenset(step.delivery for step in plan.steps)
+        return frozenset([step.delivery for step in plan.steps])
 
     def _report(self, plan: RoundPlan, due: Mapping[Delivery, RetryState]) -> None:
         """Log each delivery that left other than processed, and count the outcomes once per round."""
         for message_id in plan.orphans:
             log.warning("retry_orphan_removed", message_id=message_id)
-        counts: Counter[tuple[Outcome, Code | None]] = Counter()
-        for step in plan.steps:
-            outcome, code = step.write.outcome, step.code
-            counts[outcome, code] += 1
-            if outcome is not Outcome.PROCESSED:
-                delivery = step.delivery
+        counts: Counter[tuple[Write, Code | None]] = Counter()
+        for delivery, write, code, _, _ in plan.steps:
+            counts[write, code] += 1
+            if write is not Write.APPLY:
+                outcome = write.outcome
                 log.info(
                     f"record_{outcome.value}",
                     message_id=delivery.message_id,
@@ -375,5 +374,5 @@ class Processor:
                     key=delivery.key if outcome in (Outcome.PARKED, Outcome.HELD) else None,
                     trace_id=delivery.record.trace_id,
                 )
-        for (outcome, code), count in counts.items():
-            self._metrics.record(outcome.value, code.value if code else None, count)
+        for (write, code), count in counts.items():
+            self._metrics.record(write.outcome.value, code.value if code else None, count)

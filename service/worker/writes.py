@@ -55,13 +55,17 @@ class RowMaker:
     def rows(self, plan: RoundPlan, due: Mapping[Delivery, RetryState], now: datetime) -> Rows:
         """The rows of `plan`, whose deliveries had the retry states `due`, written at `now`."""
         rows = Rows()
+        message, inbox_row = rows.messages.append, rows.inbox_rows.append
         for delivery, write, code, applied, reopen in plan.steps:
             if write is Write.APPLY:
                 assert applied is not None
                 version = applied.aggregate.version
                 for event in applied.events:
-                    rows.messages.append(self._event(delivery, event, version))
-                self._terminal(rows, delivery, "processed", None, reopen)
+                    message(self._event(delivery, event, version))
+                if reopen:
+                    rows.reopened.append(_inbox_row(delivery, "processed", None))
+                else:
+                    inbox_row(_inbox_row(delivery, "processed", None))
             elif write is Write.STALE:
                 self._terminal(rows, delivery, "processed", None, reopen)
             elif write is Write.REJECT:
