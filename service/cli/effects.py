@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
+from service import operations
 from service.cli.common import (
     JsonFlag,
     configured,
@@ -23,7 +24,6 @@ from service.cli.selection import go_ahead
 from service.cli.serve import serve_parts
 from service.config import PROGRAM
 from service.containers import Container
-from service.store import audit
 from service.store import effects as effects_store
 from service.worker.effect_kinds import retry_state, waiting_for
 
@@ -134,13 +134,6 @@ def effects_retry(
         raise typer.BadParameter("name idempotency keys, or select with --kind")
     who = who_acts(author)
 
-    async def chosen(connection: Any) -> list[str]:
-        if kind is None:
-            return list(dict.fromkeys(key or []))
-        rows, _ = await effects_store.listing(connection, ["failed"], kind=kind, limit=100_000)
-        picked = [row["idempotency_key"] for row in rows]
-        return [one for one in picked if one in set(key)] if key else picked
-
     registered = Container(settings=settings).effect_specs()
     specs = {spec.name: spec for spec in registered}
     waiting = waiting_for(registered)
@@ -148,23 +141,17 @@ def effects_retry(
     def destination(kind: str) -> str:
         return retry_state(specs.get(kind))
 
-    selection = run_async(lambda _: with_connection(settings, chosen))
+    selection = run_async(lambda _: with_connection(settings, lambda c: operations.failed_effects(c, key or [], kind)))
     if not go_ahead("effects retry", "retry", selection, dry_run=dry_run, yes=yes, noun="effects"):
         return
 
-    async def retry(connection: Any) -> dict[str, tuple[str | None, str | None]]:
-        outcomes = await effects_store.retry(connection, selection, destination, waiting)
-        retried = {one: goes_to for one, (_, goes_to) in outcomes.items() if goes_to}
-        await audit.record(
-            connection,
-            who,
-            "effects.retry",
-            {"keys": selection, "kind": kind, "reason": reason},
-            {"retried": retried, "skipped": len(outcomes) - len(retried)},
+    outcomes = run_async(
+        lambda _: with_connection(
+            settings,
+            lambda c: operations.retry_effects(c, selection, kind, reason, who, destination, waiting),
+            commit=True,
         )
-        return outcomes
-
-    outcomes = run_async(lambda _: with_connection(settings, retry, commit=True))
+    )
     retried = {one: goes_to for one, (_, goes_to) in outcomes.items() if goes_to}
     if as_json:
         print_json(

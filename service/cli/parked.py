@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
+from service import operations
 from service.cli.common import (
     ConsumerOption,
     JsonFlag,
@@ -18,7 +19,7 @@ from service.cli.common import (
     with_connection,
 )
 from service.config import ENV_PREFIX
-from service.store import audit, parking
+from service.store import parking
 
 app = typer.Typer(help=f"Records parked behind a held key ({ENV_PREFIX}ORDERING=key).", no_args_is_help=True)
 
@@ -65,22 +66,12 @@ def parked_release(
     settings = configured()
     who = who_acts(author)
 
-    async def release(connection: Any) -> tuple[str | None, parking.Released | None]:
-        names = [name for name in await parking.holders(connection, key) if consumer in (None, name)]
-        if len(names) > 1:
-            return ", ".join(names), None
-        chosen = names[0] if names else (consumer or settings.consumer_name)
-        released = await parking.release(connection, chosen, key)
-        await audit.record(
-            connection,
-            who,
-            "parked.release",
-            {"consumer": chosen, "key": key},
-            {"freed": released.freed, "blocked_by": released.blocked_by, "parked": released.parked},
+    outcome = run_async(
+        lambda _: with_connection(
+            settings, lambda c: operations.release_key(c, key, consumer, settings.consumer_name, who), commit=True
         )
-        return chosen, released
-
-    chosen, released = run_async(lambda _: with_connection(settings, release, commit=True))
+    )
+    chosen, released = outcome.consumer, outcome.released
     if released is None:
         typer.echo(f"parked release: {key} is held under several consumers ({chosen}): pass --consumer", err=True)
         raise typer.Exit(2)

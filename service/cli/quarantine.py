@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from service import operations
 from service.cli.common import (
     JsonFlag,
     configured,
@@ -25,9 +26,19 @@ from service.cli.common import (
     who_acts,
     with_connection,
 )
-from service.cli.selection import AgeOption, CodeOption, FileOption, KeyOption, Wanted, age_of, check_code, go_ahead
+from service.cli.selection import (
+    AgeOption,
+    CodeOption,
+    FileOption,
+    KeyOption,
+    age_of,
+    check_code,
+    go_ahead,
+    picked,
+    wanted_of,
+)
 from service.containers import Container
-from service.store import audit, parking, quarantine
+from service.store import quarantine
 
 app = typer.Typer(help="Operate the quarantine queue.", no_args_is_help=True)
 
@@ -122,14 +133,12 @@ def quarantine_show(
     revealing = include_payload or payload_as_text
     who = who_acts(author) if revealing else ""
 
+    shown_as = [name for name, asked in (("base64", include_payload), ("text", payload_as_text)) if asked]
+
     async def look(connection: Any) -> dict[str, Any] | None:
-        found = await quarantine.get(connection, failure_id)
-        if found is not None and revealing:
-            shown_as = [name for name, asked in (("base64", include_payload), ("text", payload_as_text)) if asked]
-            await audit.record(
-                connection, who, "quarantine.reveal", {"failure_id": failure_id, "as": shown_as}, {"revealed": True}
-            )
-        return found
+        if revealing:
+            return await operations.reveal(connection, failure_id, who, shown_as)
+        return await quarantine.get(connection, failure_id)
 
     row = run_async(lambda _: with_connection(settings, look, commit=revealing))
     if row is None:
@@ -217,17 +226,14 @@ def quarantine_annotate(
     if not note.strip():
         raise typer.BadParameter("say what you found or did: --note", param_hint="--note")
     who = who_acts(author)
-    wanted = Wanted.of(failure_id, from_file, error_code, key, older_than)
-    selection = run_async(lambda _: with_connection(settings, wanted.pick))
+    wanted = wanted_of(failure_id, from_file, error_code, key, older_than)
+    selection = run_async(lambda _: with_connection(settings, lambda c: picked(c, wanted)))
     if not go_ahead("quarantine annotate", "annotate", selection, dry_run=dry_run, yes=yes):
         return
 
-    async def add(connection: Any) -> list[str]:
-        added = [one for one in selection if await quarantine.annotate(connection, one, who, note)]
-        await audit.record(connection, who, "quarantine.annotate", wanted.described(), {"annotated": len(added)})
-        return added
-
-    added = run_async(lambda _: with_connection(settings, add, commit=True))
+    added = run_async(
+        lambda _: with_connection(settings, lambda c: operations.annotate(c, wanted, selection, who, note), commit=True)
+    )
     missing = [one for one in selection if one not in added]
     if as_json:
         print_json({"annotated": added, "skipped": {one: "not found" for one in missing}})
@@ -261,25 +267,16 @@ def quarantine_resolve(
     if not reason.strip():
         raise typer.BadParameter("say why: --reason", param_hint="--reason")
     who = who_acts(author)
-    wanted = Wanted.of(failure_id, from_file, error_code, key, older_than)
-    selection = run_async(lambda _: with_connection(settings, wanted.pick))
+    wanted = wanted_of(failure_id, from_file, error_code, key, older_than)
+    selection = run_async(lambda _: with_connection(settings, lambda c: picked(c, wanted)))
     if not go_ahead("quarantine resolve", "resolve", selection, dry_run=dry_run, yes=yes):
         return
 
-    async def close(connection: Any) -> dict[str, str | None]:
-        outcomes: dict[str, str | None] = {}
-        for one in selection:
-            previous = await quarantine.resolve(connection, one, reason, who)
-            if previous == "open":
-                await parking.unblock_failures(connection, [one])
-            outcomes[one] = previous
-        resolved = sum(previous == "open" for previous in outcomes.values())
-        await audit.record(
-            connection, who, "quarantine.resolve", {**wanted.described(), "reason": reason}, {"resolved": resolved}
+    outcomes = run_async(
+        lambda _: with_connection(
+            settings, lambda c: operations.resolve(c, wanted, selection, who, reason), commit=True
         )
-        return outcomes
-
-    outcomes = run_async(lambda _: with_connection(settings, close, commit=True))
+    )
     resolved = [one for one, previous in outcomes.items() if previous == "open"]
     if as_json:
         print_json(

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from service import operations
 from service.cli.common import (
     JsonFlag,
     configured,
@@ -157,21 +158,14 @@ def reprocess(
 
 def _as_owner_of(settings: Settings, selection: Selection, consumer: str | None) -> Settings:
     """The settings of the consumer the selected records were quarantined under (its name and source topic)."""
-    from service.store import reprocess as reprocess_store
-
-    found = run_async(
+    pairs = run_async(
         lambda _: with_connection(
             settings,
-            lambda c: reprocess_store.owners(
-                c,
-                failure_ids=selection.failure_ids,
-                error_code=selection.error_code,
-                since=selection.since,
-                until=selection.until,
+            lambda c: operations.reprocess_owners(
+                c, selection.failure_ids, selection.error_code, selection.since, selection.until, consumer
             ),
         )
     )
-    pairs = [pair for pair in found if consumer in (None, pair[0])]
     if len(pairs) > 1:
         names = ", ".join(f"{name} ({topic})" for name, topic in pairs)
         typer.echo(f"reprocess: the selection spans several consumers: {names}: pass --consumer", err=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,7 +11,7 @@ import typer
 
 from service.domain.codes import ErrorCode
 from service.durations import parse_duration
-from service.store import quarantine
+from service.operations import SelectionTooLarge, Wanted
 
 CodeOption = Annotated[str | None, typer.Option("--error-code", help="Select the open records with this code.")]
 KeyOption = Annotated[str | None, typer.Option("--key", help="Select the open records of this ordering key.")]
@@ -22,8 +21,6 @@ AgeOption = Annotated[
 FileOption = Annotated[
     Path | None, typer.Option("--from-file", help="Failure ids, one per line ('-': standard input).")
 ]
-
-_LARGEST = 100_000  # a selection larger than this is refused: narrow it, or work through it in parts
 
 
 def check_code(error_code: str | None) -> None:
@@ -42,72 +39,31 @@ def age_of(older_than: str | None) -> timedelta | None:
         raise typer.BadParameter(str(error), param_hint="--older-than") from None
 
 
-@dataclass(frozen=True)
-class Wanted:
-    """What an operator asked for: failure ids, or open records matching code, key and age (or both: the ids
-    among the matching ones)."""
+def wanted_of(
+    ids: list[str] | None, from_file: Path | None, error_code: str | None, key: str | None, older_than: str | None
+) -> Wanted:
+    """What the flags ask for (a bad one is exit 2), with the file of ids read."""
+    named = list(ids or [])
+    if from_file is not None:
+        try:
+            text = sys.stdin.read() if str(from_file) == "-" else from_file.read_text()
+        except (OSError, UnicodeDecodeError) as error:
+            raise typer.BadParameter(f"cannot read {from_file}: {error}", param_hint="--from-file") from None
+        named += [line.strip() for line in text.splitlines() if line.strip()]
+    check_code(error_code)
+    wanted = Wanted(tuple(dict.fromkeys(named)), error_code, key, age_of(older_than))
+    if not wanted.ids and not wanted.selecting:
+        raise typer.BadParameter("name failure ids, --from-file, or select with --error-code / --key / --older-than")
+    return wanted
 
-    ids: tuple[str, ...]
-    error_code: str | None
-    key: str | None
-    older_than: timedelta | None
 
-    @classmethod
-    def of(
-        cls,
-        ids: list[str] | None,
-        from_file: Path | None,
-        error_code: str | None,
-        key: str | None,
-        older_than: str | None,
-    ) -> Wanted:
-        """Check the flags (a bad one is exit 2) and read the file of ids."""
-        named = list(ids or [])
-        if from_file is not None:
-            try:
-                text = sys.stdin.read() if str(from_file) == "-" else from_file.read_text()
-            except (OSError, UnicodeDecodeError) as error:
-                raise typer.BadParameter(f"cannot read {from_file}: {error}", param_hint="--from-file") from None
-            named += [line.strip() for line in text.splitlines() if line.strip()]
-        check_code(error_code)
-        wanted = cls(tuple(dict.fromkeys(named)), error_code, key, age_of(older_than))
-        if not wanted.ids and not wanted.selecting:
-            raise typer.BadParameter(
-                "name failure ids, --from-file, or select with --error-code / --key / --older-than"
-            )
-        return wanted
-
-    @property
-    def selecting(self) -> bool:
-        """Whether the options select records (rather than only naming them)."""
-        return self.error_code is not None or self.key is not None or self.older_than is not None
-
-    async def pick(self, connection: Any) -> list[str]:
-        """The failure ids this selection means, now."""
-        if not self.selecting:
-            return list(self.ids)
-        rows, total = await quarantine.listing(
-            connection,
-            error_code=self.error_code,
-            status="open",
-            older_than=self.older_than,
-            key=self.key,
-            limit=_LARGEST,
-        )
-        if total > _LARGEST and not self.ids:
-            typer.echo(f"the selection holds {total} records, more than {_LARGEST}: narrow it", err=True)
-            raise typer.Exit(2)
-        picked = [row["failure_id"] for row in rows]
-        return [one for one in picked if one in set(self.ids)] if self.ids else picked
-
-    def described(self) -> dict[str, Any]:
-        """The selection as the audit keeps it."""
-        return {
-            "failure_ids": list(self.ids),
-            "error_code": self.error_code,
-            "key": self.key,
-            "older_than_seconds": self.older_than.total_seconds() if self.older_than else None,
-        }
+async def picked(connection: Any, wanted: Wanted) -> list[str]:
+    """The failure ids a selection means now; one too large is exit 2."""
+    try:
+        return await wanted.pick(connection)
+    except SelectionTooLarge as error:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2) from None
 
 
 def go_ahead(command: str, verb: str, selection: list[str], *, dry_run: bool, yes: bool, noun: str = "records") -> bool:

@@ -159,6 +159,17 @@ async def annotate(connection: AsyncConnection, failure_id: str, author: str, no
     return True
 
 
+_EVENT = text(
+    "INSERT INTO quarantine_events (failure_id, at, event, actor, detail) VALUES (:failure_id, now(), :event, :actor,"
+    " :detail)"
+)
+
+
+async def log_event(connection: AsyncConnection, failure_id: str, event: str, actor: str, detail: str) -> None:
+    """Append an event the database cannot see for itself (a payload revealed) to a record's timeline."""
+    await connection.execute(_EVENT, {"failure_id": failure_id, "event": event, "actor": actor, "detail": detail})
+
+
 _LOCK_STATUS = text("SELECT status FROM quarantine WHERE failure_id = :failure_id FOR UPDATE")
 _RESOLVE = text(
     """
