@@ -5,9 +5,18 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated, Any, Literal, TypeVar, overload
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.console.tokens import parse_tokens
 from service.durations import FORMAT_HINT, format_duration, parse_duration
 from service.policy.owners import parse_owners
 from service.policy.retry import Budget, RetryPolicy, build_policy
@@ -63,6 +72,11 @@ class Settings(BaseSettings):
     batch_size: int = Field(default=2000, ge=1, le=10_000)
     relay_batch_size: int = Field(default=500, ge=1, le=10_000)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # The operator console (contract §9): where it listens, who may use it, and for how long a login lasts.
+    console_bind: str = "127.0.0.1:8088"
+    console_tokens: SecretStr = SecretStr("")
+    console_behind_tls: bool = False
+    console_session_ttl: Duration = timedelta(hours=8)
     # Test instrumentation only (see service/faults.py): a named point where the process kills itself.
     fault_crash_at: Literal["after-commit", "mid-write", "after-publish"] | None = None
     # Test instrumentation only: a named write that fails as if the store refused its content.
@@ -86,6 +100,26 @@ class Settings(BaseSettings):
     def _check_owners(cls, value: str) -> str:
         parse_owners(value)
         return value
+
+    @field_validator("console_bind")
+    @classmethod
+    def _check_bind(cls, value: str) -> str:
+        host, _, port = value.strip().rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError("must be host:port, e.g. 127.0.0.1:8088")
+        return value.strip()
+
+    @field_validator("console_tokens")
+    @classmethod
+    def _check_tokens(cls, value: SecretStr) -> SecretStr:
+        parse_tokens(value.get_secret_value())  # the message names the entry and its name, never the token
+        return value
+
+    @property
+    def console_host_port(self) -> tuple[str, int]:
+        """The console's bind address as (host, port); an IPv6 host without its brackets."""
+        host, _, port = self.console_bind.rpartition(":")
+        return host.removeprefix("[").removesuffix("]"), int(port)
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from service.cli import effects, outbox, parked, quarantine, reprocess, serve
+from service.cli import console, effects, outbox, parked, quarantine, reprocess, serve
 from service.cli.environment import describe
 from service.config import PROGRAM
 from service.containers import DOMAIN_READS
@@ -29,6 +29,7 @@ app.add_typer(quarantine.app, name="quarantine")
 app.add_typer(reprocess.app, name="reprocess")
 app.add_typer(parked.app, name="parked")
 app.add_typer(outbox.app, name="outbox")
+app.command()(console.console)
 
 
 def _print_version(value: bool) -> None:

@@ -54,6 +54,15 @@ READS: dict[str, tuple[str, ...]] = {
     "effects show": (),
     "effects retry": (),
     "outbox": (),
+    "console": (
+        "console_bind",
+        "console_tokens",
+        "console_behind_tls",
+        "console_session_ttl",
+        *_KAFKA,
+        "consumer_name",
+        "source_topic",
+    ),
 }
 
 

@@ -32,6 +32,9 @@ from service.worker.reprocess import Options, Selection
 class _PlainProgress:
     """Progress as plain lines on stderr (not a terminal: logs, CI, pipes)."""
 
+    def opened(self, run_id: str) -> None:
+        typer.echo(f"reprocess: run {run_id}", err=True)
+
     def start(self, stage: str, total: int) -> None:
         self._stage, self._total = stage, total
         typer.echo(f"reprocess {stage}: {total} items", err=True)
@@ -51,6 +54,9 @@ class _BarProgress:
 
         self._progress = Progress(console=Console(stderr=True))
         self._task: Any = None
+
+    def opened(self, run_id: str) -> None:
+        self._progress.console.print(f"reprocess: run {run_id}")
 
     def start(self, stage: str, total: int) -> None:
         self._progress.start()

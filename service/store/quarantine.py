@@ -57,12 +57,42 @@ ADD_ROWS = f"""
 _FILTERS = """
     (CAST(:error_code AS text) IS NULL OR error_code = :error_code)
     AND (CAST(:status AS text) IS NULL OR status = :status)
+    AND (CAST(:owner AS text) IS NULL OR owner = :owner)
     AND (CAST(:key AS text) IS NULL OR ordering_key = :key)
     AND (CAST(:message_id AS text) IS NULL OR message_id = :message_id)
     AND (CAST(:older_than AS interval) IS NULL OR first_failed_at <= now() - CAST(:older_than AS interval))
     AND (CAST(:since AS timestamptz) IS NULL OR first_failed_at >= :since)
     AND (CAST(:until AS timestamptz) IS NULL OR first_failed_at < :until)
 """
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What a listing of quarantined records is narrowed to; an empty filter (a blank code, a zero age) is none."""
+
+    error_code: str | None = None
+    status: str | None = None
+    older_than: timedelta | None = None
+    key: str | None = None
+    message_id: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    owner: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        """The filters as `_FILTERS`'s parameters."""
+        return {
+            "error_code": self.error_code or None,
+            "status": self.status or None,
+            "key": self.key or None,
+            "message_id": self.message_id or None,
+            "older_than": self.older_than or None,
+            "since": self.since,
+            "until": self.until,
+            "owner": self.owner or None,
+        }
+
+
 _LISTING = text(
     f"""
     SELECT failure_id, message_id, error_code, status, owner, ordering_key, attempts, first_failed_at, last_failed_at,
@@ -84,20 +114,12 @@ async def listing(
     message_id: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    owner: str | None = None,
     limit: int = 100,
     offset: int = 0,
 ) -> tuple[list[dict[str, Any]], int]:
     """Quarantined records, oldest first, filtered: one page of them, and how many match in all."""
-    # An empty filter (a blank code, a zero age) is no filter.
-    filters = {
-        "error_code": error_code or None,
-        "status": status or None,
-        "key": key or None,
-        "message_id": message_id or None,
-        "older_than": older_than or None,
-        "since": since,
-        "until": until,
-    }
+    filters = Filters(error_code, status, older_than, key, message_id, since, until, owner).params()
     rows = [
         dict(row._mapping) for row in await connection.execute(_LISTING, {**filters, "limit": limit, "offset": offset})
     ]
@@ -105,6 +127,72 @@ async def listing(
     for row in rows:
         del row["matching"]
     return rows, total
+
+
+# The console's pages: by key (the sort column, then the failure id), never by offset, so the thousandth page
+# costs what the first does. One statement per sort column and direction, each fixed SQL.
+SORTS = ("first_failed_at", "last_failed_at", "error_code", "owner", "attempts")
+_SORT_TYPES = {
+    "first_failed_at": "timestamptz",
+    "last_failed_at": "timestamptz",
+    "error_code": "text",
+    "owner": "text",
+    "attempts": "int",
+}
+_PAGE_COLUMNS = (
+    "failure_id, message_id, error_code, status, owner, ordering_key, attempts, first_failed_at, last_failed_at"
+)
+
+
+def _page_statement(column: str, descending: bool) -> Any:
+    direction, beyond = ("DESC", "<") if descending else ("ASC", ">")
+    cast = _SORT_TYPES[column]
+    return text(
+        f"""
+        SELECT {_PAGE_COLUMNS} FROM quarantine
+        WHERE {_FILTERS}
+          AND (CAST(:after_id AS text) IS NULL
+               OR ({column}, failure_id) {beyond} (CAST(:after_value AS {cast}), CAST(:after_id AS text)))
+        ORDER BY {column} {direction}, failure_id {direction} LIMIT :limit
+        """
+    )
+
+
+_PAGES = {(column, descending): _page_statement(column, descending) for column in SORTS for descending in (False, True)}
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a listing: its rows, how many match in all, and where the next page starts (None: last)."""
+
+    rows: list[dict[str, Any]]
+    total: int
+    next_after: tuple[Any, str] | None
+
+
+async def page(
+    connection: AsyncConnection,
+    filters: Filters,
+    *,
+    sort: str = "first_failed_at",
+    descending: bool = False,
+    after: tuple[Any, str] | None = None,
+    limit: int = 50,
+) -> Page:
+    """One page of quarantined records sorted by `sort` (then failure id), starting after `after` (the sort
+    value and failure id of the previous page's last row)."""
+    params = filters.params()
+    value, failure_id = after if after is not None else (None, None)
+    statement = _PAGES[(sort, descending)]
+    found = await connection.execute(
+        statement, {**params, "after_value": value, "after_id": failure_id, "limit": limit + 1}
+    )
+    rows = [dict(row._mapping) for row in found]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    total = int((await connection.execute(_COUNT, params)).scalar_one())
+    last = rows[-1] if rows else None
+    return Page(rows, total, (last[sort], last["failure_id"]) if more and last is not None else None)
 
 
 _GET = text(

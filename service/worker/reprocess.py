@@ -88,7 +88,10 @@ class Report:
 
 
 class Progress(Protocol):
-    """Where a run reports progress: a rich bar on a terminal, plain lines otherwise."""
+    """Where a run reports progress: a rich bar on a terminal, plain lines otherwise, a console page."""
+
+    def opened(self, run_id: str) -> None:
+        """The run's audit row exists (before anything is sent)."""
 
     def start(self, stage: str, total: int) -> None:
         """A stage begins."""
@@ -161,6 +164,7 @@ class Reprocessor:
                 options={k: v for k, v in asdict(options).items() if k not in {"reason", "actor"}},
             )
             await uow.commit()
+        progress.opened(report.run_id)
         try:
             await self._stages(report, usable, options, progress, confirm)
         except Exception as error:

@@ -1,0 +1,103 @@
+"""`order-service console`: the operator console, served by uvicorn (contract §9)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import socket
+from collections.abc import Iterator
+
+import structlog
+import typer
+import uvicorn
+
+from service.cli.common import assembled, configured, provide, run_async, use
+from service.config import ENV_PREFIX, PROGRAM, Settings
+from service.console.app import Wiring, create_app
+from service.console.tokens import parse_tokens
+from service.worker.reprocess import Options, Progress, Report, Selection
+
+log = structlog.get_logger("order_service.console")
+
+
+def refusal(settings: Settings) -> str | None:
+    """Why the console must not start with these settings (None: it may): no token configured, or a bind
+    beyond loopback without TLS termination acknowledged in front of it."""
+    if not parse_tokens(settings.console_tokens.get_secret_value()):
+        return (
+            f"{ENV_PREFIX}CONSOLE_TOKENS is not set: give at least one name:role:token (role viewer or operator, "
+            "the token at least 32 characters)"
+        )
+    host, _ = settings.console_host_port
+    if not _loopback(host) and not settings.console_behind_tls:
+        return (
+            f"{ENV_PREFIX}CONSOLE_BIND {settings.console_bind} is not a loopback address: put TLS in front of the "
+            f"console and set {ENV_PREFIX}CONSOLE_BEHIND_TLS=true, or bind 127.0.0.1"
+        )
+    return None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve anywhere
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the command's (run_async) stops it, as every command's does."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _reprocess(owner: Settings, selection: Selection, options: Options, progress: Progress) -> Report:
+    """A reprocess run as `order-service reprocess` makes it: the owner consumer's container and reprocessor."""
+    return await use(owner, "reprocessor", lambda runner: runner.run(selection, options, progress, lambda _: False))
+
+
+def console() -> None:
+    """Serve the operator console (ORDERS_CONSOLE_BIND, default 127.0.0.1:8088): the quarantine queue, held keys,
+    effects and reprocess runs; viewers read, operators also reveal payloads and act, every action audited."""
+    settings = configured()
+    refused = refusal(settings)
+    if refused is not None:
+        typer.echo(f"{PROGRAM} console: {refused}", err=True)
+        raise typer.Exit(2)
+    host, port = settings.console_host_port
+    try:
+        listening = socket.create_server(
+            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, reuse_port=False
+        )
+    except OSError as error:
+        typer.echo(f"{PROGRAM} console: cannot listen on {settings.console_bind}: {error.strerror}", err=True)
+        raise typer.Exit(1) from None
+
+    async def serve(stop: asyncio.Event) -> None:
+        async with assembled(settings) as container:
+            engine = await provide(container, "engine")
+            wiring = Wiring(
+                settings=settings,
+                engine=engine,
+                effect_specs=container.effect_specs(),
+                failing_field=container.failing_field(),
+                reprocess=_reprocess,
+            )
+            server = _Server(
+                uvicorn.Config(
+                    create_app(wiring), log_config=None, access_log=False, lifespan="on", server_header=False
+                )
+            )
+            log.info("console.listening", url=f"http://{settings.console_bind}/")
+            serving = asyncio.create_task(server.serve(sockets=[listening]))
+            stopping = asyncio.create_task(stop.wait())
+            await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            server.should_exit = True
+            stopping.cancel()
+            await serving
+
+    run_async(serve)

@@ -1,0 +1,157 @@
+"""How the console shows what it reads (pure; no I/O): ages, payloads, the last day's chart, record content.
+
+Everything a record holds is untrusted: it reaches a page only as text (Jinja2 escapes it) or as hex, never as
+HTML, an attribute the page did not choose, or a URL.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+HEX_LIMIT = 64 * 1024  # bytes shown as hex at most; the rest is counted, not shown
+TEXT_LIMIT = 256 * 1024  # characters of a text payload shown at most
+_SHOWN_CONTROL = set("\n\t")
+
+
+def age(seconds: float | None) -> str:
+    """A duration as an operator reads it: `45s`, `12m`, `3h 20m`, `5d 4h`; `-` for none."""
+    if seconds is None:
+        return "-"
+    whole = max(0, int(seconds))
+    days, rest = divmod(whole, 86_400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    if minutes:
+        return f"{minutes}m"
+    return f"{secs}s"
+
+
+def utc(moment: datetime | None) -> str:
+    """A timestamp in UTC to the second, ISO 8601 (`2026-12-01T10:00:00Z`); `-` for none."""
+    if moment is None:
+        return "-"
+    return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def printable(value: Any) -> str:
+    """Record content (a key, a header, an id) as one line of visible text: control characters and NUL as
+    `\\xNN` escapes, so that nothing hides or breaks a line; HTML escaping is the template's."""
+    text = value if isinstance(value, str) else str(value)
+    return "".join(
+        char if char.isprintable() else f"\\x{ord(char):02x}" if ord(char) < 256 else f"\\u{ord(char):04x}"
+        for char in text
+    )
+
+
+def pretty(document: Any) -> str:
+    """A JSON document (an envelope, an effect's payload) indented, for a `<pre>`; escaping is the template's."""
+    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+@dataclass(frozen=True)
+class PayloadView:
+    """A revealed payload: as text when it is UTF-8 (with JSON indented), else as hex; and how much is cut."""
+
+    kind: str  # "text", "json", "hex" or "none"
+    body: str
+    size: int
+    shown: int  # bytes (hex) or characters (text) shown
+
+
+def payload_view(payload: bytes | memoryview | None) -> PayloadView:
+    """How a revealed payload is shown: text escaped (by the template), binary as hex, never as HTML."""
+    if payload is None:
+        return PayloadView("none", "", 0, 0)
+    raw = bytes(payload)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return _hex(raw)
+    if any(not char.isprintable() and char not in _SHOWN_CONTROL for char in text):
+        return _hex(raw)  # NUL or other control characters: text would hide them
+    try:
+        document = json.loads(text)
+    except ValueError:
+        document = None
+    if isinstance(document, dict | list):
+        shown = json.dumps(document, indent=2, ensure_ascii=False)
+        return PayloadView("json", shown[:TEXT_LIMIT], len(raw), min(len(shown), TEXT_LIMIT))
+    return PayloadView("text", text[:TEXT_LIMIT], len(raw), min(len(text), TEXT_LIMIT))
+
+
+def _hex(raw: bytes) -> PayloadView:
+    """Bytes as lines of 16: offset, hex, and the printable ASCII characters (others as `.`)."""
+    part = raw[:HEX_LIMIT]
+    visible = set(string.ascii_letters + string.digits + string.punctuation + " ")
+    lines = []
+    for offset in range(0, len(part), 16):
+        chunk = part[offset : offset + 16]
+        ascii_ = "".join(chr(byte) if chr(byte) in visible else "." for byte in chunk)
+        lines.append(f"{offset:08x}  {chunk.hex(' '):<47}  {ascii_}")
+    return PayloadView("hex", "\n".join(lines), len(raw), len(part))
+
+
+@dataclass(frozen=True)
+class Bar:
+    """One bar of the last day's chart: where it is drawn, and what it counts."""
+
+    x: float
+    y: float
+    height: float
+    code: str
+    hour: str
+    count: int
+
+
+@dataclass(frozen=True)
+class Chart:
+    """The records quarantined per hour over the last 24 hours, stacked by error code, as SVG geometry."""
+
+    width: int
+    height: int
+    bars: list[Bar]
+    codes: list[str]
+    peak: int
+    total: int
+
+
+CHART_WIDTH, CHART_HEIGHT, _HOURS = 480, 120, 24
+
+
+def chart(now: float, rows: Sequence[dict[str, Any]]) -> Chart:
+    """Stack the per-code hourly counts (`error_code`, `hour` as epoch seconds, `quarantined`) into 24 columns
+    ending at the hour of `now`; the tallest column fills the height."""
+    current = int(now // 3600) * 3600
+    first = current - (_HOURS - 1) * 3600
+    columns: dict[int, list[tuple[str, int]]] = {}
+    for row in rows:
+        hour = int(float(row["hour"]))
+        if first <= hour <= current:
+            columns.setdefault(hour, []).append((str(row["error_code"]), int(row["quarantined"])))
+    peak = max((sum(count for _, count in stack) for stack in columns.values()), default=0)
+    slot = CHART_WIDTH / _HOURS
+    bars = []
+    for index in range(_HOURS):
+        hour = first + index * 3600
+        top = float(CHART_HEIGHT)
+        for code, count in sorted(columns.get(hour, [])):
+            height = CHART_HEIGHT * count / peak if peak else 0.0
+            top -= height
+            label = datetime.fromtimestamp(hour, UTC).strftime("%H:00")
+            bars.append(Bar(round(index * slot + 1, 1), round(top, 1), round(height, 1), code, label, count))
+    codes = sorted({bar.code for bar in bars})
+    return Chart(CHART_WIDTH, CHART_HEIGHT, bars, codes, peak, sum(bar.count for bar in bars))
+
+
+def palette_index(code: str, codes: Sequence[str]) -> int:
+    """Which of the stylesheet's eight series colours a code is drawn in (`series-N`)."""
+    return codes.index(code) % 8 if code in codes else 0
