@@ -8,17 +8,14 @@ import ipaddress
 import socket
 from collections.abc import Iterator
 
-import structlog
 import typer
 import uvicorn
 
 from service.cli.common import assembled, configured, provide, run_async, use
 from service.config import ENV_PREFIX, PROGRAM, Settings
-from service.console.app import Wiring, create_app
+from service.console.app import Wiring, create_app, log
 from service.console.tokens import parse_tokens
 from service.worker.reprocess import Options, Progress, Report, Selection
-
-log = structlog.get_logger("order_service.console")
 
 
 def refusal(settings: Settings) -> str | None:

@@ -26,7 +26,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.config import Settings
+from service.config import PROGRAM, Settings
 from service.console import views
 from service.console.sessions import COOKIE, LoginLimiter, Session, Sessions
 from service.console.tokens import Operator, match, parse_tokens
@@ -34,7 +34,7 @@ from service.store.uow import UnitOfWork
 from service.worker.effect_kinds import EffectSpec
 from service.worker.reprocess import Options, Progress, Report, Selection
 
-log = structlog.get_logger("order_service.console")
+log = structlog.get_logger(f"{PROGRAM.replace('-', '_')}.console")
 
 Reprocess = Callable[[Settings, Selection, Options, Progress], Awaitable[Report]]
 

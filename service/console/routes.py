@@ -44,6 +44,7 @@ from service.store import audit, gauges, parking, quarantine
 from service.store import console as console_store
 from service.store import effects as effects_store
 from service.store import reprocess as reprocess_store
+from service.store.uow import ping
 from service.worker.effect_kinds import retry_state, waiting_for
 from service.worker.reprocess import Options, Selection
 
@@ -155,6 +156,15 @@ async def healthz(request: Request) -> Response:
     return PlainTextResponse("ok")
 
 
+async def readyz(request: Request) -> Response:
+    """Readiness, without authentication: the database answers (503 with the reason in one line otherwise)."""
+    try:
+        await ping(state_of(request).wiring.engine)
+    except Exception as error:
+        return PlainTextResponse(f"not ready: {explain(error)}", status_code=503)
+    return PlainTextResponse("ready")
+
+
 async def login_form(request: Request, *, error: str = "", status: int = 200) -> Response:
     """The login form, with a fresh double-submit CSRF token in a cookie of its own."""
     token = secrets.token_urlsafe(24)
@@ -257,7 +267,7 @@ async def quarantine_list(request: Request) -> Response:
     sort = _one(fields, "sort", "first_failed_at")
     if sort not in quarantine.SORTS:
         raise Refused(400, f"sort: {sort!r} is not one of {', '.join(quarantine.SORTS)}")
-    descending = _one(fields, "order") == "desc"
+    descending = _one(fields, "direction") == "desc"
     limit = _int(_one(fields, "limit"), "limit", low=1, high=200, default=50)
     after = _after(sort, _one(fields, "after"), _one(fields, "after_id"))
     async with reading(request) as connection:
@@ -274,7 +284,7 @@ async def quarantine_list(request: Request) -> Response:
             "since",
             "until",
             "sort",
-            "order",
+            "direction",
         )
         if _one(fields, name)
     }
@@ -289,7 +299,7 @@ async def quarantine_list(request: Request) -> Response:
     def sorted_by(column: str) -> str:
         flip = "asc" if sort == column and descending else "desc" if sort == column else "asc"
         return "/quarantine?" + urlencode(
-            {**{k: v for k, v in kept.items() if k not in {"sort", "order"}}, "sort": column, "order": flip}
+            {**{k: v for k, v in kept.items() if k not in {"sort", "direction"}}, "sort": column, "direction": flip}
         )
 
     template = (
@@ -761,6 +771,7 @@ async def audit_page(request: Request) -> Response:
 
 ROUTES = [
     Route("/healthz", healthz),
+    Route("/readyz", readyz),
     Route("/login", login_form, methods=["GET"]),
     Route("/login", login, methods=["POST"]),
     Route("/logout", logout, methods=["POST"]),

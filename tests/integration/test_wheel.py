@@ -79,6 +79,12 @@ def test_the_wheel_holds_every_module_and_migration_and_the_build_prints_no_depr
         for path in (ROOT / "migrations").rglob("*")
         if path.is_file() and "__pycache__" not in path.parts
     }
+    # The console's templates and vendored assets travel as package data.
+    expected |= {
+        path.relative_to(ROOT).as_posix()
+        for folder in ("templates", "static")
+        for path in (ROOT / "service" / "console" / folder).iterdir()
+    }
 
     assert expected <= names, sorted(expected - names)
     assert "Deprecat" not in output, output
