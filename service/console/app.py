@@ -30,6 +30,7 @@ from service.config import PROGRAM, Settings
 from service.console import views
 from service.console.sessions import COOKIE, LoginLimiter, Session, Sessions
 from service.console.tokens import Operator, match, parse_tokens
+from service.explain import explain
 from service.store.uow import UnitOfWork
 from service.worker.effect_kinds import EffectSpec
 from service.worker.reprocess import Options, Progress, Report, Selection
@@ -118,16 +119,20 @@ class Refused(Exception):
 
 
 def security_headers(app: ASGIApp) -> ASGIApp:
-    """Every response gets the security headers; every one but a static asset is never cached."""
+    """Every response gets the security headers; every one but a static asset is never cached. A request that
+    fails unexpectedly (the database went away) answers 500 with one line, and logs one line, not a traceback."""
 
     async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
         static = str(scope.get("path", "")).startswith("/static/")
+        started = False
 
         async def sending(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 headers = [h for h in message.get("headers", []) if h[0] != b"cache-control" or static]
                 headers += _SECURITY_HEADERS
                 if not static:
@@ -135,7 +140,15 @@ def security_headers(app: ASGIApp) -> ASGIApp:
                 message["headers"] = headers
             await send(message)
 
-        await app(scope, receive, sending)
+        try:
+            await app(scope, receive, sending)
+        except Exception as error:
+            said = explain(error)
+            log.warning("console.request_failed", path=scope.get("path"), error=said)
+            if not started:
+                await PlainTextResponse(f"the console could not answer: {said}", status_code=500)(
+                    scope, receive, sending
+                )
 
     return wrapped
 
@@ -256,11 +269,19 @@ def _authenticated(request: Request) -> Caller | None:
 
 
 def caller(request: Request, *, acts: bool = False) -> Caller:
-    """The authenticated caller (401 otherwise); an action or reveal needs an operator (403 for a viewer)."""
+    """The authenticated caller (401 otherwise); an action or reveal needs an operator (403 for a viewer). Wrong
+    bearer tokens count against the client like failed logins, and past the limit none is even compared (429)."""
+    state = state_of(request)
+    bearer = bool(request.headers.get("authorization"))
+    client = client_of(request)
+    if bearer and state.limiter.blocked(client) is not None:
+        log.warning("console.bearer_limited", client=client, path=request.url.path)
+        raise Refused(429, "too many wrong tokens from this address: wait a minute")
     found = _authenticated(request)
     if found is None:
-        if request.headers.get("authorization"):
-            log.warning("console.bearer_refused", client=client_of(request), path=request.url.path)
+        if bearer:
+            state.limiter.failed(client)
+            log.warning("console.bearer_refused", client=client, path=request.url.path)
         raise Refused(401, "log in first, or send Authorization: Bearer <token>")
     if acts and not found.operator.acts:
         raise Refused(403, f"{found.operator.name} is a viewer: only operators reveal payloads and act")

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import re
 import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -55,6 +56,7 @@ PAGE_SIZES = (25, 50, 100, 200)
 OLDEST_OPEN_ALERT_SECONDS = 3600
 OUTBOX_OLDEST_ALERT_SECONDS = 300
 SAMPLE = 5  # ids a preview lists
+_LOGIN_TOKEN = re.compile(r"[A-Za-z0-9_-]{32}")  # what `secrets.token_urlsafe(24)` makes
 
 
 # ---------------------------------------------------------------- parsing what a request asks
@@ -151,6 +153,11 @@ def _jsonable(value: Any) -> Any:
 # ---------------------------------------------------------------- health and login
 
 
+async def favicon(request: Request) -> Response:
+    """No icon (the browser asks for one on every page; answered without a login, and cheaply)."""
+    return Response(status_code=204)
+
+
 async def healthz(request: Request) -> Response:
     """Liveness, without authentication: the process answers."""
     return PlainTextResponse("ok")
@@ -166,8 +173,11 @@ async def readyz(request: Request) -> Response:
 
 
 async def login_form(request: Request, *, error: str = "", status: int = 200) -> Response:
-    """The login form, with a fresh double-submit CSRF token in a cookie of its own."""
-    token = secrets.token_urlsafe(24)
+    """The login form, with a double-submit CSRF token in a cookie of its own: the one the browser holds, if any,
+    so that a request the page did not make (the browser's own `/favicon.ico`, sent here as it is not logged in)
+    or a second tab does not replace the token of the form already shown."""
+    held = request.cookies.get(LOGIN_COOKIE, "")
+    token = held if _LOGIN_TOKEN.fullmatch(held) else secrets.token_urlsafe(24)
     response = render(
         request,
         "login.html",
@@ -363,7 +373,7 @@ async def reveal(request: Request) -> Response:
     fields = await checked_form(request, who)
     failure_id = _one(fields, "failure_id")
     async with changing(request) as connection:
-        record = await operations.reveal(connection, failure_id, who.operator.name, ["console"], via="console")
+        record = await operations.reveal(connection, failure_id, who.operator.name, ["text or hex"], via="console")
     if record is None:
         raise Refused(404, f"no quarantined record with failure id {failure_id}")
     shown = views.payload_view(record.get("payload"))
@@ -484,6 +494,8 @@ async def launch_status(request: Request) -> Response:
     if progress is None:
         raise Refused(404, "no such run was started here")
     if progress.run_id is not None:
+        if request.headers.get("hx-request"):  # htmx polls this page: have it load the run's page instead
+            return Response(status_code=200, headers={"HX-Redirect": f"/runs/{progress.run_id}"})
         return RedirectResponse(f"/runs/{progress.run_id}", status_code=303)
     return render(request, "launch.html", {"launch": launch, "progress": progress})
 
@@ -713,6 +725,9 @@ async def reprocess(request: Request) -> Response:
     if pairs:
         owner = settings.model_copy(update={"consumer_name": pairs[0][0], "source_topic": pairs[0][1]})
     options = Options(reason=reason, actor=who.operator.name, rate=rate)
+    if any(not run.done for run in state.runs.values()):
+        # One run at a time from a console: a second (a double click, a second tab) could send records twice.
+        raise Refused(409, "a reprocess run started here is still running: wait for it to finish (Reprocess runs)")
     if not _confirmed(fields):
         dry = RunProgress()
         report = await state.wiring.reprocess(owner, selection, dataclasses.replace(options, dry_run=True), dry)
@@ -771,6 +786,7 @@ async def audit_page(request: Request) -> Response:
 
 ROUTES = [
     Route("/healthz", healthz),
+    Route("/favicon.ico", favicon),
     Route("/readyz", readyz),
     Route("/login", login_form, methods=["GET"]),
     Route("/login", login, methods=["POST"]),

@@ -19,6 +19,9 @@ LAYER_RULES = {
     "policy": (*DRIVERS, "service.store", "service.adapters", *ENTRYPOINTS),
     "store": ENTRYPOINTS,
     "adapters": ENTRYPOINTS,
+    # The console is a shell beside the CLI: it reads through the store and acts through service.operations;
+    # the composition root hands it what it needs (service/cli/console.py builds its Wiring).
+    "console": ("aiokafka", "httpx", "asyncpg", "service.cli", "service.containers", "service.adapters"),
 }
 MAY_IMPORT_CONTAINERS = {"service.containers", "service.cli"}
 

@@ -236,3 +236,18 @@ def test_every_metric_the_docs_and_alerts_name_is_one_the_service_exports() -> N
     # Then each of them exists (a renamed metric must be renamed in the docs too)
     assert named
     assert named - exported == set()
+
+
+def test_the_console_colours_ages_by_the_alerts_thresholds() -> None:
+    """The overview shows the oldest open record and the outbox's oldest row in red past the same thresholds as
+    the alerts that page for them."""
+    from service.console import routes
+
+    rules = {
+        rule["alert"]: rule["expr"]
+        for group in yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())["groups"]
+        for rule in group["rules"]
+    }
+
+    assert rules["OrdersQuarantineOldestTooOld"].endswith(f"> {routes.OLDEST_OPEN_ALERT_SECONDS}")
+    assert rules["OrdersOutboxStuck"].endswith(f"> {routes.OUTBOX_OLDEST_ALERT_SECONDS}")
