@@ -1,4 +1,5 @@
-"""The docs name only error codes that exist, and every record error code is documented."""
+"""The docs name only error codes, files and modules that exist, link only to files that exist, and every record
+error code is documented."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from service.domain.codes import ErrorCode, registered
 from service.orders.codes import OrderCode
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", ROOT / "docs" / "runbook.md"]
-_SETTINGS = ("ORDERS_", "KAFKA_", "PG_")  # environment variables, not codes
+DOCS = [ROOT / "README.md", ROOT / "docs" / "runbook.md", ROOT / "docs" / "console.md"]
+_SETTINGS = ("ORDERS_", "KAFKA_", "PG_", "CONSOLE_")  # environment variables, not codes
 _CODE = re.compile(r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)`")
 
 
@@ -59,3 +60,16 @@ def test_every_file_and_module_the_docs_name_exists() -> None:
             if not any(_importable(".".join(parts[:n])) for n in (len(parts), len(parts) - 1)):
                 missing.append(f"{path.name}: {name}")
     assert not missing, "the docs name what does not exist:\n" + "\n".join(missing)
+
+
+_LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")  # a markdown link or image: [text](target) or ![alt](target)
+
+
+def test_every_link_and_image_in_the_docs_points_at_a_file_that_exists() -> None:
+    missing = [
+        f"{path.name}: {target}"
+        for path in _GUIDES
+        for target in _LINK.findall(path.read_text())
+        if not re.match(r"[a-z][a-z0-9+.-]*:", target) and not (path.parent / target).exists()
+    ]
+    assert not missing, "the docs link to what does not exist:\n" + "\n".join(missing)
