@@ -1,15 +1,17 @@
-"""Measure the operator console's pages on a large store: 100,000 quarantined records, 1,000,000 inbox rows
-(scripts/console-bench).
+"""Time the operator console's pages on a large store (scripts/console-bench).
 
-It creates a fresh database on the local PostgreSQL, migrates it with the service's own `upgrade_to_head`,
-fills it with set-based SQL (`INSERT … SELECT … FROM generate_series`; the triggers of migration 0009 write
-each record's timeline as they would in production), runs `VACUUM ANALYZE`, then serves the console with
-uvicorn on a socket of its own and times every page with a real HTTP client: a few warm-up requests, then N
-in a row. Each request's SQL is traced, so the table also says how many statements a page ran and how long
-the database took; `--explain FILE` writes every statement's `EXPLAIN (ANALYZE, BUFFERS)` to FILE.
+The store: 100,000 quarantined records and 1,000,000 inbox rows, with effects, outbox rows, held keys, reprocess
+runs, reconciler passes and audit rows around them. The script creates a fresh database on the local
+PostgreSQL, migrates it with the service's own `upgrade_to_head`, fills it with set-based SQL (`INSERT … SELECT
+… FROM generate_series`; the triggers of migration 0009 write each record's timeline as they would in
+production) and runs `VACUUM ANALYZE`. Then it serves the console with uvicorn on a socket of its own and times
+every page with a real HTTP client: a few warm-up requests, then N in a row. Each request's SQL is traced, so
+the table also says how many statements a page ran and how long the database took; `--explain FILE` writes
+every statement's `EXPLAIN (ANALYZE, BUFFERS)` to FILE.
 
 The database is named `console_bench` (`--database`) and is dropped at the end unless `--keep`; `--reuse`
-measures a kept one again (migrated to the head first, so a new index is measured without seeding again).
+measures a kept one again (migrated to the head first, so a new index is measured without seeding again), and
+`--revision 0010 --keep`, then `--reuse`, measures the same data before and after the migrations since 0010.
 The last line of the output is one JSON object; exit 1 unless every page answered 200 within the limit.
 """
 
@@ -32,20 +34,22 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urljoin
 
-import asyncpg
+import asyncpg  # type: ignore[import-untyped]
 import httpx
 import uvicorn
+from alembic import command
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import load_settings
+from service.containers import CODES as KNOWN_CODES
 from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
 from service.orders.effects import SPECS as ORDER_EFFECT_SPECS
 from service.orders.messages import invalid_field
-from service.store.schema import upgrade_to_head
+from service.store.schema import alembic_config, upgrade_to_head
 from service.store.uow import create_engine
 
 console = Console(stderr=True)
@@ -70,12 +74,13 @@ CODES: tuple[tuple[str, int, str, int], ...] = (
     (ErrorCode.DOWNSTREAM_UNREACHABLE_EXHAUSTED, 40, "order-service-oncall", 4),
     (ErrorCode.PROCESSING_TIMEOUT_EXHAUSTED, 30, "order-service-oncall", 4),
     (OrderCode.UNKNOWN_CUSTOMER, 30, "checkout-web", 1),
-    (ErrorCode.UNREADABLE_RECORD, 20, "data-platform", 1),
     (OrderCode.PAYMENT_DECLINED, 19, "payments-team", 1),
-    (OrderCode.INVALID_TRANSITION, 1, "order-producers", 1),
+    (OrderCode.INVALID_TRANSITION, 20, "order-producers", 1),
+    (ErrorCode.UNREADABLE_RECORD, 1, "data-platform", 1),
 )
 FREQUENT_CODE = ErrorCode.INVALID_FIELD
-RARE_CODE = OrderCode.INVALID_TRANSITION
+RARE_CODE = ErrorCode.UNREADABLE_RECORD
+DOMAIN_CODE = OrderCode.UNKNOWN_TENANT
 OWNER = "payments-team"
 
 
@@ -444,6 +449,7 @@ class Samples:
     """Values the pages are asked about: picked from the seeded data."""
 
     key: str
+    held_key: str
     message_id: str
     failure_id: str
     effect_key: str
@@ -456,6 +462,8 @@ _SAMPLES = """
     SELECT
         (SELECT ordering_key FROM quarantine WHERE status = 'open' AND ordering_key IS NOT NULL
          GROUP BY ordering_key ORDER BY count(*) DESC, ordering_key LIMIT 1) AS key,
+        (SELECT ordering_key FROM parked GROUP BY ordering_key ORDER BY count(*) DESC, ordering_key LIMIT 1)
+            AS held_key,
         (SELECT message_id FROM quarantine ORDER BY failure_id OFFSET (SELECT count(*) / 2 FROM quarantine) LIMIT 1)
             AS message_id,
         (SELECT failure_id FROM quarantine_events GROUP BY failure_id ORDER BY count(*) DESC, failure_id LIMIT 1)
@@ -491,14 +499,18 @@ def pages(found: Samples) -> list[Page]:
     """Every console page, with the filters an operator uses."""
 
     def listing(**filters: str) -> str:
+        """The queue's path with these query parameters."""
         return "/quarantine?" + urlencode(filters)
 
     record = quote(found.failure_id, safe="/")
     return [
         Page("home", "/"),
         Page("quarantine", "/quarantine"),
+        Page("open", listing(status="open")),
+        Page("newest first", listing(sort="last_failed_at", direction="desc")),
         Page("by code (22 %)", listing(error_code=FREQUENT_CODE)),
         Page("by code (0.1 %)", listing(error_code=RARE_CODE)),
+        Page("by domain code (5 %)", listing(error_code=DOMAIN_CODE)),
         Page("by owner", listing(owner=OWNER)),
         Page("open, one key", listing(status="open", key=found.key)),
         Page("one message id", listing(message_id=found.message_id)),
@@ -508,10 +520,12 @@ def pages(found: Samples) -> list[Page]:
         Page(f"page {DEEP_PAGES + 1}, by code", listing(error_code=FREQUENT_CODE), deep=DEEP_PAGES),
         Page("record", f"/quarantine/{record}"),
         Page("keys", "/keys"),
+        Page("held key", "/keys/detail?" + urlencode({"consumer": CONSUMER, "key": found.held_key})),
         Page("effects", "/effects"),
         Page("effect", f"/effects/{quote(found.effect_key, safe='/')}"),
         Page("runs", "/runs"),
         Page("run", f"/runs/{quote(found.run_id)}"),
+        Page("audit", "/audit"),
         Page("api: quarantine", "/api/quarantine"),
         Page("api: record", f"/api/quarantine/{record}"),
         Page("api: stats", "/api/stats"),
@@ -522,6 +536,7 @@ class _NextLink(HTMLParser):
     """The href of the first `<a rel="next">` (or `<link rel="next">`) of a page."""
 
     def __init__(self) -> None:
+        """No link seen yet."""
         super().__init__()
         self.href: str | None = None
 
@@ -561,17 +576,22 @@ class Tracer:
         event.listen(engine.sync_engine, "after_cursor_execute", self._after)
 
     def _before(self, conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        """A statement starts (SQLAlchemy's `before_cursor_execute`)."""
         self._started[id(cursor)] = time.perf_counter()
 
     def _after(self, conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        """A statement ended (`after_cursor_execute`): keep it, with its time."""
         started = self._started.pop(id(cursor), time.perf_counter())
         self.statements.append(Statement(statement, parameters, (time.perf_counter() - started) * 1000))
 
     @contextmanager
     def request(self) -> Iterator[list[Statement]]:
-        """The statements run inside the block."""
+        """The statements run inside the block (those run outside any block are not kept)."""
         self.statements = []
-        yield self.statements
+        try:
+            yield self.statements
+        finally:
+            self.statements = []
 
 
 @dataclass
@@ -666,12 +686,14 @@ async def served(url: str, tracer: Tracer) -> AsyncIterator[httpx.AsyncClient]:
             effect_specs=ORDER_EFFECT_SPECS,
             failing_field=invalid_field,
             reprocess=_unavailable,
+            codes=KNOWN_CODES,
         )
     )
     # The socket listens before uvicorn starts: the first request waits in the backlog until the lifespan has run.
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
+    # TCP_NODELAY, inherited by every accepted connection: uvicorn writes a response's head and body separately,
+    # and without it the body waits for the client's delayed ACK of the head (about 40 ms on Linux).
+    sock = socket.create_server(("127.0.0.1", 0), backlog=64)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False))
     serving = asyncio.create_task(server.serve(sockets=[sock]))
@@ -704,6 +726,15 @@ async def explain(dsn: str, timings: Sequence[Timing], path: Path) -> None:
         await connection.close()
 
 
+def migrate(url: str, revision: str | None) -> None:
+    """Migrate with the service's own migrations: to the head, or to `revision`."""
+    if revision is None:
+        upgrade_to_head(url)
+        return
+    with alembic_config(url) as config:
+        command.upgrade(config, revision)
+
+
 @dataclass(frozen=True)
 class Options:
     """The command line, read."""
@@ -715,6 +746,7 @@ class Options:
     warmup: int
     keep: bool
     reuse: bool
+    revision: str | None
     seed_only: bool
     explain: Path | None
 
@@ -724,9 +756,14 @@ async def run(options: Options) -> dict[str, Any]:
     server = options.admin_url.rsplit("/", 1)[0]
     dsn = f"{server}/{options.database}"
     url = "postgresql+asyncpg://" + dsn.removeprefix("postgresql://")
-    figures: dict[str, Any] = {"database": options.database, "load_1m_at_start": round(os.getloadavg()[0], 2)}
+    figures: dict[str, Any] = {
+        "database": options.database,
+        "cpus": os.cpu_count(),
+        "load_1m_at_start": round(os.getloadavg()[0], 2),
+    }
     admin = await asyncpg.connect(options.admin_url)
     try:
+        figures["postgresql"] = await admin.fetchval("SHOW server_version")
         exists = await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", options.database)
         if not (options.reuse and exists):
             await admin.execute(f'DROP DATABASE IF EXISTS "{options.database}" WITH (FORCE)')
@@ -736,7 +773,7 @@ async def run(options: Options) -> dict[str, Any]:
     try:
         started = time.perf_counter()
         console.print(f"migrating {options.database}")
-        await asyncio.to_thread(upgrade_to_head, url)
+        await asyncio.to_thread(migrate, url, options.revision)
         if options.reuse and exists:
             connection = await asyncpg.connect(dsn)
             try:
@@ -815,6 +852,9 @@ def arguments(argv: Sequence[str]) -> Options:
     parser.add_argument("--warmup", type=int, default=3, help="untimed requests per page first (default 3)")
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
     parser.add_argument("--reuse", action="store_true", help="measure the kept database again, without seeding")
+    parser.add_argument(
+        "--revision", help="migrate to this revision, not the head (the pages before a migration; --reuse goes on)"
+    )
     parser.add_argument("--seed-only", action="store_true", help="seed and keep the database; measure nothing")
     parser.add_argument("--explain", type=Path, help="write EXPLAIN (ANALYZE, BUFFERS) of every page's SQL here")
     args = parser.parse_args(argv)
@@ -828,6 +868,7 @@ def arguments(argv: Sequence[str]) -> Options:
         warmup=args.warmup,
         keep=args.keep,
         reuse=args.reuse,
+        revision=args.revision,
         seed_only=args.seed_only,
         explain=args.explain,
     )

@@ -15,8 +15,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.adapters import kafka
 from service.config import Settings
+from service.domain.codes import registered
 from service.health import HealthServer
 from service.metrics import Metrics
+from service.orders.codes import OrderCode
 from service.orders.customers import CustomersClient
 from service.orders.effects import SPECS as ORDER_EFFECT_SPECS
 from service.orders.effects import order_effects
@@ -93,6 +95,8 @@ def _topics(settings: Settings, policy: RetryPolicy) -> list[str]:
 # (each command's --help lists them).
 SETTINGS = OrderSettings
 DOMAIN_READS = ORDER_READS
+# Every error code a filter may name: the core's and the domain's (service/orders/codes.py).
+CODES = tuple(registered(OrderCode))
 # The domain's own Alembic version locations, beside the core's (service/store/schema.py): none, because the
 # order domain's tables are in the core's history (0001, 0007); a new domain keeps its own on a branch.
 MIGRATIONS: tuple[str, ...] = ()

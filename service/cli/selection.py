@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from service.domain.codes import ErrorCode
+from service.containers import CODES
 from service.durations import parse_duration
 from service.operations import SelectionTooLarge, Wanted
 
@@ -25,7 +25,7 @@ FileOption = Annotated[
 
 def check_code(error_code: str | None) -> None:
     """An --error-code value must be a known code (exit 2 otherwise)."""
-    if error_code is not None and error_code not in ErrorCode.__members__:
+    if error_code is not None and error_code not in CODES:
         raise typer.BadParameter(
             f"{error_code!r} is not an error code (README, Error codes)", param_hint="--error-code"
         )

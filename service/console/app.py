@@ -65,6 +65,7 @@ class Wiring:
     effect_specs: Sequence[EffectSpec]
     failing_field: Callable[[bytes | None], tuple[str, str] | None]
     reprocess: Reprocess
+    codes: Sequence[str]  # every error code a filter may name, the core's and the domain's
 
 
 @dataclass
@@ -113,9 +114,9 @@ class State:
 class Refused(Exception):
     """A request the console refuses: its status and a one-line reason."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, *, retry_after: int | None = None) -> None:
         super().__init__(reason)
-        self.status, self.reason = status, reason
+        self.status, self.reason, self.retry_after = status, reason, retry_after
 
 
 def security_headers(app: ASGIApp) -> ASGIApp:
@@ -215,8 +216,9 @@ def state_of(request: Request) -> State:
 
 async def _refused(request: Request, error: Exception) -> Response:
     assert isinstance(error, Refused)
+    headers = {"retry-after": str(error.retry_after)} if error.retry_after is not None else None
     if request.url.path.startswith("/api/") or request.headers.get("authorization"):
-        return JSONResponse({"error": error.reason}, status_code=error.status)
+        return JSONResponse({"error": error.reason}, status_code=error.status, headers=headers)
     if error.status == 401:
         wanted = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return RedirectResponse(f"/login?{urlencode({'next': _safe_next(wanted)})}", status_code=303)
@@ -224,8 +226,12 @@ async def _refused(request: Request, error: Exception) -> Response:
 
 
 async def _not_found(request: Request, error: Exception) -> Response:
-    if _authenticated(request) is None:  # nothing about what exists is said before a login
-        return await _refused(request, Refused(401, "log in first"))
+    # Nothing about what exists is said before a login; and a wrong token is counted (then limited) here as on
+    # every page, or a missing page would answer 404 to the right token and 401 to a wrong one without limit.
+    try:
+        caller(request)
+    except Refused as refused:
+        return await _refused(request, refused)
     return await _refused(request, Refused(404, "no such page"))
 
 
@@ -274,9 +280,10 @@ def caller(request: Request, *, acts: bool = False) -> Caller:
     state = state_of(request)
     bearer = bool(request.headers.get("authorization"))
     client = client_of(request)
-    if bearer and state.limiter.blocked(client) is not None:
+    wait = state.limiter.blocked(client) if bearer else None
+    if wait is not None:
         log.warning("console.bearer_limited", client=client, path=request.url.path)
-        raise Refused(429, "too many wrong tokens from this address: wait a minute")
+        raise Refused(429, "too many wrong tokens from this address: wait a minute", retry_after=int(wait) + 1)
     found = _authenticated(request)
     if found is None:
         if bearer:

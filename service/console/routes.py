@@ -38,7 +38,6 @@ from service.console.app import (
 )
 from service.console.sessions import COOKIE
 from service.console.tokens import match
-from service.domain.codes import registered
 from service.durations import parse_duration
 from service.explain import explain
 from service.store import audit, gauges, parking, quarantine
@@ -56,6 +55,7 @@ PAGE_SIZES = (25, 50, 100, 200)
 OLDEST_OPEN_ALERT_SECONDS = 3600
 OUTBOX_OLDEST_ALERT_SECONDS = 300
 SAMPLE = 5  # ids a preview lists
+SHOWN_AT_MOST = 500  # rows of a run's items or of the held keys a page shows (counted in full)
 _LOGIN_TOKEN = re.compile(r"[A-Za-z0-9_-]{32}")  # what `secrets.token_urlsafe(24)` makes
 
 
@@ -92,19 +92,19 @@ def _duration(value: str, name: str) -> timedelta | None:
         raise Refused(400, f"{name}: {error}") from None
 
 
-def _code(value: str) -> str | None:
-    if value and value not in registered():
+def _code(request: Request, value: str) -> str | None:
+    if value and value not in state_of(request).wiring.codes:
         raise Refused(400, f"error_code: {value!r} is not an error code")
     return value or None
 
 
-def _filters(fields: dict[str, list[str]]) -> quarantine.Filters:
+def _filters(request: Request, fields: dict[str, list[str]]) -> quarantine.Filters:
     """The quarantine filters of a query string or form (the CLI's `quarantine list` options)."""
     status = _one(fields, "status")
     if status and status not in STATUSES:
         raise Refused(400, f"status: {status!r} is not one of {', '.join(STATUSES)}")
     return quarantine.Filters(
-        error_code=_code(_one(fields, "error_code")),
+        error_code=_code(request, _one(fields, "error_code")),
         status=status or None,
         older_than=_duration(_one(fields, "older_than"), "older_than"),
         key=_one(fields, "key") or None,
@@ -273,7 +273,7 @@ async def quarantine_list(request: Request) -> Response:
     """The queue: filtered, sorted, paged by key; `N of M` shown; an htmx request gets the table alone."""
     caller(request)
     fields = _query(request)
-    filters = _filters(fields)
+    filters = _filters(request, fields)
     sort = _one(fields, "sort", "first_failed_at")
     if sort not in quarantine.SORTS:
         raise Refused(400, f"sort: {sort!r} is not one of {', '.join(quarantine.SORTS)}")
@@ -328,7 +328,7 @@ async def quarantine_list(request: Request) -> Response:
             "sort": sort,
             "descending": descending,
             "sorted_by": sorted_by,
-            "codes": sorted(registered()),
+            "codes": sorted(state_of(request).wiring.codes),
             "statuses": STATUSES,
             "limit": limit,
             "page_sizes": PAGE_SIZES,
@@ -388,7 +388,7 @@ async def held_keys(request: Request) -> Response:
     consumer = _one(_query(request), "consumer") or None
     async with reading(request) as connection:
         held = await parking.summary(connection, consumer)
-    return render(request, "keys.html", {"held": held, "consumer": consumer or ""})
+    return render(request, "keys.html", {"held": held[:SHOWN_AT_MOST], "total": len(held), "consumer": consumer or ""})
 
 
 async def held_key(request: Request) -> Response:
@@ -480,6 +480,8 @@ async def run_detail(request: Request) -> Response:
         run = await reprocess_store.run_with_items(connection, run_id)
     if run is None:
         raise Refused(404, f"no reprocess run {run_id}")
+    items = run["items"]
+    run["items"], run["item_count"] = items[:SHOWN_AT_MOST], len(items)  # a page of a huge run stays fast
     fragment = request.headers.get("hx-request") and request.headers.get("hx-target") == "run"
     return render(
         request, "run_body.html" if fragment else "run.html", {"run": run, "running": run["finished_at"] is None}
@@ -507,7 +509,7 @@ async def api_quarantine(request: Request) -> Response:
     """`quarantine list` as JSON: the same filters, paged (`limit`, `offset`), with the total."""
     caller(request)
     fields = _query(request)
-    filters = _filters(fields)
+    filters = _filters(request, fields)
     limit = _int(_one(fields, "limit"), "limit", low=1, high=10_000, default=100)
     offset = _int(_one(fields, "offset"), "offset", low=0, high=10_000_000, default=0)
     async with reading(request) as connection:
@@ -546,14 +548,14 @@ async def api_stats(request: Request) -> Response:
 # ---------------------------------------------------------------- actions: a preview, then the confirmed form
 
 
-def _wanted(fields: dict[str, list[str]]) -> operations.Wanted:
+def _wanted(request: Request, fields: dict[str, list[str]]) -> operations.Wanted:
     """The records an action means: the ticked ones, or (`scope=matching`) every open one matching the list's
     code, key and age filters (the ticked ones among them, if any): the CLI's selection rule."""
     ids = tuple(dict.fromkeys(one.strip() for one in fields.get("failure_id", []) if one.strip()))
     prefix = "match_" if _one(fields, "scope") == "matching" else ""
     wanted = operations.Wanted(
         ids,
-        _code(_one(fields, f"{prefix}error_code")) if prefix else None,
+        _code(request, _one(fields, f"{prefix}error_code")) if prefix else None,
         (_one(fields, f"{prefix}key") or None) if prefix else None,
         _duration(_one(fields, f"{prefix}older_than"), "older_than") if prefix else None,
     )
@@ -596,7 +598,7 @@ async def annotate(request: Request) -> Response:
     note = _one(fields, "note") or _one(fields, "text")
     if not note:
         raise Refused(400, "say what you found or did: the note is empty")
-    wanted = _wanted(fields)
+    wanted = _wanted(request, fields)
     selection = await _picked(request, wanted)
     if not _confirmed(fields):
         return _preview(request, "annotate", fields, selection, {"note": note})
@@ -615,7 +617,7 @@ async def resolve(request: Request) -> Response:
     reason = _one(fields, "reason") or _one(fields, "text")
     if not reason:
         raise Refused(400, "say why they need no reprocessing: the reason is empty")
-    wanted = _wanted(fields)
+    wanted = _wanted(request, fields)
     selection = await _picked(request, wanted)
     if not _confirmed(fields):
         return _preview(request, "resolve", fields, selection, {"reason": reason})
@@ -709,7 +711,7 @@ async def reprocess(request: Request) -> Response:
     if not reason:
         raise Refused(400, "say why this run is needed: the reason is empty")
     ids = tuple(dict.fromkeys(one.strip() for one in fields.get("failure_id", []) if one.strip()))
-    code = _code(_one(fields, "match_error_code")) if _one(fields, "scope") == "matching" else None
+    code = _code(request, _one(fields, "match_error_code")) if _one(fields, "scope") == "matching" else None
     if not ids and code is None:
         raise Refused(400, "select records to reprocess: tick them in the list, or filter by code")
     rate = _rate(_one(fields, "rate"))

@@ -82,7 +82,8 @@ class LoginLimiter:
         failures = self._recent(client)
         if len(failures) < self._attempts:
             return None
-        return max(0.0, failures[0] + self._window - self._clock())
+        # Until the failure that made it `attempts` leaves the window (two racing failures can make more).
+        return max(0.0, failures[-self._attempts] + self._window - self._clock())
 
     def failed(self, client: str) -> None:
         """Count one failed login of `client`."""

@@ -40,17 +40,21 @@ def parse_tokens(value: str) -> dict[str, Operator]:
         if not entry:
             continue
         name, role, token = [*entry.split(":", 2), "", ""][:3]
-        name, role = name.strip(), role.strip()
+        name, role, token = name.strip(), role.strip(), token.strip()
+        # A name as long as a token is not repeated: it may be a token written first (`token:name:role`).
+        named = f"entry {position} ({name})" if len(name) < MIN_TOKEN_LENGTH else f"entry {position}"
         if not name or not token:
             raise ValueError(f"entry {position}: must be name:role:token")
+        if len(name) >= MIN_TOKEN_LENGTH:
+            raise ValueError(f"{named}: the name is as long as a token: is the entry written name:role:token?")
         if role not in ROLES:
-            raise ValueError(f"entry {position} ({name}): the role must be viewer or operator")
+            raise ValueError(f"{named}: the role must be viewer or operator")
         if len(token) < MIN_TOKEN_LENGTH:
-            raise ValueError(f"entry {position} ({name}): the token must be at least {MIN_TOKEN_LENGTH} characters")
+            raise ValueError(f"{named}: the token must be at least {MIN_TOKEN_LENGTH} characters")
         if name in names:
-            raise ValueError(f"entry {position}: the name {name} is given twice")
+            raise ValueError(f"{named}: the name is given twice")
         if token in operators:
-            raise ValueError(f"entry {position} ({name}): the same token as another entry")
+            raise ValueError(f"{named}: the same token as another entry")
         names.add(name)
         operators[token] = Operator(name, role, fingerprint(token))
     return operators

@@ -65,6 +65,7 @@ class PayloadView:
     body: str
     size: int
     shown: int  # bytes (hex) or characters (text) shown
+    cut: bool = False  # whether more was there than is shown (characters and bytes differ: it cannot be inferred)
 
 
 def payload_view(payload: bytes | memoryview | None) -> PayloadView:
@@ -83,9 +84,18 @@ def payload_view(payload: bytes | memoryview | None) -> PayloadView:
     except ValueError:
         document = None
     if isinstance(document, dict | list):
-        shown = json.dumps(document, indent=2, ensure_ascii=False)
-        return PayloadView("json", shown[:TEXT_LIMIT], len(raw), min(len(shown), TEXT_LIMIT))
-    return PayloadView("text", text[:TEXT_LIMIT], len(raw), min(len(text), TEXT_LIMIT))
+        shown = _visible_json(json.dumps(document, indent=2, ensure_ascii=False))
+        return PayloadView("json", shown[:TEXT_LIMIT], len(raw), min(len(shown), TEXT_LIMIT), len(shown) > TEXT_LIMIT)
+    return PayloadView("text", text[:TEXT_LIMIT], len(raw), min(len(text), TEXT_LIMIT), len(text) > TEXT_LIMIT)
+
+
+def _visible_json(shown: str) -> str:
+    """Indented JSON with every character a reader would not see (`\\u202e` reversing the text after it, a
+    zero-width space, an escaped NUL decoded) escaped again, as JSON writes it: such a character can only be
+    inside a string, so the document reads back the same."""
+    if shown.replace("\n", "").isprintable():
+        return shown
+    return "".join(char if char.isprintable() or char == "\n" else json.dumps(char)[1:-1] for char in shown)
 
 
 def _hex(raw: bytes) -> PayloadView:
@@ -97,7 +107,7 @@ def _hex(raw: bytes) -> PayloadView:
         chunk = part[offset : offset + 16]
         ascii_ = "".join(chr(byte) if chr(byte) in visible else "." for byte in chunk)
         lines.append(f"{offset:08x}  {chunk.hex(' '):<47}  {ascii_}")
-    return PayloadView("hex", "\n".join(lines), len(raw), len(part))
+    return PayloadView("hex", "\n".join(lines), len(raw), len(part), len(part) < len(raw))
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,15 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-# Records quarantined per error code and hour over the last day (a range of the created_at index).
+# Records quarantined per error code and hour over the last day (a range of the created_at index), grouped by
+# the truncated time first: a few hundred groups hashed, rather than the day's rows sorted.
 _RATE = text(
     """
-    SELECT error_code, extract(epoch FROM date_trunc('hour', created_at)) AS hour, count(*) AS quarantined
-    FROM quarantine WHERE created_at > now() - interval '24 hours'
-    GROUP BY 1, 2 ORDER BY 1, 2
+    SELECT error_code, extract(epoch FROM hour) AS hour, quarantined FROM (
+        SELECT error_code, date_trunc('hour', created_at) AS hour, count(*) AS quarantined
+        FROM quarantine WHERE created_at > now() - interval '24 hours'
+        GROUP BY 1, 2) AS per_hour
+    ORDER BY 1, 2
     """
 )
 _LAST_RECONCILE = text(

@@ -95,8 +95,7 @@ class Filters:
 
 _LISTING = text(
     f"""
-    SELECT failure_id, message_id, error_code, status, owner, ordering_key, attempts, first_failed_at, last_failed_at,
-           count(*) OVER () AS matching
+    SELECT failure_id, message_id, error_code, status, owner, ordering_key, attempts, first_failed_at, last_failed_at
     FROM quarantine WHERE {_FILTERS}
     ORDER BY first_failed_at, failure_id LIMIT :limit OFFSET :offset
     """
@@ -123,9 +122,9 @@ async def listing(
     rows = [
         dict(row._mapping) for row in await connection.execute(_LISTING, {**filters, "limit": limit, "offset": offset})
     ]
-    total = int(rows[0]["matching"]) if rows else int((await connection.execute(_COUNT, filters)).scalar_one())
-    for row in rows:
-        del row["matching"]
+    # Counted apart: a window count over the page's query would read every matching row in the page's order
+    # (docs/performance.md, "The console at 100,000 quarantined records").
+    total = int((await connection.execute(_COUNT, filters)).scalar_one())
     return rows, total
 
 
@@ -277,13 +276,17 @@ async def resolve(connection: AsyncConnection, failure_id: str, reason: str, aut
     return "open"
 
 
+# Two groupings joined: the counts per code and owner from the (status, error_code, owner) index alone, and the
+# last hour's from a range of the created_at index; one grouping with both would read the whole table.
 _STATS_BY_CODE = text(
     """
-    SELECT error_code, owner, count(*) FILTER (WHERE status = 'open') AS open, count(*) AS total,
-           count(*) FILTER (WHERE created_at > now() - interval '1 hour') AS last_hour
-    FROM quarantine
-    GROUP BY error_code, owner
-    ORDER BY error_code, owner
+    SELECT a.error_code, a.owner, a.open, a.total, coalesce(h.last_hour, 0) AS last_hour
+    FROM (SELECT error_code, owner, count(*) FILTER (WHERE status = 'open') AS open, count(*) AS total
+          FROM quarantine GROUP BY error_code, owner) AS a
+    LEFT JOIN (SELECT error_code, owner, count(*) AS last_hour FROM quarantine
+               WHERE created_at > now() - interval '1 hour' GROUP BY error_code, owner) AS h
+           ON h.error_code = a.error_code AND h.owner = a.owner
+    ORDER BY a.error_code, a.owner
     """
 )
 _OLDEST_OPEN = text("SELECT extract(epoch FROM now() - min(first_failed_at)) FROM quarantine WHERE status = 'open'")

@@ -120,8 +120,15 @@ quarantine = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint("status IN ('open', 'resolved', 'reprocessing', 'reprocessed')", name="status"),
     Index("ix_quarantine_status_first_failed_at", "status", "first_failed_at"),
-    Index("ix_quarantine_error_code", "error_code"),
-    Index("ix_quarantine_message_id", "consumer_name", "message_id"),
+    Index("ix_quarantine_message_id", "message_id", "consumer_name"),
+    # The console's pages by key (migration 0011): each filter's index ends in the order a page is read in.
+    Index("ix_quarantine_first_failed_at_failure_id", "first_failed_at", "failure_id"),
+    Index("ix_quarantine_error_code_first_failed_at_failure_id", "error_code", "first_failed_at", "failure_id"),
+    Index("ix_quarantine_owner_first_failed_at_failure_id", "owner", "first_failed_at", "failure_id"),
+    Index("ix_quarantine_ordering_key", "ordering_key"),
+    # The overview's last day and the open counts per code and owner, read from the indexes alone.
+    Index("ix_quarantine_created_at_error_code", "created_at", "error_code"),
+    Index("ix_quarantine_status_error_code_owner", "status", "error_code", "owner"),
 )
 
 # A record between its first failure and its terminal state (blocking phase excluded: that lives in memory).

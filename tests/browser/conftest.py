@@ -39,7 +39,7 @@ from service.cli.common import assembled, provide
 from service.cli.console import _reprocess as reprocess_as_the_cli_does
 from service.config import Settings, load_settings
 from service.console.app import Wiring, create_app
-from service.containers import SETTINGS
+from service.containers import CODES, SETTINGS
 from tests.browser.support import LogIn, NewPage, Screenshot, ServeConsole
 
 CHROMIUM = os.environ.get("CONSOLE_CHROMIUM", "/usr/bin/chromium")
@@ -98,6 +98,7 @@ async def _console(settings: Settings) -> AsyncIterator[str]:
             effect_specs=container.effect_specs(),
             failing_field=container.failing_field(),
             reprocess=reprocess_as_the_cli_does,
+            codes=CODES,
         )
         # The socket listens before uvicorn starts, so the port is known and never raced for.
         listening = socket.create_server(("127.0.0.1", 0))
