@@ -20,6 +20,8 @@ depends_on = None
 # those two columns returns a page, the first or the thousandth, in order and stops.
 _NEW = (
     ("ix_quarantine_first_failed_at_failure_id", ["first_failed_at", "failure_id"]),
+    # "Newest first" (the list sorted by the last failure), otherwise a sort of the whole table.
+    ("ix_quarantine_last_failed_at_failure_id", ["last_failed_at", "failure_id"]),
     ("ix_quarantine_error_code_first_failed_at_failure_id", ["error_code", "first_failed_at", "failure_id"]),
     ("ix_quarantine_owner_first_failed_at_failure_id", ["owner", "first_failed_at", "failure_id"]),
     ("ix_quarantine_ordering_key", ["ordering_key"]),

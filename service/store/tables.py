@@ -123,6 +123,7 @@ quarantine = Table(
     Index("ix_quarantine_message_id", "message_id", "consumer_name"),
     # The console's pages by key (migration 0011): each filter's index ends in the order a page is read in.
     Index("ix_quarantine_first_failed_at_failure_id", "first_failed_at", "failure_id"),
+    Index("ix_quarantine_last_failed_at_failure_id", "last_failed_at", "failure_id"),
     Index("ix_quarantine_error_code_first_failed_at_failure_id", "error_code", "first_failed_at", "failure_id"),
     Index("ix_quarantine_owner_first_failed_at_failure_id", "owner", "first_failed_at", "failure_id"),
     Index("ix_quarantine_ordering_key", "ordering_key"),
