@@ -63,6 +63,7 @@ class Settings(BaseSettings):
     processing_timeout: Duration = timedelta(seconds=30)
     effect_lease: Duration = timedelta(seconds=30)
     effect_max_attempts: int = Field(default=8, ge=1, le=1000)
+    effect_concurrency: int = Field(default=32, ge=1, le=1000)
     quarantine_owners: str = ""
     ordering: Literal["key", "versioned", "unordered"] = "key"
     dedup_window: Duration = timedelta(days=7)

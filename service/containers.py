@@ -51,7 +51,12 @@ async def _engine(settings: Settings) -> AsyncIterator[AsyncEngine]:
 
 async def _http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
     timeout = settings.http_timeout.total_seconds()
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), follow_redirects=False) as client:
+    # One client, its connections kept alive: enough of them for every effect kind's concurrent calls.
+    limits = httpx.Limits(
+        max_connections=max(100, 4 * settings.effect_concurrency),
+        max_keepalive_connections=max(20, 2 * settings.effect_concurrency),
+    )
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits, follow_redirects=False) as client:
         yield client
 
 

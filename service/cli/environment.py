@@ -32,6 +32,7 @@ _EFFECTS = (
     "http_timeout",
     "effect_lease",
     "effect_max_attempts",
+    "effect_concurrency",
 )
 
 # Command path (as typed after `order-service`) → the variables it reads besides _EVERY.

@@ -4,6 +4,10 @@ idempotency keys.
 Per batch: claim (lease) in one short transaction, call the providers outside any transaction, then record
 every outcome — with what its kind writes (events, aggregate changes) — in one transaction. A call whose
 provider is not idempotent is only made again after a look-up found nothing.
+
+Each kind of effect has lanes of its own (two, so that one claims and records while the other's calls are out)
+and at most `ORDERS_EFFECT_CONCURRENCY` calls in flight: a provider that is slow, rate limits or fails holds
+back only its own effects, never another provider's.
 """
 
 from __future__ import annotations
@@ -41,8 +45,7 @@ from service.worker.effect_kinds import EffectRegistry
 log = structlog.get_logger("order_service.effects")
 
 _IDLE_POLL_SECONDS = 0.2
-_CONCURRENCY = 16
-_CLAIM = _CONCURRENCY * 4
+_LANES_PER_KIND = 2
 
 
 async def record_outcome(
@@ -82,21 +85,32 @@ class EffectWorker:
         self._metrics = metrics
         self._rng = rng
         self._owner = f"effects-{uuid.uuid4().hex[:12]}"
-        self._limit = asyncio.Semaphore(_CONCURRENCY)
         # An unset provider URL disables its calls: those effects stay pending (visible in `effects list`).
         self._enabled = kinds.enabled()
         self._waits = kinds.dependencies()
+        self._concurrency = settings.effect_concurrency
+        self._limits = {kind: asyncio.Semaphore(self._concurrency) for kind in self._enabled}
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Work until `stop` is set; a database outage is waited out."""
-        log.info("effects_started", owner=self._owner, kinds=self._enabled)
+        """Work until `stop` is set, each enabled kind in lanes of its own; a database outage is waited out."""
+        log.info("effects_started", owner=self._owner, kinds=self._enabled, concurrency=self._concurrency)
         for spec in self._kinds.disabled():
             variable = f"{ENV_PREFIX}{spec.provider_setting.upper()}"
             log.warning("provider_not_configured", kinds=spec.name, variable=variable, effects="stay pending")
+        if not self._enabled:
+            await stop.wait()
+            return
+        async with asyncio.TaskGroup() as lanes:
+            for kind in self._enabled:
+                for _ in range(_LANES_PER_KIND):
+                    lanes.create_task(self._lane(kind, stop))
+
+    async def _lane(self, kind: str, stop: asyncio.Event) -> None:
+        """Claim, call and record effects of one kind until `stop` is set."""
         delay = 1.0
         while not stop.is_set():
             try:
-                done = await self.work_once()
+                done = await self.work_once([kind])
                 delay = 1.0
             except InfrastructureUnavailable:
                 log.warning("database_unavailable", retry_in_seconds=delay)
@@ -108,11 +122,17 @@ class EffectWorker:
             if done == 0:
                 await sleep_unless_stopped(stop, _IDLE_POLL_SECONDS)
 
-    async def work_once(self) -> int:
-        """Claim one batch, execute it, record the outcomes; return how many effects were attempted."""
+    async def work_once(self, kinds: list[str] | None = None) -> int:
+        """Claim one batch (of `kinds`, default every enabled one), execute it, record the outcomes; return how
+        many effects were attempted."""
         async with UnitOfWork(self._engine) as uow:
             claimed = await effects.claim(
-                uow.connection, self._owner, self._settings.effect_lease, _CLAIM, self._enabled, self._waits
+                uow.connection,
+                self._owner,
+                self._settings.effect_lease,
+                self._concurrency,
+                kinds or self._enabled,
+                self._waits,
             )
             await uow.commit()
         if not claimed:
@@ -141,7 +161,7 @@ class EffectWorker:
         return len(claimed)
 
     async def _execute(self, effect: EffectRow, lease_ends: float) -> CallOutcome | None:
-        async with self._limit:
+        async with self._limits[effect.kind]:
             budget = self._settings.http_timeout.total_seconds()
             if time.monotonic() + budget * 2 > lease_ends:
                 return None
@@ -167,7 +187,9 @@ class EffectWorker:
 
     def _report(self, effect: EffectRow, decision: EffectDecision, kept: bool) -> None:
         self._metrics.effect(decision.state, decision.code.value if decision.code else None)
-        log.info(
+        # One line per effect at debug (orders_effect_outcomes_total counts them); what needs a look at info.
+        said = log.info if not kept or decision.state in {"failed", "uncertain"} else log.debug
+        said(
             "effect_" + (decision.state if kept else "lease_lost"),
             effect=effect.idempotency_key,
             kind=effect.kind,

@@ -253,5 +253,5 @@ async def test_revealing_a_payload_is_audited_and_showing_without_it_is_not(
     # Then exactly the reveal is audited, with who and what
     audits = await rows(engine, "SELECT actor, action, selection FROM audit_log")
     assert [(a["actor"], a["action"], a["selection"]) for a in audits] == [
-        ("rita", "quarantine.reveal", {"failure_id": failure_id, "as": ["text"]})
+        ("rita", "quarantine.reveal", {"failure_id": failure_id, "as": ["text"], "via": "cli"})
     ]
