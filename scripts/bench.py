@@ -10,7 +10,9 @@ record with the same `message-id`, 5 % bytes that are not JSON), then measures:
 3. `order-service consume`, one process and then two in one group, from its start until every record is
    terminal (inbox rows = unique message ids, committed offsets = end offsets);
 4. its peak RSS while draining a large backlog, its produce-to-commit latency at a steady 2,000 records/s,
-   and its throughput with a large inbox already in place.
+   and its throughput with a large inbox already in place;
+5. the whole pipeline (scripts/bench_pipeline.py): the relay against a raw idempotent producer, one effect
+   worker against a fake provider, and consume + relay + two effect workers on new orders.
 
 Every database it creates is named `bench_*`, every topic `bench-*-<timestamp>`; it stops every process it
 started and drops what it created (unless --keep). The last line of its output is one JSON object.
@@ -29,7 +31,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
@@ -46,6 +48,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_asyn
 
 from service.orders.tables import orders
 from service.store.tables import inbox
+
+if TYPE_CHECKING:
+    from bench_pipeline import PipelineResults
 
 ROOT = Path(__file__).resolve().parent.parent
 ORDER_SERVICE = Path(sys.executable).parent / "order-service"
@@ -78,10 +83,30 @@ class Sizes:
     steady_seconds: int
     steady_rate: int
     prefill: int
+    pipeline: int  # the orders of each pipeline stage
+    pipeline_slow: bool  # the pipeline stages with a 100 ms provider and at a steady rate
 
 
-QUICK = Sizes(records=5_000, peer=1_000, backlog=20_000, steady_seconds=5, steady_rate=2_000, prefill=100_000)
-FULL = Sizes(records=200_000, peer=5_000, backlog=1_000_000, steady_seconds=30, steady_rate=2_000, prefill=10_000_000)
+QUICK = Sizes(
+    records=5_000,
+    peer=1_000,
+    backlog=20_000,
+    steady_seconds=5,
+    steady_rate=2_000,
+    prefill=100_000,
+    pipeline=2_000,
+    pipeline_slow=False,
+)
+FULL = Sizes(
+    records=200_000,
+    peer=5_000,
+    backlog=1_000_000,
+    steady_seconds=30,
+    steady_rate=2_000,
+    prefill=10_000_000,
+    pipeline=5_000,  # at today's effect rates (about 120/s per worker) larger takes too long
+    pipeline_slow=True,
+)
 
 
 # ------------------------------------------------------------------------------------------------ the data
@@ -170,6 +195,7 @@ class Results:
     latency_terminal: bool = False
     prefill_seconds: float | None = None
     big_inbox: Drain | None = None
+    pipeline: PipelineResults | None = None
     error: str | None = None
     # Other work on the machine (the cluster and broker are shared) moves every figure: report it with them.
     load_at_start: float = field(default_factory=lambda: os.getloadavg()[0])
@@ -319,8 +345,10 @@ class Bench:
             await producer.stop()
         return sent, time.monotonic() - started
 
-    async def produce_steady(self, topic: str, count: int, rate: int) -> None:
-        """Send `count` records at `rate` per second, in 10 ms ticks."""
+    async def produce_steady(
+        self, topic: str, count: int, rate: int, records: Callable[[int], Record] = record_at
+    ) -> None:
+        """Send `records(0)` … `records(count - 1)` at `rate` per second, in 10 ms ticks."""
         producer = self.producer()
         await producer.start()
         per_tick = max(1, rate // 100)
@@ -331,7 +359,7 @@ class Bench:
                 # Pacing, not waiting for an outcome: the record timestamps must follow the chosen rate.
                 await asyncio.sleep(max(0.0, started + tick * per_tick / rate - time.monotonic()))
                 for index in range(first, min(first + per_tick, count)):
-                    key, value, headers = record_at(index)
+                    key, value, headers = records(index)
                     futures.append(await producer.send(topic, value, key=key, headers=headers))
             await asyncio.gather(*futures)
         finally:
@@ -757,6 +785,11 @@ async def measure(bench: Bench, results: Results) -> None:
     progress(f"drained a {sizes.backlog:,} backlog, peak RSS {results.backlog.peak_rss_mb:.0f} MB", results.backlog.rps)
     results.prefill_seconds, results.big_inbox = await bench.big_inbox(source, sizes.records)
     progress(f"with {sizes.prefill:,} inbox rows (prefilled in {results.prefill_seconds:.0f} s)", results.big_inbox.rps)
+    # Imported here, not at the top: bench_pipeline imports this module.
+    from bench_pipeline import PipelineResults, measure_pipeline
+
+    results.pipeline = PipelineResults(slow_stages=sizes.pipeline_slow)
+    await measure_pipeline(bench, results.pipeline)
 
 
 def best(*runs: Drain) -> Drain:
@@ -795,6 +828,9 @@ def summary(results: Results) -> dict[str, Any]:
     def ratio(a: float | None, b: float | None) -> float | None:
         return round(a / b, 3) if a is not None and b else None
 
+    from bench_pipeline import figures as pipeline_figures
+
+    pipeline = pipeline_figures(r.pipeline)
     limit = min(r.raw_consume.rps, r.raw_db.rps) if r.raw_consume and r.raw_db else None
     drains = [r.raw_consume, r.raw_db, r.peer, r.service, r.service_2proc, r.backlog, r.big_inbox]
     service = rps(r.service)
@@ -811,7 +847,10 @@ def summary(results: Results) -> dict[str, Any]:
         "p99_ms": round(r.latency_ms[1], 1) if r.latency_ms else None,
         "inbox_10m_ratio": ratio(rps(r.big_inbox), service),
         "records": r.sizes.records,
-        "all_terminal": r.error is None and r.latency_terminal and all(d is not None and d.terminal for d in drains),
+        "all_terminal": r.error is None
+        and r.latency_terminal
+        and all(d is not None and d.terminal for d in drains)
+        and pipeline["pipeline_all_done"],
         "produce_rps": round(r.produce_rps, 1) if r.produce_rps else None,
         "peer_records": r.sizes.peer,
         "backlog_records": r.sizes.backlog,
@@ -822,6 +861,7 @@ def summary(results: Results) -> dict[str, Any]:
         "prefill_seconds": round(r.prefill_seconds, 1) if r.prefill_seconds is not None else None,
         "service_big_inbox_rps": rps(r.big_inbox),
         "load_1m_at_start": round(r.load_at_start, 2),
+        **pipeline,
         "error": r.error,
     }
 
@@ -849,7 +889,9 @@ def report(results: Results, figures: dict[str, Any]) -> None:
         ok = "yes" if drain.terminal else "[red]NO[/red]"
         table.add_row(label, f"{drain.records:,}", f"{drain.seconds:.1f}", f"{drain.rps:,.0f}", ok)
     Console().print(table)
-    for name in ("service_vs_peer", "service_vs_limit", "peak_rss_mb", "p50_ms", "p99_ms", "inbox_10m_ratio"):
+    names = ("service_vs_peer", "service_vs_limit", "peak_rss_mb", "p50_ms", "p99_ms", "inbox_10m_ratio")
+    pipeline = ("relay_vs_raw_produce", "effects_per_worker_rps", "effects_per_worker_rps_100ms", "pipeline_rps")
+    for name in (*names, *pipeline, "p99_to_captured_ms"):
         print(f"{name}: {figures[name]}")
     print(json.dumps(figures))
 
@@ -878,7 +920,9 @@ def main() -> int:
         return 0
     sizes = QUICK if args.quick else FULL
     if args.records:
-        sizes = replace(sizes, records=args.records, peer=min(sizes.peer, args.records))
+        sizes = replace(
+            sizes, records=args.records, peer=min(sizes.peer, args.records), pipeline=min(sizes.pipeline, args.records)
+        )
     results = asyncio.run(run(args.admin_url, args.bootstrap, sizes, args.keep))
     figures = summary(results)
     report(results, figures)
@@ -886,4 +930,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # scripts/bench_pipeline.py imports this module as `bench`: the same module, not a second copy of it.
+    sys.modules["bench"] = sys.modules[__name__]
     sys.exit(main())

@@ -7,13 +7,12 @@ import contextlib
 import ipaddress
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import typer
-import uvicorn
 
 from service.cli.common import assembled, configured, provide, run_async, use
 from service.config import ENV_PREFIX, PROGRAM, Settings
-from service.console.app import Wiring, create_app, log
 from service.console.tokens import parse_tokens
 from service.containers import CODES
 from service.worker.reprocess import Options, Progress, Report, Selection
@@ -45,12 +44,17 @@ def _loopback(host: str) -> bool:
         return False  # a name other than localhost may resolve anywhere
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the command's (run_async) stops it, as every command's does."""
+def _server(config: Any) -> Any:
+    """uvicorn without its own signal handling: the command's (run_async) stops it, as every command's does.
+    (uvicorn and the application are imported here, when the console starts, not by every command.)"""
+    import uvicorn
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    return Server(config)
 
 
 async def _reprocess(owner: Settings, selection: Selection, options: Options, progress: Progress) -> Report:
@@ -77,6 +81,10 @@ def console() -> None:
     # Without it each response waits for the client's delayed acknowledgement (about 40 ms).
     listening.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
+    import uvicorn
+
+    from service.console.app import Wiring, create_app, log
+
     async def serve(stop: asyncio.Event) -> None:
         async with assembled(settings) as container:
             engine = await provide(container, "engine")
@@ -88,7 +96,7 @@ def console() -> None:
                 reprocess=_reprocess,
                 codes=CODES,
             )
-            server = _Server(
+            server = _server(
                 uvicorn.Config(
                     create_app(wiring), log_config=None, access_log=False, lifespan="on", server_header=False
                 )

@@ -34,6 +34,9 @@ class HttpServer(ThreadingHTTPServer):
 
     # Handler threads must never keep the interpreter (a test run, the demo) alive.
     daemon_threads = True
+    # A worker opens its pool's connections in one burst: socketserver's default backlog of 5 would refuse some,
+    # and a call refused mid-way ends `uncertain`, a failure of the fake rather than of the worker it measures.
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], answer: Answer) -> None:
         """Bind and listen."""
