@@ -14,9 +14,9 @@ down_revision = "0010"
 branch_labels = None
 depends_on = None
 
-# At 100,000 records each of these reads was a scan of the whole table (about 120 MB: envelopes and payloads
-# live in the rows) and a sort; with them it reads one range of an index (docs/performance.md, "The console at
-# 100,000 quarantined records"). The listing pages by (first_failed_at, failure_id), so an index that ends in
+# Without them each of these reads was a scan of the whole table (envelopes and payloads live in its rows) and a
+# sort; with them it reads one range of an index (the figures: docs/performance.md, "The console at 100,000
+# quarantined records"). The listing pages by (first_failed_at, failure_id), so an index that ends in
 # those two columns returns a page, the first or the thousandth, in order and stops.
 _NEW = (
     ("ix_quarantine_first_failed_at_failure_id", ["first_failed_at", "failure_id"]),

@@ -78,7 +78,8 @@ def console() -> None:
     except OSError as error:
         typer.echo(f"{PROGRAM} console: cannot listen on {settings.console_bind}: {error.strerror}", err=True)
         raise typer.Exit(1) from None
-    # Without it each response waits for the client's delayed acknowledgement (about 40 ms).
+    # Without it each response's body waits for the client's delayed acknowledgement of its head (uvicorn writes
+    # them apart; docs/performance.md).
     listening.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     import uvicorn
