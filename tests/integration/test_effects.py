@@ -490,3 +490,36 @@ async def test_a_refund_whose_capture_failed_on_our_side_looks_the_capture_up_an
         )
     assert downstream.calls("payments.get", key="RF-1/payment.capture") >= 1
     assert downstream.payments()["RF-1/payment.refund"]["kind"] == "refund"
+
+
+async def test_a_slow_provider_holds_back_only_its_own_effects(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a payment provider that takes 0.9 s a call, two calls at a time (ORDERS_EFFECT_CONCURRENCY=2), and a
+    # fast email provider; eight orders placed and shipped (a capture and an email each)
+    downstream.set_latency("payments.post", 0.9)
+    settings = effect_settings(database_url, kafka, topics, downstream, effect_concurrency=2)
+    ids = [f"S-{n}" for n in range(8)]
+    await produce(
+        kafka,
+        topics.source,
+        [(order, placed(order), {}) for order in ids] + [(order, shipped(order), {}) for order in ids],
+        partition=0,
+    )
+
+    async with running(settings, "consumer_loop", "effect_worker"):
+        # When every email has been sent
+        async def emails_sent() -> bool:
+            sent = await scalar(engine, "SELECT count(*) FROM effects WHERE kind = 'email.shipped' AND state = 'sent'")
+            return bool(sent == len(ids))
+
+        await eventually(emails_sent)
+        # Then the captures were still going, two at a time: the emails did not wait for them
+        captured = await scalar(
+            engine, "SELECT count(*) FROM effects WHERE kind = 'payment.capture' AND state = 'sent'"
+        )
+        assert captured <= len(ids) // 2
+        # And the captures all end sent, each made once
+        for order in ids:
+            await eventually(lambda order=order: state_is(engine, f"{order}/payment.capture", "sent"))
+    assert all(downstream.calls("payments.post", f"{order}/payment.capture") == 1 for order in ids)
