@@ -495,10 +495,12 @@ async def test_a_refund_whose_capture_failed_on_our_side_looks_the_capture_up_an
 async def test_a_slow_provider_holds_back_only_its_own_effects(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
 ) -> None:
-    # Given a payment provider that takes 0.9 s a call, two calls at a time (ORDERS_EFFECT_CONCURRENCY=2), and a
+    # Given a payment provider that takes 2 s a call, two calls at a time (ORDERS_EFFECT_CONCURRENCY=2), and a
     # fast email provider; eight orders placed and shipped (a capture and an email each)
-    downstream.set_latency("payments.post", 0.9)
-    settings = effect_settings(database_url, kafka, topics, downstream, effect_concurrency=2)
+    downstream.set_latency("payments.post", 2.0)
+    settings = effect_settings(
+        database_url, kafka, topics, downstream, effect_concurrency=2, http_timeout="5s", effect_lease="30s"
+    )
     ids = [f"S-{n}" for n in range(8)]
     await produce(
         kafka,
