@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import getpass
 import json
 import signal
@@ -22,6 +21,7 @@ from service import logs
 from service.config import PROGRAM, ConfigurationError, Settings, load_settings
 from service.containers import SETTINGS, Container
 from service.explain import explain
+from service.jsonable import jsonable
 from service.store.uow import UnitOfWork
 
 T = TypeVar("T")
@@ -114,19 +114,6 @@ async def with_connection(settings: Settings, query: Callable[[Any], Awaitable[T
     return await use(settings, "engine", work)
 
 
-def jsonable(value: Any) -> Any:
-    """A value JSON can hold: timestamps ISO 8601, bytes base64."""
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, bytes | memoryview):
-        return base64.b64encode(bytes(value)).decode()
-    if isinstance(value, dict):
-        return {key: jsonable(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [jsonable(item) for item in value]
-    return value
-
-
 def print_json(value: Any) -> None:
     """Print a value as indented JSON with sorted keys."""
     sys.stdout.write(json.dumps(jsonable(value), indent=2, sort_keys=True) + "\n")
@@ -157,9 +144,6 @@ def utc(moment: datetime | None) -> str:
     if moment is None:
         return "-"
     return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-_STATUSES = ("open", "resolved", "reprocessing", "reprocessed")
 
 
 def who_acts(given: str | None) -> str:

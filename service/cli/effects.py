@@ -11,7 +11,6 @@ from service import operations
 from service.cli.common import (
     JsonFlag,
     configured,
-    jsonable,
     print_json,
     run_async,
     show_rows,
@@ -24,12 +23,11 @@ from service.cli.selection import go_ahead
 from service.cli.serve import serve_parts
 from service.config import PROGRAM
 from service.containers import Container
+from service.jsonable import jsonable
 from service.store import effects as effects_store
 from service.worker.effect_kinds import retry_state, waiting_for
 
 app = typer.Typer(help="Execute pending external effects until stopped; `effects list` shows the ledger.")
-
-_EFFECT_STATES = ("pending", "in_flight", "sent", "uncertain", "failed")
 
 
 @app.callback(invoke_without_command=True)
@@ -59,10 +57,12 @@ def effects_list(
     """Effects not yet sent, oldest first: what waits, on what, and why (N of M shown). An effect whose
     provider URL is unset stays pending until it is set."""
     settings = configured()
-    states = state or [s for s in _EFFECT_STATES if s != "sent"]
+    states = state or [s for s in effects_store.STATES if s != "sent"]
     for chosen in states:
-        if chosen not in _EFFECT_STATES:
-            raise typer.BadParameter(f"{chosen!r} is not one of {', '.join(_EFFECT_STATES)}", param_hint="--state")
+        if chosen not in effects_store.STATES:
+            raise typer.BadParameter(
+                f"{chosen!r} is not one of {', '.join(effects_store.STATES)}", param_hint="--state"
+            )
     rows, total = run_async(
         lambda _: with_connection(
             settings, lambda c: effects_store.listing(c, states, kind=kind, limit=limit, offset=offset)

@@ -17,7 +17,6 @@ from service import operations
 from service.cli.common import (
     JsonFlag,
     configured,
-    jsonable,
     print_json,
     run_async,
     show_rows,
@@ -38,11 +37,10 @@ from service.cli.selection import (
     wanted_of,
 )
 from service.containers import Container
+from service.jsonable import jsonable
 from service.store import quarantine
 
 app = typer.Typer(help="Operate the quarantine queue.", no_args_is_help=True)
-
-_STATUSES = ("open", "resolved", "reprocessing", "reprocessed")
 
 
 @app.command("list")
@@ -63,8 +61,8 @@ def quarantine_list(
 ) -> None:
     """List quarantined records, oldest first (N of M shown); --csv exports the selection."""
     settings = configured()
-    if status is not None and status not in _STATUSES:
-        raise typer.BadParameter(f"{status!r} is not one of {', '.join(_STATUSES)}", param_hint="--status")
+    if status is not None and status not in quarantine.STATUSES:
+        raise typer.BadParameter(f"{status!r} is not one of {', '.join(quarantine.STATUSES)}", param_hint="--status")
     check_code(error_code)
     age = age_of(older_than)
     after, before = timestamp(since, "--since"), timestamp(until, "--until")

@@ -14,7 +14,6 @@ from service import operations
 from service.cli.common import (
     JsonFlag,
     configured,
-    jsonable,
     print_json,
     run_async,
     show_rows,
@@ -26,6 +25,7 @@ from service.cli.common import (
     with_connection,
 )
 from service.config import PROGRAM, Settings
+from service.jsonable import jsonable
 from service.worker.reprocess import Options, Selection
 
 

@@ -221,7 +221,7 @@ async def _refused(request: Request, error: Exception) -> Response:
         return JSONResponse({"error": error.reason}, status_code=error.status, headers=headers)
     if error.status == 401:
         wanted = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        return RedirectResponse(f"/login?{urlencode({'next': _safe_next(wanted)})}", status_code=303)
+        return RedirectResponse(f"/login?{urlencode({'next': safe_next(wanted)})}", status_code=303)
     return render(request, "error.html", {"status": error.status, "reason": error.reason}, status=error.status)
 
 
@@ -239,7 +239,7 @@ async def _not_allowed(request: Request, error: Exception) -> Response:
     return PlainTextResponse("method not allowed", status_code=405)
 
 
-def _safe_next(path: str) -> str:
+def safe_next(path: str) -> str:
     """Where to go after a login: a path of this site only (never `//elsewhere` or a scheme)."""
     return path if path.startswith("/") and not path.startswith("//") and "\\" not in path else "/"
 
@@ -292,6 +292,7 @@ def caller(request: Request, *, acts: bool = False) -> Caller:
         raise Refused(401, "log in first, or send Authorization: Bearer <token>")
     if acts and not found.operator.acts:
         raise Refused(403, f"{found.operator.name} is a viewer: only operators reveal payloads and act")
+    request.state.caller = found  # the page rendered next needs it too: authenticated once per request
     return found
 
 
@@ -312,7 +313,7 @@ async def checked_form(request: Request, who: Caller) -> dict[str, Any]:
 
 def render(request: Request, template: str, context: dict[str, Any], *, status: int = 200) -> Response:
     """A page (or, for an htmx request of a fragment, the fragment) with the caller and CSRF token it needs."""
-    found = _authenticated(request)
+    found = getattr(request.state, "caller", None) or _authenticated(request)
     page = {
         "me": found.operator if found is not None else None,
         "csrf": found.csrf if found is not None else "",

@@ -17,6 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from service.policy.effects import EffectDecision
 from service.store.recordset import Columns
 
+STATES = ("pending", "in_flight", "sent", "uncertain", "failed")  # what an effect's `state` may be
+
 
 @dataclass(frozen=True)
 class EffectRow:

@@ -12,6 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.store.recordset import Columns
 
+STATUSES = ("open", "resolved", "reprocessing", "reprocessed")  # what a record's `status` may be
+
 
 @dataclass(frozen=True)
 class QuarantineRow:

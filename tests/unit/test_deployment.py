@@ -241,7 +241,7 @@ def test_every_metric_the_docs_and_alerts_name_is_one_the_service_exports() -> N
 def test_the_console_colours_ages_by_the_alerts_thresholds() -> None:
     """The overview shows the oldest open record and the outbox's oldest row in red past the same thresholds as
     the alerts that page for them."""
-    from service.console import routes
+    from service.console import pages
 
     rules = {
         rule["alert"]: rule["expr"]
@@ -249,5 +249,5 @@ def test_the_console_colours_ages_by_the_alerts_thresholds() -> None:
         for rule in group["rules"]
     }
 
-    assert rules["OrdersQuarantineOldestTooOld"].endswith(f"> {routes.OLDEST_OPEN_ALERT_SECONDS}")
-    assert rules["OrdersOutboxStuck"].endswith(f"> {routes.OUTBOX_OLDEST_ALERT_SECONDS}")
+    assert rules["OrdersQuarantineOldestTooOld"].endswith(f"> {pages.OLDEST_OPEN_ALERT_SECONDS}")
+    assert rules["OrdersOutboxStuck"].endswith(f"> {pages.OUTBOX_OLDEST_ALERT_SECONDS}")

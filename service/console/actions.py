@@ -1,0 +1,268 @@
+"""The console's actions: each answers first with a preview of exactly what it will do, and acts only on the
+confirmed form, through `service.operations` (the CLI's own functions) in one unit of work with its audit row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import secrets
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from service import operations
+from service.console.app import (
+    Refused,
+    RunProgress,
+    caller,
+    changing,
+    checked_form,
+    log,
+    reading,
+    render,
+    state_of,
+)
+from service.console.asking import (
+    duration,
+    error_code,
+    field,
+)
+from service.explain import explain
+from service.store import console as console_store
+from service.worker.effect_kinds import retry_state, waiting_for
+from service.worker.reprocess import Options, Selection
+
+SAMPLE = 5  # ids a preview lists
+
+
+def _wanted(request: Request, fields: dict[str, list[str]]) -> operations.Wanted:
+    """The records an action means: the ticked ones, or (`scope=matching`) every open one matching the list's
+    code, key and age filters (the ticked ones among them, if any): the CLI's selection rule."""
+    ids = tuple(dict.fromkeys(one.strip() for one in fields.get("failure_id", []) if one.strip()))
+    prefix = "match_" if field(fields, "scope") == "matching" else ""
+    wanted = operations.Wanted(
+        ids,
+        error_code(request, field(fields, f"{prefix}error_code")) if prefix else None,
+        (field(fields, f"{prefix}key") or None) if prefix else None,
+        duration(field(fields, f"{prefix}older_than"), "older_than") if prefix else None,
+    )
+    if not wanted.ids and not wanted.selecting:
+        raise Refused(400, "select records: tick them in the list, or filter by code, key or age")
+    return wanted
+
+
+def _confirmed(fields: dict[str, list[str]]) -> bool:
+    return field(fields, "confirm") == "yes"
+
+
+async def _picked(request: Request, wanted: operations.Wanted) -> list[str]:
+    async with reading(request) as connection:
+        try:
+            return await wanted.pick(connection)
+        except operations.SelectionTooLarge as error:
+            raise Refused(400, str(error)) from None
+
+
+def _preview(
+    request: Request, action: str, fields: dict[str, list[str]], selection: list[str], facts: dict[str, Any]
+) -> Response:
+    kept = [(name, value) for name, values in fields.items() if name not in {"csrf", "confirm"} for value in values]
+    return render(
+        request,
+        "preview.html",
+        {"action": action, "count": len(selection), "sample": selection[:SAMPLE], "kept": kept, "facts": facts},
+    )
+
+
+def _done(request: Request, action: str, lines: list[str], *, back: str) -> Response:
+    return render(request, "done.html", {"action": action, "lines": lines, "back": back})
+
+
+async def annotate(request: Request) -> Response:
+    """Append a note to the selected records (append-only)."""
+    who = caller(request, acts=True)
+    fields = await checked_form(request, who)
+    note = field(fields, "note") or field(fields, "text")
+    if not note:
+        raise Refused(400, "say what you found or did: the note is empty")
+    wanted = _wanted(request, fields)
+    selection = await _picked(request, wanted)
+    if not _confirmed(fields):
+        return _preview(request, "annotate", fields, selection, {"note": note})
+    async with changing(request) as connection:
+        added = await operations.annotate(connection, wanted, selection, who.operator.name, note)
+    lines = [f"{one}: note added" for one in added] + [
+        f"{one}: no such record" for one in selection if one not in added
+    ]
+    return _done(request, "annotate", lines or ["nothing selected: nothing changed"], back=_back(selection))
+
+
+async def resolve(request: Request) -> Response:
+    """Close the selected open records without reprocessing them; frees the keys they held."""
+    who = caller(request, acts=True)
+    fields = await checked_form(request, who)
+    reason = field(fields, "reason") or field(fields, "text")
+    if not reason:
+        raise Refused(400, "say why they need no reprocessing: the reason is empty")
+    wanted = _wanted(request, fields)
+    selection = await _picked(request, wanted)
+    if not _confirmed(fields):
+        return _preview(request, "resolve", fields, selection, {"reason": reason})
+    async with changing(request) as connection:
+        outcomes = await operations.resolve(connection, wanted, selection, who.operator.name, reason)
+    lines = [
+        f"{one}: resolved" if previous == "open" else f"{one}: {previous or 'no such record'}, not open: unchanged"
+        for one, previous in outcomes.items()
+    ]
+    return _done(request, "resolve", lines or ["nothing selected: nothing changed"], back=_back(selection))
+
+
+def _back(selection: list[str]) -> str:
+    return f"/quarantine/{selection[0]}" if len(selection) == 1 else "/quarantine"
+
+
+async def release(request: Request) -> Response:
+    """Free a held key; its parked records are then applied in order by a running consumer."""
+    who = caller(request, acts=True)
+    fields = await checked_form(request, who)
+    key, consumer = field(fields, "key"), field(fields, "consumer") or None
+    if not key:
+        raise Refused(400, "name the key to release")
+    if not _confirmed(fields):
+        async with reading(request) as connection:
+            detail = await console_store.held_key(connection, consumer or "", key) if consumer else None
+        facts = {"key": key, "consumer": consumer or "(the one holding it)"}
+        if detail is not None:
+            facts |= {
+                "held by": detail["blocked_by"] or ", ".join(detail["retrying"]) or "nothing",
+                "parked behind it": str(len(detail["parked"])),
+            }
+        return _preview(request, "release", fields, [key], facts)
+    settings = state_of(request).wiring.settings
+    async with changing(request) as connection:
+        outcome = await operations.release_key(connection, key, consumer, settings.consumer_name, who.operator.name)
+    if outcome.released is None:
+        raise Refused(409, f"{key} is held under several consumers ({outcome.consumer}): release it from its row")
+    released = outcome.released
+    if released.blocked_by:
+        line = f"{key}: released (was held by quarantined head {released.blocked_by}); {released.parked} parked"
+    elif released.retrying:
+        line = f"{key}: released (was held by {', '.join(released.retrying)} in a retry tier); {released.parked} parked"
+    else:
+        line = f"{key}: nothing held it; {released.parked} parked records are released by a running consumer"
+    return _done(request, "release", [f"consumer {outcome.consumer}: {line}"], back="/keys")
+
+
+async def retry_effect(request: Request) -> Response:
+    """Try failed effects again with a fresh budget (idempotent kinds called again, the others looked up first)."""
+    who = caller(request, acts=True)
+    fields = await checked_form(request, who)
+    reason = field(fields, "reason")
+    if not reason:
+        raise Refused(400, "say why it should be tried again: the reason is empty")
+    keys = [one.strip() for one in fields.get("key", []) if one.strip()]
+    kind = field(fields, "kind") or None
+    if not keys and kind is None:
+        raise Refused(400, "name the effects to retry")
+    specs = list(state_of(request).wiring.effect_specs)
+    by_name = {spec.name: spec for spec in specs}
+    async with reading(request) as connection:
+        selection = await operations.failed_effects(connection, keys, kind)
+    if not _confirmed(fields):
+        return _preview(request, "retry", fields, selection, {"reason": reason})
+    async with changing(request) as connection:
+        outcomes = await operations.retry_effects(
+            connection,
+            selection,
+            kind,
+            reason,
+            who.operator.name,
+            lambda name: retry_state(by_name.get(name)),
+            waiting_for(specs),
+        )
+    lines = [
+        f"{one}: {went}: " + ("the effect worker calls it again" if went == "pending" else "the reconciler looks it up")
+        if went
+        else f"{one}: {was or 'no such effect'}: not retried"
+        for one, (was, went) in outcomes.items()
+    ]
+    return _done(request, "retry", lines, back=f"/effects/{selection[0]}" if len(selection) == 1 else "/effects")
+
+
+async def reprocess(request: Request) -> Response:
+    """Send selected records back through `<source>.reprocess`: a dry run first (count, target topic, sample,
+    rate), then, confirmed, a run in the background whose page shows its progress and verified outcome."""
+    who = caller(request, acts=True)
+    fields = await checked_form(request, who)
+    reason = field(fields, "reason") or field(fields, "text")
+    if not reason:
+        raise Refused(400, "say why this run is needed: the reason is empty")
+    ids = tuple(dict.fromkeys(one.strip() for one in fields.get("failure_id", []) if one.strip()))
+    code = error_code(request, field(fields, "match_error_code")) if field(fields, "scope") == "matching" else None
+    if not ids and code is None:
+        raise Refused(400, "select records to reprocess: tick them in the list, or filter by code")
+    rate = _rate(field(fields, "rate"))
+    selection = Selection(ids, code, None, None)
+    state = state_of(request)
+    settings = state.wiring.settings
+    async with reading(request) as connection:
+        pairs = await operations.reprocess_owners(connection, ids, code, None, None, field(fields, "consumer") or None)
+    if len(pairs) > 1:
+        names = ", ".join(f"{name} ({topic})" for name, topic in pairs)
+        raise Refused(409, f"the selection spans several consumers: {names}: select one consumer's records")
+    owner = settings
+    if pairs:
+        owner = settings.model_copy(update={"consumer_name": pairs[0][0], "source_topic": pairs[0][1]})
+    options = Options(reason=reason, actor=who.operator.name, rate=rate)
+    if any(not run.done for run in state.runs.values()):
+        # One run at a time from a console: a second (a double click, a second tab) could send records twice.
+        raise Refused(409, "a reprocess run started here is still running: wait for it to finish (Reprocess runs)")
+    if not _confirmed(fields):
+        dry = RunProgress()
+        report = await state.wiring.reprocess(owner, selection, dataclasses.replace(options, dry_run=True), dry)
+        usable = [one for one in report.selection if one not in set(report.undecodable)]
+        facts = {
+            "consumer": owner.consumer_name,
+            "target topic": owner.topics.reprocess,
+            "rate": f"{rate:g} records/s",
+            "skipped (no longer decodes)": str(len(report.undecodable)),
+            "reason": reason,
+        }
+        return _preview(request, "reprocess", fields, usable, facts)
+    launch = secrets.token_hex(8)
+    progress = RunProgress()
+    state.runs[launch] = progress
+
+    async def run() -> None:
+        try:
+            await state.wiring.reprocess(owner, selection, options, progress)
+        except Exception as error:  # the run's row says so too (the reprocessor marks it failed)
+            progress.error = explain(error)
+            log.warning("console.reprocess_failed", actor=who.operator.name, error=progress.error)
+        finally:
+            progress.done = True
+            progress.ready.set()
+
+    task = asyncio.create_task(run())
+    state.tasks.add(task)
+    task.add_done_callback(state.tasks.discard)
+    # The run id is written before the first record is sent: go to its page as soon as it exists.
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(progress.ready.wait(), timeout=5)
+    target = f"/runs/{progress.run_id}" if progress.run_id is not None else f"/launches/{launch}"
+    return RedirectResponse(target, status_code=303)
+
+
+def _rate(value: str) -> float:
+    if not value:
+        return 10.0
+    try:
+        rate = float(value)
+    except ValueError:
+        raise Refused(400, "rate: must be a number of records per second") from None
+    if not 0.01 <= rate <= 10_000:
+        raise Refused(400, "rate: must be from 0.01 to 10000 records per second")
+    return rate

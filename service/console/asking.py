@@ -1,0 +1,98 @@
+"""What a console request asks, parsed: its fields, filters, timestamps, durations and page starts.
+
+A value that cannot be used is a 400 naming the field and what it takes, as a bad CLI flag is an exit 2.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from starlette.requests import Request
+
+from service.console.app import Refused, state_of
+from service.durations import parse_duration
+from service.store import quarantine
+
+
+def field(fields: dict[str, list[str]], name: str, default: str = "") -> str:
+    """The first value of a query or form field, trimmed (`default` when absent)."""
+    return (fields.get(name) or [default])[0].strip()
+
+
+def query_fields(request: Request) -> dict[str, list[str]]:
+    """A request's query string as every value of each name."""
+    found: dict[str, list[str]] = {}
+    for name, value in request.query_params.multi_items():
+        found.setdefault(name, []).append(value)
+    return found
+
+
+def moment(value: str, name: str) -> datetime | None:
+    """An RFC 3339 value (UTC when it names no zone); a bad one is 400 naming the field."""
+    if not value:
+        return None
+    try:
+        found = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise Refused(400, f"{name}: {value!r} is not an RFC 3339 timestamp") from None
+    return found if found.tzinfo is not None else found.replace(tzinfo=UTC)
+
+
+def duration(value: str, name: str) -> timedelta | None:
+    """A duration (`1h`); a bad one is 400 naming the field."""
+    if not value:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as error:
+        raise Refused(400, f"{name}: {error}") from None
+
+
+def error_code(request: Request, value: str) -> str | None:
+    """A known error code, the core's or the domain's (None when blank); another is 400."""
+    if value and value not in state_of(request).wiring.codes:
+        raise Refused(400, f"error_code: {value!r} is not an error code")
+    return value or None
+
+
+def quarantine_filters(request: Request, fields: dict[str, list[str]]) -> quarantine.Filters:
+    """The quarantine filters of a query string or form (the CLI's `quarantine list` options)."""
+    status = field(fields, "status")
+    if status and status not in quarantine.STATUSES:
+        raise Refused(400, f"status: {status!r} is not one of {', '.join(quarantine.STATUSES)}")
+    return quarantine.Filters(
+        error_code=error_code(request, field(fields, "error_code")),
+        status=status or None,
+        older_than=duration(field(fields, "older_than"), "older_than"),
+        key=field(fields, "key") or None,
+        message_id=field(fields, "message_id") or None,
+        since=moment(field(fields, "since"), "since"),
+        until=moment(field(fields, "until"), "until"),
+        owner=field(fields, "owner") or None,
+    )
+
+
+def whole(value: str, name: str, *, low: int, high: int, default: int) -> int:
+    """A whole number within bounds (`default` when blank); another is 400 naming the field."""
+    if not value:
+        return default
+    if not value.isdigit() or not low <= int(value) <= high:
+        raise Refused(400, f"{name}: must be a whole number from {low} to {high}")
+    return int(value)
+
+
+def page_start(sort: str, value: str, failure_id: str) -> tuple[Any, str] | None:
+    """Where a page starts: the previous page's last sort value, typed as its column, and failure id."""
+    if not failure_id:
+        return None
+    if sort in {"first_failed_at", "last_failed_at"}:
+        return moment(value, "after") or datetime.now(UTC), failure_id
+    if sort == "attempts":
+        return whole(value, "after", low=0, high=2**31 - 1, default=0), failure_id
+    return value, failure_id
+
+
+def cursor(value: Any) -> str:
+    """A sort value as a next-page link carries it."""
+    return value.isoformat() if isinstance(value, datetime) else str(value)
