@@ -85,6 +85,7 @@ class Sizes:
     prefill: int
     pipeline: int  # the orders of each pipeline stage
     pipeline_slow: bool  # the pipeline stages with a 100 ms provider and at a steady rate
+    only: frozenset[str] = frozenset()  # `--only`: just these pipeline stages, no consume steps
 
 
 QUICK = Sizes(
@@ -108,6 +109,9 @@ FULL = Sizes(
     pipeline_slow=True,
 )
 
+
+# The pipeline stages `--only` can pick (scripts/bench_pipeline.py).
+STAGES = ("relay", "effects", "effects100", "pipeline", "steady")
 
 # ------------------------------------------------------------------------------------------------ the data
 
@@ -744,8 +748,11 @@ async def run_peer(bootstrap: str, topic: str, group: str, database_url: str) ->
 
 
 async def measure(bench: Bench, results: Results) -> None:
-    """Every step, in order, on the same data."""
+    """Every step, in order, on the same data (with `--only`, just those pipeline stages)."""
     sizes = bench.sizes
+    if sizes.only:
+        await pipeline_stages(bench, results)
+        return
     source = await bench.new_topic("src", derived=True)
     sent, seconds = await bench.produce(source, map(record_at, range(sizes.records)))
     results.produce_rps = sent / seconds
@@ -785,10 +792,15 @@ async def measure(bench: Bench, results: Results) -> None:
     progress(f"drained a {sizes.backlog:,} backlog, peak RSS {results.backlog.peak_rss_mb:.0f} MB", results.backlog.rps)
     results.prefill_seconds, results.big_inbox = await bench.big_inbox(source, sizes.records)
     progress(f"with {sizes.prefill:,} inbox rows (prefilled in {results.prefill_seconds:.0f} s)", results.big_inbox.rps)
+    await pipeline_stages(bench, results)
+
+
+async def pipeline_stages(bench: Bench, results: Results) -> None:
+    """What follows the consumer: the relay, the effect workers, the whole pipeline (scripts/bench_pipeline.py)."""
     # Imported here, not at the top: bench_pipeline imports this module.
     from bench_pipeline import PipelineResults, measure_pipeline
 
-    results.pipeline = PipelineResults(slow_stages=sizes.pipeline_slow)
+    results.pipeline = PipelineResults(slow_stages=bench.sizes.pipeline_slow, only=bench.sizes.only)
     await measure_pipeline(bench, results.pipeline)
 
 
@@ -848,8 +860,7 @@ def summary(results: Results) -> dict[str, Any]:
         "inbox_10m_ratio": ratio(rps(r.big_inbox), service),
         "records": r.sizes.records,
         "all_terminal": r.error is None
-        and r.latency_terminal
-        and all(d is not None and d.terminal for d in drains)
+        and (bool(r.sizes.only) or (r.latency_terminal and all(d is not None and d.terminal for d in drains)))
         and pipeline["pipeline_all_done"],
         "produce_rps": round(r.produce_rps, 1) if r.produce_rps else None,
         "peer_records": r.sizes.peer,
@@ -906,6 +917,11 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     bench.add_argument("--quick", action="store_true", help="small sizes; finishes in under two minutes")
     bench.add_argument("--records", type=int, help="N, the records of the source topic")
     bench.add_argument("--keep", action="store_true", help="keep the databases and topics it created")
+    bench.add_argument(
+        "--only",
+        help=f"only these pipeline stages, comma-separated ({','.join(STAGES)}); no consume steps",
+    )
+    bench.add_argument("--orders", type=int, help="the orders of each pipeline stage")
     peer = sub.add_parser("peer", help="(internal) the FastStream peer")
     for name in ("--bootstrap", "--topic", "--group", "--database-url"):
         peer.add_argument(name, required=True)
@@ -923,6 +939,13 @@ def main() -> int:
         sizes = replace(
             sizes, records=args.records, peer=min(sizes.peer, args.records), pipeline=min(sizes.pipeline, args.records)
         )
+    if args.orders:
+        sizes = replace(sizes, pipeline=args.orders)
+    if args.only:
+        only = frozenset(args.only.split(","))
+        if not only <= set(STAGES):
+            raise SystemExit(f"bench: --only takes {', '.join(STAGES)}; got {args.only}")
+        sizes = replace(sizes, only=only)
     results = asyncio.run(run(args.admin_url, args.bootstrap, sizes, args.keep))
     figures = summary(results)
     report(results, figures)

@@ -87,6 +87,7 @@ class PipelineResults:
     """What the pipeline stages measured; `None` where a stage did not run (yet)."""
 
     slow_stages: bool
+    only: frozenset[str] = frozenset()  # just these stages (bench --only); empty: all
     relay: Stage | None = None
     raw_produce: Stage | None = None
     effects: Stage | None = None
@@ -98,10 +99,25 @@ class PipelineResults:
     @property
     def all_done(self) -> bool:
         """Every stage that had to run ran, and left no effect unsent and no outbox row unpublished."""
-        always = [self.relay, self.raw_produce, self.effects, self.pipeline]
-        slow = [self.effects_100ms] if self.slow_stages else []
-        ran = all(stage is not None and stage.done for stage in always + slow)
-        return ran and (self.latency_done or not self.slow_stages)
+        stages = {
+            "relay": [self.relay, self.raw_produce],
+            "effects": [self.effects],
+            "effects100": [self.effects_100ms],
+            "pipeline": [self.pipeline],
+        }
+        ran = all(
+            stage is not None and stage.done
+            for name, stages_of in stages.items()
+            if self.runs(name)
+            for stage in stages_of
+        )
+        return ran and (self.latency_done or not self.runs("steady"))
+
+    def runs(self, stage: str) -> bool:
+        """Whether this run measures that stage (`effects100` and `steady` are the slow ones)."""
+        if self.only:
+            return stage in self.only
+        return self.slow_stages or stage not in ("effects100", "steady")
 
 
 def figures(results: PipelineResults | None) -> dict[str, Any]:
@@ -130,16 +146,19 @@ def figures(results: PipelineResults | None) -> dict[str, Any]:
 async def measure_pipeline(bench: Bench, results: PipelineResults) -> None:
     """Every pipeline stage, in order, filling `results` as each ends (a failed stage keeps what came before)."""
     count = bench.sizes.pipeline
-    results.relay, results.raw_produce = await relay_stage(bench, count)
-    progress(f"raw idempotent producer, {count:,} messages", results.raw_produce.rps)
-    progress("order-service relay, 1 process", results.relay.rps)
+    if results.runs("relay"):
+        results.relay, results.raw_produce = await relay_stage(bench, count)
+        progress(f"raw idempotent producer, {count:,} messages", results.raw_produce.rps)
+        progress("order-service relay, 1 process", results.relay.rps)
     provider = await Provider.start(bench)
     try:
-        results.effects = await effects_stage(bench, provider, count, "fx0", 0.0)
-        if results.slow_stages:
+        if results.runs("effects"):
+            results.effects = await effects_stage(bench, provider, count, "fx0", 0.0)
+        if results.runs("effects100"):
             results.effects_100ms = await effects_stage(bench, provider, count, "fx100", PROVIDER_LATENCY)
-        results.pipeline = await pipeline_stage(bench, provider, count)
-        if results.slow_stages:
+        if results.runs("pipeline"):
+            results.pipeline = await pipeline_stage(bench, provider, count)
+        if results.runs("steady"):
             results.latency_ms, results.latency_done = await steady_stage(bench, provider)
     finally:
         await stop(provider.process)
