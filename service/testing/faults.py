@@ -11,6 +11,7 @@ one times out" deterministically. A latency per route slows every call of it, li
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import signal
 import threading
@@ -90,8 +91,8 @@ class FaultServer:
         self._host = host
         self._port = port
         self._server: HttpServer | None = None
-        self._thread: threading.Thread | None = None
-        # One lock for the server's state: handlers run on many threads and every operation is tiny.
+        self._bound_port = port
+        # One lock for the server's state: handlers run on the server's thread, arrangements on the tests'.
         self._lock = threading.Lock()
         self._router = Router()
         self._apis: list[FakeApi] = []
@@ -128,15 +129,9 @@ class FaultServer:
         """Start serving on a daemon thread and return the base URL, e.g. `http://127.0.0.1:54321`."""
         if self._server is not None:
             raise RuntimeError(f"{type(self).__name__} is already started")
-        server = HttpServer((self._host, self._port), self._answer)
-        thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.05},  # shutdown() waits up to one poll interval; keep stop() quick
-            name=f"fault-server-{server.server_address[1]}",
-            daemon=True,
-        )
-        thread.start()
-        self._server, self._thread = server, thread
+        server = HttpServer(self._host, self._port, self._answer)
+        self._bound_port = server.start()
+        self._server = server
         return self.url
 
     @property
@@ -144,18 +139,13 @@ class FaultServer:
         """Base URL of the running server."""
         if self._server is None:
             raise RuntimeError(f"{type(self).__name__} is not started")
-        return f"http://{self._host}:{self._server.server_address[1]}"
+        return f"http://{self._host}:{self._bound_port}"
 
     def stop(self) -> None:
         """Stop serving, drop open connections and wake delayed answers; safe to call twice."""
-        server, thread = self._server, self._thread
-        if server is None or thread is None:
-            return
-        self._server = self._thread = None
-        server.shutdown()
-        server.server_close()
-        server.close_connections()
-        thread.join()
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop()
 
     def __enter__(self) -> Self:
         """Start the server (`with FaultServer(apis=[...]) as server:`)."""
@@ -268,8 +258,11 @@ class FaultServer:
 
     # -- serving ---------------------------------------------------------------------------------------------
 
-    def _answer(self, request: Request, stopping: threading.Event) -> Outcome:
-        """Route one request, count it, take its fault and play it; the wire layer carries the outcome out."""
+    async def _answer(self, request: Request) -> Outcome:
+        """Route one request, count it, take its fault and play it; the wire layer carries the outcome out.
+
+        Latency and delays are sleeps on the server's loop; stop() cancels them and the call goes unanswered.
+        """
         if request.path.startswith(CONTROL_PREFIX):
             return self._control(request)
         with self._lock:
@@ -279,9 +272,9 @@ class FaultServer:
         route, params = resolved
         request = replace(request, params=params)
         fault, latency = self._begin(route.name, None if route.key is None else route.key(request))
-        if latency and stopping.wait(latency):
-            return "close"  # the server is stopping: nobody should wait for this answer any more
-        return _play(fault, lambda: route.handler(request), stopping)
+        if latency:
+            await asyncio.sleep(latency)
+        return await _play(fault, lambda: route.handler(request))
 
     def _begin(self, route: str, key: str | None) -> tuple[_Fault | None, float]:
         """Count a call and take its fault in one step, so concurrent calls never share or skip a fault."""
@@ -357,7 +350,7 @@ class FaultServer:
         self.set_latency(json_field(payload, "route", str), json_field(payload, "seconds", float))
 
 
-def _play(fault: _Fault | None, apply: Callable[[], Reply], stopping: threading.Event) -> Outcome:
+async def _play(fault: _Fault | None, apply: Callable[[], Reply]) -> Outcome:
     """Apply a call through its fault: fail it, cut it before or after applying, or delay its answer."""
     if fault is not None and fault.kind == "fail":
         headers = () if fault.retry_after is None else (("Retry-After", fault.retry_after),)
@@ -367,8 +360,8 @@ def _play(fault: _Fault | None, apply: Callable[[], Reply], stopping: threading.
     reply = apply()
     if fault is not None and fault.kind == "cut":
         return "cut"
-    if fault is not None and fault.kind == "delay" and stopping.wait(fault.seconds):
-        return "close"
+    if fault is not None and fault.kind == "delay":
+        await asyncio.sleep(fault.seconds)
     return reply
 
 

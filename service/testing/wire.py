@@ -1,189 +1,197 @@
-"""The stdlib HTTP plumbing under the fault-injection server: threads, keep-alive, framing, cut connections.
+"""The HTTP/1.1 plumbing under the fault-injection server: one asyncio loop, keep-alive, framing, cut connections.
 
-It parses each request into a `Request`, asks the server's `answer` function what to do and does it: send a
-`Reply`, cut the connection without a byte, or just close it. It knows nothing of routes or faults.
+It parses each request into a `Request`, awaits the server's `answer` coroutine and carries its outcome out:
+send a `Reply`, or cut the connection without a byte. It knows nothing of routes or faults. Every connection
+is a coroutine on one event loop in one daemon thread, so an answer that waits (latency, a delay) is a sleep
+on that loop: a thousand calls in flight cost memory, not threads. stop() cancels those sleeps, and their
+connections close unanswered.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import concurrent.futures
+import functools
 import json
-import socket
+import logging
 import threading
-from collections.abc import Callable
-from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
+from collections.abc import Awaitable, Callable
+from email.utils import formatdate
+from http import HTTPStatus
 from typing import Any, Final, Literal
 from urllib.parse import parse_qs, urlsplit
 
-from service.testing.routes import Reply, Request, json_reply
+from service.testing.routes import METHODS, Reply, Request, json_reply
 
-# "cut": drop the connection without answering; "close": answer nothing because the server is stopping.
-Hangup = Literal["cut", "close"]
-Outcome = Reply | Hangup
-Answer = Callable[[Request, threading.Event], Outcome]
+# "cut": drop the connection without a byte of answer, like a provider crashing or a proxy resetting.
+Outcome = Reply | Literal["cut"]
+Answer = Callable[[Request], Awaitable[Outcome]]
 
-# An idle keep-alive connection holds a handler thread; a long-running demo must not accumulate them forever.
+# A long-running demo must not keep connections its clients forgot forever.
 _IDLE_CONNECTION_TIMEOUT_S: Final = 60.0
-# stop() must not hang on a wedged handler; they are daemon threads, so giving up on one is harmless.
-_HANDLER_JOIN_TIMEOUT_S: Final = 2.0
+# A worker opens its pool's connections in one burst: a short backlog would refuse some, and a call refused
+# mid-way ends `uncertain`, a failure of the fake rather than of the worker it measures.
+_BACKLOG: Final = 1024
+_REASONS: Final = {status.value: status.phrase for status in HTTPStatus}
+_HEAD_END: Final = b"\r\n\r\n"
+
+_log = logging.getLogger(__name__)
 
 
-class HttpServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer that hands every request to one `answer` function and can drop every connection."""
+class HttpServer:
+    """An HTTP/1.1 server on its own event loop in one daemon thread; every request goes to `answer`."""
 
-    # Handler threads must never keep the interpreter (a test run, the demo) alive.
-    daemon_threads = True
-    # A worker opens its pool's connections in one burst: socketserver's default backlog of 5 would refuse some,
-    # and a call refused mid-way ends `uncertain`, a failure of the fake rather than of the worker it measures.
-    request_queue_size = 1024
+    def __init__(self, host: str, port: int, answer: Answer) -> None:
+        """Configure the address; nothing listens until start()."""
+        self._host = host
+        self._port = port
+        self._answer = answer
+        self._thread: threading.Thread | None = None
+        # A concurrent future, so stop() can be asked from any thread without touching the loop.
+        self._stop_requested: concurrent.futures.Future[None] = concurrent.futures.Future()
+        # Only touched on the loop's thread.
+        self._connections: set[asyncio.Task[Any]] = set()
 
-    def __init__(self, address: tuple[str, int], answer: Answer) -> None:
-        """Bind and listen."""
-        super().__init__(address, _Handler)
-        self.answer = answer
-        # Set on stop so delayed answers wake up instead of outliving the server.
-        self.stopping = threading.Event()
-        self._connections_lock = threading.Lock()
-        self._connections: dict[socket.socket, threading.Thread] = {}
+    def start(self) -> int:
+        """Listen and serve on a daemon thread; return the port bound (OSError when binding fails)."""
+        if self._thread is not None:
+            raise RuntimeError("the server was started already")
+        bound: concurrent.futures.Future[int] = concurrent.futures.Future()
+        # Daemon: a loop left running must never keep the interpreter (a test run, the demo) alive.
+        self._thread = threading.Thread(target=asyncio.run, args=(self._run(bound),), daemon=True)
+        self._thread.start()
+        port = bound.result()
+        self._thread.name = f"fault-server-{port}"
+        return port
 
-    def track(self, connection: socket.socket) -> None:
-        """Remember a connection being served by the current thread."""
-        with self._connections_lock:
-            self._connections[connection] = threading.current_thread()
+    def stop(self) -> None:
+        """Stop listening, cancel every waiting answer, close every connection and wait for the loop to end."""
+        if self._thread is None:
+            return
+        if not self._stop_requested.done():
+            self._stop_requested.set_result(None)
+        self._thread.join()
 
-    def untrack(self, connection: socket.socket) -> None:
-        """Forget a connection whose handler is done."""
-        with self._connections_lock:
-            self._connections.pop(connection, None)
-
-    def close_connections(self) -> None:
-        """Wake delayed answers, shut every open connection down and wait briefly for their handlers."""
-        self.stopping.set()
-        with self._connections_lock:
-            connections = list(self._connections.items())
-        for connection, _ in connections:
-            # Unblocks a handler waiting for the next keep-alive request (its read returns EOF); OSError means
-            # the client closed it first.
-            with contextlib.suppress(OSError):
-                connection.shutdown(socket.SHUT_RDWR)
-        for _, thread in connections:
-            thread.join(_HANDLER_JOIN_TIMEOUT_S)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """Serves one connection's requests, each as its server's `answer` says."""
-
-    # HTTP/1.1 gives keep-alive, which pooled clients use; every answer has Content-Length.
-    protocol_version = "HTTP/1.1"
-    server_version = "fault-server/1"
-    sys_version = ""
-    timeout = _IDLE_CONNECTION_TIMEOUT_S
-    # Headers and body go out in two writes; with Nagle on, the body waits for the client's delayed ACK
-    # (~40 ms per answer), which would make every test and the demo crawl.
-    disable_nagle_algorithm = True
-    server: HttpServer
-
-    def setup(self) -> None:
-        """Track the connection so stop() can close it."""
-        super().setup()
-        self.server.track(self.connection)
-
-    def finish(self) -> None:
-        """Untrack the connection."""
+    async def _run(self, bound: concurrent.futures.Future[int]) -> None:
+        """Serve until stop() asks, then close the listener and every connection."""
         try:
-            super().finish()
-        finally:
-            self.server.untrack(self.connection)
+            # asyncio sets TCP_NODELAY on every TCP connection: without it an answer written after a small
+            # earlier write would wait for the client's delayed ACK (~40 ms a call).
+            server = await asyncio.start_server(self._serve, self._host, self._port, backlog=_BACKLOG)
+        except Exception as error:
+            bound.set_exception(error)
+            return
+        bound.set_result(server.sockets[0].getsockname()[1])
+        await asyncio.wrap_future(self._stop_requested)
+        server.close()
+        for connection in self._connections:
+            connection.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        await server.wait_closed()
 
-    def handle(self) -> None:
-        """Serve requests until the connection closes."""
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answer one connection's requests in order until it closes, is cut or the server stops."""
+        task = asyncio.current_task()
+        assert task is not None  # a connection is always served by its own task
+        self._connections.add(task)
         try:
-            super().handle()
+            while await self._serve_one(reader, writer):
+                pass
+        except asyncio.CancelledError:
+            # Only stop() cancels a connection; ending quietly keeps asyncio from reporting it as an error.
+            pass
         except OSError:
             # Clients that time out or are cut hang up mid-answer: the faults cause it, it is no error.
-            self.close_connection = True
+            pass
+        finally:
+            self._connections.discard(task)
+            writer.close()
 
-    def log_message(self, format: str, *args: Any) -> None:
-        """Stay silent: per-request logging would drown test and demo output."""
-
-    def do_GET(self) -> None:
-        """Dispatch a GET."""
-        self._dispatch()
-
-    def do_POST(self) -> None:
-        """Dispatch a POST."""
-        self._dispatch()
-
-    def do_PUT(self) -> None:
-        """Dispatch a PUT."""
-        self._dispatch()
-
-    def do_PATCH(self) -> None:
-        """Dispatch a PATCH."""
-        self._dispatch()
-
-    def do_DELETE(self) -> None:
-        """Dispatch a DELETE."""
-        self._dispatch()
-
-    def _dispatch(self) -> None:
-        """Parse one request, ask for its outcome and carry it out."""
-        body = self._read_body()
-        if body is None:
-            return
-        parts = urlsplit(self.path)
-        # keep_blank_values: `?ref=` asks for the value "" rather than for no value.
-        query = {name: values[0] for name, values in parse_qs(parts.query, keep_blank_values=True).items()}
-        request = Request(self.command, parts.path, query, _headers(self.headers), body, _parse_object(body))
-        outcome = self.server.answer(request, self.server.stopping)
-        if outcome == "cut":
-            self._cut()
-        elif outcome == "close":
-            self.close_connection = True
-        else:
-            self._send(outcome)
-
-    def _read_body(self) -> bytes | None:
-        """Read the request body by Content-Length; answer and return None when it cannot be framed."""
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            # Without Content-Length the request cannot be skipped, so the connection cannot be reused.
-            self._send(json_reply(411, {"error": "Content-Length required"}), close=True)
-            return None
+    async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Read one request and carry out its outcome; whether the connection stays open for another."""
         try:
-            length = int(self.headers.get("Content-Length", "0"))
-            if length < 0:
-                raise ValueError(length)
-        except ValueError:
-            self._send(json_reply(400, {"error": "invalid Content-Length"}), close=True)
-            return None
-        return self.rfile.read(length) if length else b""
-
-    def _send(self, reply: Reply, close: bool = False) -> None:
-        """Write a complete answer with Content-Length so keep-alive clients can frame it."""
-        self.send_response(reply.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(reply.body)))
-        for name, value in reply.headers:
-            self.send_header(name, value)
-        if close:
-            self.send_header("Connection", "close")  # also sets close_connection
-        self.end_headers()
-        self.wfile.write(reply.body)
-
-    def _cut(self) -> None:
-        """Drop the connection without a byte of answer, like a provider crashing or a proxy resetting."""
-        self.close_connection = True
-        with contextlib.suppress(OSError):  # the client may already have hung up
-            self.connection.shutdown(socket.SHUT_RDWR)
+            async with asyncio.timeout(_IDLE_CONNECTION_TIMEOUT_S):
+                read = await _read_request(reader, writer)
+        except (TimeoutError, asyncio.IncompleteReadError):
+            return False  # idle too long, or the client hung up (possibly mid-request)
+        except asyncio.LimitOverrunError:
+            read = json_reply(431, {"error": "request head too large"})
+        if isinstance(read, Reply):
+            # The stream cannot be framed past a refused request, so the connection cannot be reused.
+            await _send(writer, read, keep_alive=False)
+            return False
+        request, keep_alive = read
+        try:
+            outcome = await self._answer(request)
+        except Exception:
+            _log.exception("answering %s %s failed", request.method, request.path)
+            outcome, keep_alive = json_reply(500, {"error": "the fake failed"}), False
+        if outcome == "cut":
+            writer.transport.abort()
+            return False
+        await _send(writer, outcome, keep_alive)
+        return keep_alive
 
 
-def _headers(message: Message) -> dict[str, str]:
-    """Header values by lower-cased name; the first wins when one was sent twice, as `Message.get` does."""
+async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[Request, bool] | Reply:
+    """The next request and whether its connection may stay open, or the reply refusing it."""
+    lines = (await reader.readuntil(_HEAD_END)).decode("latin-1").split("\r\n")
+    try:
+        method, target, version = lines[0].split(" ")
+    except ValueError:
+        return json_reply(400, {"error": "malformed request line"})
+    if version not in ("HTTP/1.1", "HTTP/1.0"):
+        return json_reply(505, {"error": "HTTP/1.0 or HTTP/1.1 only"})
+    if method not in METHODS:
+        return json_reply(501, {"error": f"method {method} not supported"})
     headers: dict[str, str] = {}
-    for name, value in message.items():
-        headers.setdefault(name.lower(), value)
-    return headers
+    for line in lines[1:-2]:
+        name, colon, value = line.partition(":")
+        if not colon:
+            return json_reply(400, {"error": "malformed header"})
+        # The first value wins when a header was sent twice, as the stdlib's `Message.get` does.
+        headers.setdefault(name.strip().lower(), value.strip())
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return json_reply(411, {"error": "Content-Length required"})
+    try:
+        length = int(headers.get("content-length", "0"))
+    except ValueError:
+        length = -1
+    if length < 0:
+        return json_reply(400, {"error": "invalid Content-Length"})
+    if length and version == "HTTP/1.1" and headers.get("expect", "").lower() == "100-continue":
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits a second for it before a large body
+    body = await reader.readexactly(length) if length else b""
+    tokens = {token.strip() for token in headers.get("connection", "").lower().split(",")}
+    keep_alive = "close" not in tokens and (version == "HTTP/1.1" or "keep-alive" in tokens)
+    parts = urlsplit(target)
+    # keep_blank_values: `?ref=` asks for the value "" rather than for no value.
+    query = {name: values[0] for name, values in parse_qs(parts.query, keep_blank_values=True).items()}
+    return Request(method, parts.path, query, headers, body, _parse_object(body)), keep_alive
+
+
+async def _send(writer: asyncio.StreamWriter, reply: Reply, keep_alive: bool) -> None:
+    """Write a complete answer with Content-Length so keep-alive clients can frame it."""
+    lines = [
+        f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, '')}",
+        "Server: fault-server/1",
+        f"Date: {_http_date(int(time.time()))}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(reply.body)}",
+        *(f"{name}: {value}" for name, value in reply.headers),
+    ]
+    if not keep_alive:
+        lines.append("Connection: close")
+    lines.append("\r\n")
+    writer.write("\r\n".join(lines).encode("latin-1") + reply.body)
+    await writer.drain()
+
+
+@functools.lru_cache(maxsize=1)
+def _http_date(second: int) -> str:
+    """The Date header for a second; cached, as thousands of answers a second share it."""
+    return formatdate(second, usegmt=True)
 
 
 def _parse_object(body: bytes) -> dict[str, Any] | None:
