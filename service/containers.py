@@ -8,12 +8,12 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
-import httpx
 from dependency_injector import containers, providers
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.adapters import kafka
+from service.adapters.http import HttpClient
 from service.config import Settings
 from service.domain.codes import registered
 from service.health import HealthServer
@@ -49,15 +49,13 @@ async def _engine(settings: Settings) -> AsyncIterator[AsyncEngine]:
         await engine.dispose()
 
 
-async def _http(settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
-    timeout = settings.http_timeout.total_seconds()
+async def _http(settings: Settings) -> AsyncIterator[HttpClient]:
     # One client, its connections kept alive: enough of them for every effect kind's concurrent calls.
-    limits = httpx.Limits(
-        max_connections=max(100, 4 * settings.effect_concurrency),
-        max_keepalive_connections=max(20, 2 * settings.effect_concurrency),
-    )
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits, follow_redirects=False) as client:
+    client = HttpClient.open(settings.http_timeout, connections=max(100, 4 * settings.effect_concurrency))
+    try:
         yield client
+    finally:
+        await client.close()
 
 
 def _policy(settings: Settings) -> RetryPolicy:

@@ -92,11 +92,11 @@ class Metrics:
         """Count one backpressure pause."""
         self.pauses.labels(downstream=downstream).inc()
 
-    def effect(self, state: str, error_code: str | None = None) -> None:
-        """Count one effect outcome by the state it moved to, and by its code when it did not succeed."""
-        self.effect_outcomes.labels(state=state).inc()
+    def effect(self, state: str, error_code: str | None = None, count: int = 1) -> None:
+        """Count `count` effect outcomes by the state they moved to, and by their code when they did not succeed."""
+        self.effect_outcomes.labels(state=state).inc(count)
         if error_code is not None:
-            self.effect_errors.labels(error_code=error_code).inc()
+            self.effect_errors.labels(error_code=error_code).inc(count)
 
     def record(self, outcome: str, error_code: str | None, count: int = 1) -> None:
         """Count `count` records of one outcome; rejections and quarantines also count under their code."""

@@ -7,18 +7,20 @@ reservation's `hold_status`, raises its version, and publishes one event on `<so
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from examples.inventory import store as reservations
 from examples.inventory.model import HOLD, UNHOLD
 from examples.inventory.providers import WarehouseClient
 from service.config import Topics
-from service.policy.effects import CallOutcome, EffectDecision, LookupOutcome
+from service.policy.effects import CallOutcome, LookupOutcome
 from service.policy.envelope import event_headers
 from service.store import outbox
 from service.store.effects import EffectRow
 from service.store.outbox import OutboxMessage
-from service.worker.effect_kinds import EffectKind, EffectRegistry, EffectSpec
+from service.worker.effect_kinds import EffectKind, EffectRegistry, EffectSpec, Settled
 
 # `provider_setting` names the variable that enables the calls (ORDERS_WAREHOUSE_URL): this domain's own
 # settings read it (examples/inventory/composition.py), the core only names it when the calls are disabled.
@@ -59,26 +61,28 @@ class _WarehouseEffect:
             return await self._warehouse.find_hold(effect.idempotency_key)
         return await self._warehouse.find_release(effect.idempotency_key)
 
-    async def on_outcome(
-        self, connection: AsyncConnection, topics: Topics, effect: EffectRow, decision: EffectDecision
-    ) -> None:
-        """A sent or failed call: the reservation's hold status, its version, and one `reservation.*` event."""
-        settled = _OUTCOMES.get((effect.kind, decision.state))
-        if settled is None:
-            return  # not settled yet (pending, uncertain): nothing follows
-        status, event_type = settled
-        # The reservation's row lock first, then the outbox row: one reservation's events publish in order.
-        version = await reservations.set_hold_status(connection, effect.aggregate_id, status)
-        document = {
-            "type": event_type,
-            "reservationId": effect.aggregate_id,
-            "reservationVersion": version,
-            "effect": effect.idempotency_key,
-            "reference": decision.reference,
-            "errorCode": decision.code.value if decision.code else None,
-        }
-        headers = event_headers(effect.idempotency_key, event_type, None)
-        await outbox.add(connection, [OutboxMessage.json(topics.events, effect.aggregate_id, headers, document)])
+    async def on_outcomes(self, connection: AsyncConnection, topics: Topics, settled: Sequence[Settled]) -> None:
+        """Each sent or failed call: the reservation's hold status, its version, and one `reservation.*` event."""
+        messages: list[OutboxMessage] = []
+        for effect, decision in settled:
+            outcome = _OUTCOMES.get((effect.kind, decision.state))
+            if outcome is None:
+                continue  # not settled yet (pending, uncertain): nothing follows
+            status, event_type = outcome
+            # The reservation's row lock first (in aggregate order), then the outbox rows: one reservation's
+            # events publish in order.
+            version = await reservations.set_hold_status(connection, effect.aggregate_id, status)
+            document = {
+                "type": event_type,
+                "reservationId": effect.aggregate_id,
+                "reservationVersion": version,
+                "effect": effect.idempotency_key,
+                "reference": decision.reference,
+                "errorCode": decision.code.value if decision.code else None,
+            }
+            headers = event_headers(effect.idempotency_key, event_type, None)
+            messages.append(OutboxMessage.json(topics.events, effect.aggregate_id, headers, document))
+        await outbox.add(connection, messages)
 
 
 def inventory_effects(warehouse: WarehouseClient) -> EffectRegistry:

@@ -14,12 +14,11 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-import httpx
-
 from examples.inventory.codes import InventoryCode
 from examples.inventory.model import Stock
 from service.adapters.http import (
     Downstream,
+    TransportError,
     call_status,
     call_transport,
     lookup_status,
@@ -49,7 +48,7 @@ class StockClient(Downstream):
         """The SKU's stock; raises DownstreamError (a transient record failure) when it cannot be had now."""
         try:
             response = await self._http.get(f"{self._base_url}/stock/{quote(sku, safe='')}")
-        except httpx.TransportError as error:
+        except TransportError as error:
             raise transport_failure(error, self.downstream) from error
         if response.status_code == 404:
             return Stock(sku, known=False)
@@ -93,7 +92,7 @@ class WarehouseClient(Downstream):
             response = await self._http.post(
                 f"{self._base_url}{path}", json=body, headers={"Idempotency-Key": idempotency_key}
             )
-        except httpx.TransportError as error:
+        except TransportError as error:
             return call_transport(error)
         status = response.status_code
         if status in (200, 201):
@@ -109,7 +108,7 @@ class WarehouseClient(Downstream):
         """GET by the key: found (with its reference), missing (404), or the look-up failed."""
         try:
             response = await self._http.get(f"{self._base_url}{path}", params={"idempotency_key": idempotency_key})
-        except httpx.TransportError:
+        except TransportError:
             return LookupFailed(ErrorCode.DOWNSTREAM_UNREACHABLE)
         if response.status_code == 404:
             return Missing()

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-import httpx
-
-from service.adapters.http import Downstream, transient_status, transport_failure
+from service.adapters.http import Downstream, TransportError, transient_status, transport_failure
 from service.domain.codes import ErrorCode
 from service.errors import DownstreamError
 from service.orders.model import CustomerStatus
@@ -25,7 +23,7 @@ class CustomersClient(Downstream):
         url = f"{self._base_url}/customers/{quote(customer_id, safe='')}"
         try:
             response = await self._http.get(url)
-        except httpx.TransportError as error:
+        except TransportError as error:
             raise transport_failure(error, self.downstream) from error
         if response.status_code == 404:
             return CustomerStatus.UNKNOWN

@@ -6,6 +6,7 @@ on `<source>.events`; an email changes nothing else.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -27,7 +28,7 @@ from service.policy.envelope import event_headers
 from service.store import outbox
 from service.store.effects import EffectRow
 from service.store.outbox import OutboxMessage
-from service.worker.effect_kinds import EffectKind, EffectRegistry, EffectSpec
+from service.worker.effect_kinds import EffectKind, EffectRegistry, EffectSpec, Settled
 
 CAPTURE = EffectSpec("payment.capture", idempotent=True, provider_setting="payments_url")
 REFUND = EffectSpec("payment.refund", idempotent=True, provider_setting="payments_url", waits_for="payment.capture")
@@ -63,34 +64,45 @@ class _Payment:
         """The payment made under the effect's idempotency key, if any."""
         return await self._payments.find(effect.idempotency_key)
 
-    async def on_outcome(
-        self, connection: AsyncConnection, topics: Topics, effect: EffectRow, decision: EffectDecision
-    ) -> None:
-        """A sent or failed payment: the order's payment status, its version, and one `payment.*` event."""
-        if decision.state == "failed":
-            event_type = "payment.failed"
-            payload: dict[str, Any] = {
-                "kind": effect.kind,
-                "errorCode": decision.code.value if decision.code else None,
-            }
-        elif decision.state == "sent":
-            event_type = "payment.captured" if self.spec is CAPTURE else "payment.refunded"
-            payload = {"paymentId": decision.reference}
-        else:
+    async def on_outcomes(self, connection: AsyncConnection, topics: Topics, settled: Sequence[Settled]) -> None:
+        """Each sent or failed payment: the order's payment status, its version, and one `payment.*` event."""
+        changes: list[tuple[EffectRow, EffectDecision, str]] = []
+        for effect, decision in settled:
+            if decision.state == "sent":
+                changes.append((effect, decision, "captured" if self.spec is CAPTURE else "refunded"))
+            elif decision.state == "failed":
+                changes.append((effect, decision, "failed"))
+        if not changes:
             return
-        # The order's row lock first, then the outbox row: its id is then taken after every change of the order
-        # that committed before, so the relay publishes one order's events in the order they happened.
-        status = ("captured" if self.spec is CAPTURE else "refunded") if decision.state == "sent" else "failed"
-        version = await store.set_payment_status(connection, effect.aggregate_id, status)
-        headers = event_headers(effect.idempotency_key, event_type, None)
-        document = {
-            "type": event_type,
-            "orderId": effect.aggregate_id,
-            "orderVersion": version,
-            "effect": effect.idempotency_key,
-            **payload,
-        }
-        await outbox.add(connection, [OutboxMessage.json(topics.events, effect.aggregate_id, headers, document)])
+        # The orders' row locks first, then the outbox rows: their ids are then taken after every change of the
+        # order that committed before, so the relay publishes one order's events in the order they happened.
+        versions = await store.set_payment_statuses(
+            connection, [store.PaymentStatus(effect.aggregate_id, status) for effect, _, status in changes]
+        )
+        messages = [
+            _event(topics, effect, decision, versions.get(effect.aggregate_id)) for effect, decision, _ in changes
+        ]
+        await outbox.add(connection, messages)
+
+
+def _event(topics: Topics, effect: EffectRow, decision: EffectDecision, version: int | None) -> OutboxMessage:
+    """The `payment.*` event of a settled payment."""
+    payload: dict[str, Any]
+    if decision.state == "failed":
+        event_type = "payment.failed"
+        payload = {"kind": effect.kind, "errorCode": decision.code.value if decision.code else None}
+    else:
+        event_type = "payment.captured" if effect.kind == CAPTURE.name else "payment.refunded"
+        payload = {"paymentId": decision.reference}
+    document = {
+        "type": event_type,
+        "orderId": effect.aggregate_id,
+        "orderVersion": version,
+        "effect": effect.idempotency_key,
+        **payload,
+    }
+    headers = event_headers(effect.idempotency_key, event_type, None)
+    return OutboxMessage.json(topics.events, effect.aggregate_id, headers, document)
 
 
 class _ShippedEmail:
@@ -114,9 +126,7 @@ class _ShippedEmail:
         """The email sent with this effect's ref, if any."""
         return await self._emails.find(str(effect.payload["ref"]))
 
-    async def on_outcome(
-        self, connection: AsyncConnection, topics: Topics, effect: EffectRow, decision: EffectDecision
-    ) -> None:
+    async def on_outcomes(self, connection: AsyncConnection, topics: Topics, settled: Sequence[Settled]) -> None:
         """An email's outcome changes nothing else."""
 
 

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
-from service.adapters.http import Downstream, call_status, call_transport, lookup_status
+from service.adapters.http import Answer, Downstream, TransportError, call_status, call_transport, lookup_status
 from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
 from service.policy.effects import (
@@ -26,7 +24,7 @@ from service.policy.effects import (
 )
 
 
-def _answer(response: httpx.Response, reference_field: str) -> CallOutcome:
+def _answer(response: Answer, reference_field: str) -> CallOutcome:
     status = response.status_code
     if status in (200, 201, 202):
         try:
@@ -48,7 +46,7 @@ class PaymentsClient(Downstream):
             response = await self._http.post(
                 f"{self._base_url}/payments", json=body, headers={"Idempotency-Key": idempotency_key}
             )
-        except httpx.TransportError as error:
+        except TransportError as error:
             return call_transport(error)
         return _answer(response, "payment_id")
 
@@ -56,7 +54,7 @@ class PaymentsClient(Downstream):
         """Look a payment up by its idempotency key."""
         try:
             response = await self._http.get(f"{self._base_url}/payments", params={"idempotency_key": idempotency_key})
-        except httpx.TransportError:
+        except TransportError:
             return LookupFailed(ErrorCode.DOWNSTREAM_UNREACHABLE)
         if response.status_code == 404:
             return Missing()
@@ -75,7 +73,7 @@ class EmailsClient(Downstream):
         """Send one email; `body["ref"]` identifies it for look-ups."""
         try:
             response = await self._http.post(f"{self._base_url}/emails", json=body)
-        except httpx.TransportError as error:
+        except TransportError as error:
             return call_transport(error)
         return _answer(response, "email_id")
 
@@ -83,7 +81,7 @@ class EmailsClient(Downstream):
         """Look up the emails sent with this ref."""
         try:
             response = await self._http.get(f"{self._base_url}/emails", params={"ref": ref})
-        except httpx.TransportError:
+        except TransportError:
             return LookupFailed(ErrorCode.DOWNSTREAM_UNREACHABLE)
         if response.status_code != 200:
             return lookup_status(response)

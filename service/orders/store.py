@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import text
@@ -39,19 +40,38 @@ async def lock(connection: AsyncConnection, order_ids: Iterable[str]) -> dict[st
 _LOCK = text("SELECT * FROM orders WHERE order_id = ANY(CAST(:ids AS text[])) ORDER BY order_id FOR UPDATE")
 
 
-async def set_payment_status(connection: AsyncConnection, order_id: str, status: str) -> int | None:
-    """Record a payment's outcome on its order (`details.payment_status`), a new version of it; return that
-    version (None: no such order)."""
-    version = await connection.scalar(_SET_PAYMENT_STATUS, {"status": status, "order_id": order_id})
-    return int(version) if version is not None else None
+@dataclass  # not frozen (slower to build): one per settled payment
+class PaymentStatus:
+    """A payment's outcome on its order (`details.payment_status`)."""
+
+    order_id: str
+    status: str
 
 
-_SET_PAYMENT_STATUS = text(
-    """
-    UPDATE orders SET details = details || jsonb_build_object('payment_status', CAST(:status AS text)),
-                      version = version + 1, updated_at = now()
-    WHERE order_id = :order_id
-    RETURNING version
+_PAYMENT_STATUSES = Columns(("order_id", "text"), ("status", "text"))
+
+
+async def set_payment_statuses(connection: AsyncConnection, changes: Sequence[PaymentStatus]) -> dict[str, int]:
+    """Record payments' outcomes on their orders, each a new version of its order; return each order's version
+    after its change (an order that does not exist is left out). One change per order."""
+    if not changes:
+        return {}
+    result = await connection.execute(_SET_PAYMENT_STATUSES, {"changes": _PAYMENT_STATUSES.encode(changes)})
+    return {row.order_id: int(row.version) for row in result}
+
+
+# The orders are locked in id order first, as the consumer's round locks them (`lock`), so the two never wait on
+# each other in a cycle.
+_SET_PAYMENT_STATUSES = text(
+    f"""
+    WITH c AS MATERIALIZED ({_PAYMENT_STATUSES.select("changes")}),
+    locked AS MATERIALIZED (
+        SELECT o.order_id FROM orders o JOIN c USING (order_id) ORDER BY o.order_id FOR UPDATE OF o)
+    UPDATE orders o SET details = o.details || jsonb_build_object('payment_status', c.status),
+                        version = o.version + 1, updated_at = now()
+    FROM c JOIN locked USING (order_id)
+    WHERE o.order_id = c.order_id
+    RETURNING o.order_id, o.version
     """
 )
 

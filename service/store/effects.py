@@ -112,42 +112,79 @@ async def claim(
     return [_row(row) for row in result]
 
 
+@dataclass  # not frozen (slower to build): one per effect on the worker's path
+class Settlement:
+    """An effect's next state, written only if the effect is still `from_state` (and leased to `owner`)."""
+
+    key: str
+    from_state: str
+    owner: str | None
+    state: str
+    reference: str | None
+    code: str | None
+    retry_ms: int
+    reconciled: int  # 1: a look-up sent an uncertain effect back to pending, one more reconcile spent
+    unmade: int  # 1: the claim counted an attempt in advance and no call was made; it is given back
+
+    @staticmethod
+    def of(key: str, decision: EffectDecision, *, from_state: str, owner: str | None) -> Settlement:
+        """The settlement a decision makes of an effect that was `from_state`."""
+        retry_in = decision.retry_in or timedelta(0)
+        return Settlement(
+            key,
+            from_state,
+            owner,
+            decision.state,
+            decision.reference,
+            decision.code.value if decision.code else None,
+            round(retry_in.total_seconds() * 1000),
+            1 if from_state == "uncertain" and decision.state == "pending" else 0,
+            1 if decision.unmade and from_state == "in_flight" else 0,
+        )
+
+
+SETTLEMENTS = Columns(
+    ("key", "text"),
+    ("from_state", "text"),
+    ("owner", "text"),
+    ("state", "text"),
+    ("reference", "text"),
+    ("code", "text"),
+    ("retry_ms", "bigint"),
+    ("reconciled", "int"),
+    ("unmade", "int"),
+)
+# A batch's outcomes in one statement; the rows come locked in key order, so two batches never wait on each
+# other in a cycle.
 _SETTLE = text(
-    """
-    UPDATE effects
-    SET state = :state,
-        provider_ref = COALESCE(:reference, provider_ref),
-        last_error_code = :code,
-        next_attempt_at = now() + :retry_in,
-        reconcile_count = reconcile_count + :reconciled,
-        attempts = attempts - :unmade,
+    f"""
+    WITH s AS MATERIALIZED ({SETTLEMENTS.select("settlements")}),
+    mine AS MATERIALIZED (
+        SELECT e.idempotency_key FROM effects e JOIN s ON e.idempotency_key = s.key
+        WHERE e.state = s.from_state AND (s.owner IS NULL OR e.lease_owner = s.owner)
+        ORDER BY e.idempotency_key FOR UPDATE OF e)
+    UPDATE effects e
+    SET state = s.state,
+        provider_ref = COALESCE(s.reference, e.provider_ref),
+        last_error_code = s.code,
+        next_attempt_at = now() + s.retry_ms * interval '1 millisecond',
+        reconcile_count = e.reconcile_count + s.reconciled,
+        attempts = e.attempts - s.unmade,
         lease_owner = NULL, lease_until = NULL, updated_at = now()
-    WHERE idempotency_key = :key AND state = :from_state
-      AND (CAST(:owner AS text) IS NULL OR lease_owner = :owner)
+    FROM s JOIN mine ON mine.idempotency_key = s.key
+    WHERE e.idempotency_key = s.key AND e.state = s.from_state AND (s.owner IS NULL OR e.lease_owner = s.owner)
+    RETURNING e.idempotency_key
     """
 )
 
 
-async def settle(
-    connection: AsyncConnection, key: str, decision: EffectDecision, *, from_state: str, owner: str | None = None
-) -> bool:
-    """Move an effect to its next state, only if it is still where we left it; False when it is not."""
-    result = await connection.execute(
-        _SETTLE,
-        {
-            "state": decision.state,
-            "reference": decision.reference,
-            "code": decision.code.value if decision.code else None,
-            "retry_in": decision.retry_in or timedelta(0),
-            "reconciled": 1 if from_state == "uncertain" and decision.state == "pending" else 0,
-            # A claim counted an attempt in advance; one that made no call gives it back.
-            "unmade": 1 if decision.unmade and from_state == "in_flight" else 0,
-            "key": key,
-            "from_state": from_state,
-            "owner": owner,
-        },
-    )
-    return bool(result.rowcount)
+async def settle_all(connection: AsyncConnection, settlements: Sequence[Settlement]) -> set[str]:
+    """Move effects to their next states, each only if it is still where we left it; return the keys that moved
+    (the others moved meanwhile: another process owns them now)."""
+    if not settlements:
+        return set()
+    result = await connection.execute(_SETTLE, {"settlements": SETTLEMENTS.encode(settlements)})
+    return set(result.scalars())
 
 
 _EXPIRE_LEASES = text(

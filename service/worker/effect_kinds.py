@@ -34,6 +34,10 @@ class EffectSpec:
     waits_for: str | None = None
 
 
+# An effect and the decision that settled it (its state moved in the same transaction).
+Settled = tuple[EffectRow, EffectDecision]
+
+
 class EffectKind(Protocol):
     """One kind of effect: its facts, its call, its look-up, and what its outcome writes."""
 
@@ -49,10 +53,10 @@ class EffectKind(Protocol):
     async def look_up(self, effect: EffectRow) -> LookupOutcome:
         """Ask the provider whether the effect happened (the reconciler, and before a repeat)."""
 
-    async def on_outcome(
-        self, connection: AsyncConnection, topics: Topics, effect: EffectRow, decision: EffectDecision
-    ) -> None:
-        """Write what follows from a settled decision (events, aggregate changes), in the caller's transaction."""
+    async def on_outcomes(self, connection: AsyncConnection, topics: Topics, settled: Sequence[Settled]) -> None:
+        """Write what follows from settled decisions of this kind (events, aggregate changes), in the caller's
+        transaction. They come in aggregate order: lock aggregates in that order, as the
+        consumer's round does, so that the two never wait on each other in a cycle."""
 
 
 class EffectRegistry:

@@ -16,6 +16,8 @@ import asyncio
 import random
 import time
 import uuid
+from collections import Counter
+from collections.abc import Sequence
 from datetime import timedelta
 
 import structlog
@@ -38,32 +40,45 @@ from service.policy.effects import (
 )
 from service.stopping import sleep_unless_stopped
 from service.store import effects
-from service.store.effects import EffectRow
+from service.store.effects import EffectRow, Settlement
 from service.store.uow import UnitOfWork
-from service.worker.effect_kinds import EffectRegistry
+from service.worker.effect_kinds import EffectRegistry, Settled
 
 log = structlog.get_logger("order_service.effects")
 
 _IDLE_POLL_SECONDS = 0.2
 _LANES_PER_KIND = 2
+_RECORD_TRIES = 5
+_HANDED_BACK = EffectDecision("pending", retry_in=timedelta(0), unmade=True)
 
 
-async def record_outcome(
+async def record_outcomes(
     connection: AsyncConnection,
     topics: Topics,
     kinds: EffectRegistry,
-    effect: EffectRow,
-    decision: EffectDecision,
+    outcomes: Sequence[Settled],
     *,
     from_state: str,
     owner: str | None = None,
-) -> bool:
-    """Write an effect's next state and what its kind says follows from it (events, aggregate changes), in the
-    caller's transaction. False when the effect moved meanwhile (another process owns it now)."""
-    if not await effects.settle(connection, effect.idempotency_key, decision, from_state=from_state, owner=owner):
-        return False
-    await kinds[effect.kind].on_outcome(connection, topics, effect, decision)
-    return True
+) -> set[str]:
+    """Write effects' next states and what their kinds say follows (events, aggregate changes), in the caller's
+    transaction; return the idempotency keys written. An effect that moved meanwhile (another process owns it
+    now) is left out, and so is what would have followed from it."""
+    kept = await effects.settle_all(
+        connection,
+        [
+            Settlement.of(effect.idempotency_key, decision, from_state=from_state, owner=owner)
+            for effect, decision in outcomes
+        ],
+    )
+    by_kind: dict[str, list[Settled]] = {}
+    # In aggregate order: each kind locks its aggregates in the order the consumer's round locks them.
+    for effect, decision in sorted(outcomes, key=lambda outcome: outcome[0].aggregate_id):
+        if effect.idempotency_key in kept:
+            by_kind.setdefault(effect.kind, []).append((effect, decision))
+    for kind, settled in by_kind.items():
+        await kinds[kind].on_outcomes(connection, topics, settled)
+    return kept
 
 
 class EffectWorker:
@@ -118,7 +133,7 @@ class EffectWorker:
                 delay = min(delay * 2, 30.0)
                 continue
             except ConcurrentWrite:
-                continue  # a deadlock rolled the batch back: claimed effects come back when their lease ends
+                continue  # a deadlock rolled the claim back, or the outcomes after their last try
             if done == 0:
                 await sleep_unless_stopped(stop, _IDLE_POLL_SECONDS)
 
@@ -140,25 +155,37 @@ class EffectWorker:
         # The lease is only as good as the clock: no call may start unless it can end before the lease does.
         lease_ends = time.monotonic() + self._settings.effect_lease.total_seconds()
         outcomes = await asyncio.gather(*(self._execute(effect, lease_ends) for effect in claimed))
-        async with UnitOfWork(self._engine) as uow:
-            for effect, outcome in zip(claimed, outcomes, strict=True):
-                if outcome is None:
-                    # Not attempted: its lease would have run out mid-call. Hand it back untouched.
-                    decision = EffectDecision("pending", retry_in=timedelta(0), unmade=True)
-                else:
-                    decision = after_call(outcome, effect.attempts, self._policy, self._rng)
-                kept = await record_outcome(
-                    uow.connection,
-                    self._settings.topics,
-                    self._kinds,
-                    effect,
-                    decision,
-                    from_state="in_flight",
-                    owner=self._owner,
-                )
-                self._report(effect, decision, kept)
-            await uow.commit()
+        decisions = [
+            # None: not attempted, its lease would have run out mid-call; handed back untouched.
+            _HANDED_BACK if outcome is None else after_call(outcome, effect.attempts, self._policy, self._rng)
+            for effect, outcome in zip(claimed, outcomes, strict=True)
+        ]
+        settled = list(zip(claimed, decisions, strict=True))
+        kept = await self._record(settled)
+        self._report(settled, kept)
         return len(claimed)
+
+    async def _record(self, settled: list[Settled]) -> set[str]:
+        """The batch's outcomes in one transaction; one that a deadlock rolled back is written again (the calls
+        were made: their outcomes must not wait for the lease to end and a look-up)."""
+        for attempt in range(1, _RECORD_TRIES + 1):
+            try:
+                async with UnitOfWork(self._engine) as uow:
+                    kept = await record_outcomes(
+                        uow.connection,
+                        self._settings.topics,
+                        self._kinds,
+                        settled,
+                        from_state="in_flight",
+                        owner=self._owner,
+                    )
+                    await uow.commit()
+                return kept
+            except ConcurrentWrite:
+                if attempt == _RECORD_TRIES:
+                    raise
+                log.info("effect_outcomes_redone", attempt=attempt, effects=len(settled))
+        raise AssertionError("unreachable")
 
     async def _execute(self, effect: EffectRow, lease_ends: float) -> CallOutcome | None:
         async with self._limits[effect.kind]:
@@ -185,15 +212,23 @@ class EffectWorker:
                 return NotSent(found.code)  # cannot tell whether it happened: ask again later, do not repeat
         return await kind.call(effect)
 
-    def _report(self, effect: EffectRow, decision: EffectDecision, kept: bool) -> None:
-        self._metrics.effect(decision.state, decision.code.value if decision.code else None)
-        # One line per effect at debug (orders_effect_outcomes_total counts them); what needs a look at info.
-        said = log.info if not kept or decision.state in {"failed", "uncertain"} else log.debug
-        said(
-            "effect_" + (decision.state if kept else "lease_lost"),
-            effect=effect.idempotency_key,
-            kind=effect.kind,
-            attempt=effect.attempts,
-            error_code=decision.code.value if decision.code else None,
-            retry_in_seconds=decision.retry_in.total_seconds() if decision.retry_in else None,
+    def _report(self, settled: list[Settled], kept: set[str]) -> None:
+        """Count the batch's outcomes; one line per effect at debug, and at info what needs a look."""
+        counts = Counter(
+            (decision.state, decision.code.value if decision.code else None)
+            for effect, decision in settled
+            if effect.idempotency_key in kept
         )
+        for (state, code), count in counts.items():
+            self._metrics.effect(state, code, count)
+        for effect, decision in settled:
+            kept_it = effect.idempotency_key in kept
+            said = log.info if not kept_it or decision.state in {"failed", "uncertain"} else log.debug
+            said(
+                "effect_" + (decision.state if kept_it else "lease_lost"),
+                effect=effect.idempotency_key,
+                kind=effect.kind,
+                attempt=effect.attempts,
+                error_code=decision.code.value if decision.code else None,
+                retry_in_seconds=decision.retry_in.total_seconds() if decision.retry_in else None,
+            )

@@ -22,7 +22,7 @@ from service.store import effects, inbox, outbox, reconcile_runs, retries
 from service.store.effects import EffectRow
 from service.store.uow import UnitOfWork, translated_errors
 from service.worker.effect_kinds import EffectRegistry
-from service.worker.effects import record_outcome
+from service.worker.effects import record_outcomes
 
 log = structlog.get_logger("order_service.reconciler")
 
@@ -130,8 +130,8 @@ class Reconciler:
                 summary.still_uncertain += 1
                 continue
             async with UnitOfWork(self._engine) as uow:
-                kept = await record_outcome(
-                    uow.connection, self._settings.topics, self._kinds, effect, decision, from_state="uncertain"
+                kept = effect.idempotency_key in await record_outcomes(
+                    uow.connection, self._settings.topics, self._kinds, [(effect, decision)], from_state="uncertain"
                 )
                 await uow.commit()
             if kept:

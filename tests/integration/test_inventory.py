@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -24,6 +23,7 @@ from examples.inventory.composition import MIGRATIONS, InventorySettings, use_in
 from examples.inventory.fakes import HOLDS_GET, HOLDS_POST, RELEASES_POST, STOCK_GET, Warehouse
 from examples.inventory.model import Stock
 from examples.inventory.providers import StockClient, WarehouseClient
+from service.adapters.http import HttpClient
 from service.containers import Container
 from service.domain.codes import ErrorCode
 from service.errors import DownstreamError, SchemaNotCurrent
@@ -321,7 +321,8 @@ async def test_the_clients_tell_what_the_warehouse_may_have_done(warehouse: Ware
     # Given the clients on the fake APIs, with a short timeout, and 5 of SKU-1 in Berlin
     warehouse.fakes.set_stock("SKU-1", "berlin", 5)
     body = {"reservation_id": "R-1", "sku": "SKU-1", "quantity": 2, "warehouse": "berlin"}
-    async with httpx.AsyncClient(timeout=httpx.Timeout(0.5)) as http:
+    http = HttpClient.open(timedelta(seconds=0.5), connections=10)
+    try:
         stock, store = StockClient(http, warehouse.url), WarehouseClient(http, warehouse.url)
         warehouse.fail_next(HOLDS_POST, status=429, retry_after=7)
         warehouse.fail_next(HOLDS_POST, status=503)
@@ -338,6 +339,8 @@ async def test_the_clients_tell_what_the_warehouse_may_have_done(warehouse: Ware
         warehouse.fail_next(STOCK_GET, status=429, retry_after=3)
         with pytest.raises(DownstreamError) as rate_limited:
             await stock.level("SKU-1")
+    finally:
+        await http.close()
 
     # Then only a timeout is uncertain; the replay answers the hold the timed-out call made
     [hold] = warehouse.fakes.holds().values()

@@ -12,7 +12,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = REPO_ROOT / "service"
-DRIVERS = ("sqlalchemy", "aiokafka", "httpx", "asyncpg")
+DRIVERS = ("sqlalchemy", "aiokafka", "aiohttp", "httpx", "asyncpg")
 ENTRYPOINTS = ("service.worker", "service.cli", "service.containers")
 LAYER_RULES = {
     "domain": (*DRIVERS, "structlog", "service.policy", "service.store", "service.adapters", *ENTRYPOINTS),
@@ -21,7 +21,7 @@ LAYER_RULES = {
     "adapters": ENTRYPOINTS,
     # The console is a shell beside the CLI: it reads through the store and acts through service.operations;
     # the composition root hands it what it needs (service/cli/console.py builds its Wiring).
-    "console": ("aiokafka", "httpx", "asyncpg", "service.cli", "service.containers", "service.adapters"),
+    "console": ("aiokafka", "aiohttp", "httpx", "asyncpg", "service.cli", "service.containers", "service.adapters"),
 }
 MAY_IMPORT_CONTAINERS = {"service.containers", "service.cli"}
 

@@ -19,7 +19,17 @@ from tests.unit.test_architecture import PACKAGE, REPO_ROOT, imports_of, module_
 DOMAIN = "service.orders"
 COMPOSITION_ROOT = {"service.containers"}  # wires the domain into the core: the one place that names both
 PURE_DOMAIN = ("service/orders/model.py", "service/orders/messages.py")
-IO = ("sqlalchemy", "aiokafka", "httpx", "asyncpg", "structlog", "service.store", "service.adapters", "service.worker")
+IO = (
+    "sqlalchemy",
+    "aiokafka",
+    "aiohttp",
+    "httpx",
+    "asyncpg",
+    "structlog",
+    "service.store",
+    "service.adapters",
+    "service.worker",
+)
 
 # Core modules that still import the domain: none now (the processor, reprocess, the round's write statement
 # and the CLI go through the handler, the effect registry and the container); keep it so.

@@ -6,9 +6,11 @@ from __future__ import annotations
 import random
 from datetime import timedelta
 
-import httpx
+import orjson
 import pytest
+from multidict import CIMultiDict
 
+from service.adapters.http import Answer
 from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
 from service.orders.providers import _answer
@@ -27,7 +29,7 @@ POLICY = EffectPolicy(max_attempts=3)
 
 def answered(status: int, body: object = None, headers: dict[str, str] | None = None) -> object:
     """The call outcome a payments answer with this status means."""
-    response = httpx.Response(status, json=body if body is not None else {}, headers=headers)
+    response = Answer(status, CIMultiDict(headers or {}), orjson.dumps(body if body is not None else {}))
     return _answer(response, "payment_id")
 
 

@@ -36,7 +36,17 @@ CORE_API = frozenset(
     }
 )
 PURE = ("codes.py", "messages.py", "model.py")
-IO = ("sqlalchemy", "aiokafka", "httpx", "asyncpg", "structlog", "service.store", "service.adapters", "service.worker")
+IO = (
+    "sqlalchemy",
+    "aiokafka",
+    "aiohttp",
+    "httpx",
+    "asyncpg",
+    "structlog",
+    "service.store",
+    "service.adapters",
+    "service.worker",
+)
 
 
 def _public(name: str) -> bool:
