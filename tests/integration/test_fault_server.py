@@ -5,8 +5,10 @@ The routes are a tiny notes API defined here, so these tests hold for any domain
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -16,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from service.testing import wire
 from service.testing.faults import (
     FakeApi,
     FaultServer,
@@ -27,7 +30,7 @@ from service.testing.faults import (
     key_from_body,
     key_from_param,
 )
-from tests.support import wait_until
+from tests.support import eventually, wait_until
 
 
 class Notes:
@@ -106,6 +109,38 @@ def post_note(client: httpx.Client, note_id: str = "n-1") -> httpx.Response:
 def timed(call: Callable[[], httpx.Response]) -> tuple[httpx.Response, float]:
     started = time.monotonic()
     return call(), time.monotonic() - started
+
+
+def address(server: FaultServer) -> tuple[str, int]:
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    return host, int(port)
+
+
+def exchange(server: FaultServer, raw: bytes) -> bytes:
+    """Send raw bytes on a fresh connection and read until the server closes it (a socket timeout if never)."""
+    with socket.create_connection(address(server), timeout=2.0) as connection:
+        connection.sendall(raw)
+        received = b""
+        while chunk := connection.recv(65536):
+            received += chunk
+    return received
+
+
+async def get_and_close(server: FaultServer, path: str) -> bytes:
+    """GET a path on a fresh asyncio connection asking to close, and read until EOF (no thread on our side)."""
+    reader, writer = await asyncio.open_connection(*address(server))
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n".encode())
+        return await reader.read()
+    finally:
+        writer.close()
+
+
+def echo_api() -> FakeApi:
+    """An API answering its request's query and headers back, to see what the server parsed."""
+    return FakeApi(
+        routes=[Route("echo.get", "GET", "/echo", lambda r: json_reply(200, {"query": r.query, "headers": r.headers}))]
+    )
 
 
 # -- lifecycle and routing ---------------------------------------------------------------------------------
@@ -289,6 +324,33 @@ def test_stop_wakes_delayed_answers_instead_of_waiting_for_them(notes: Notes) ->
         assert time.monotonic() - started < 10.0
 
 
+async def test_stop_while_a_hundred_calls_wait_closes_them_all_unanswered_and_returns_promptly(
+    server: FaultServer,
+) -> None:
+    server.set_latency("notes.list", 60.0)
+    calls = [asyncio.ensure_future(get_and_close(server, "/notes")) for _ in range(100)]
+
+    async def all_waiting() -> bool:
+        return server.calls("notes.list") == 100
+
+    await eventually(all_waiting, timeout=10.0, interval=0.01)
+    started = time.monotonic()
+    server.stop()
+    assert time.monotonic() - started < 2.0
+    assert await asyncio.wait_for(asyncio.gather(*calls), timeout=5.0) == [b""] * 100
+
+
+def test_a_handler_that_raises_answers_500_and_closes_its_connection(server: FaultServer) -> None:
+    def broken(request: Request) -> Reply:
+        raise RuntimeError("a bug in a fake")
+
+    server.mount(FakeApi(routes=[Route("broken.get", "GET", "/broken", broken)]))
+    answer = exchange(server, b"GET /broken HTTP/1.1\r\nHost: test\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 500 ")
+    assert b"\r\nConnection: close\r\n" in answer
+    assert server.calls("broken.get") == 1
+
+
 # -- latency -----------------------------------------------------------------------------------------------
 
 
@@ -329,6 +391,27 @@ def test_a_latency_of_zero_removes_it_and_a_reset_forgets_latencies_faults_count
         assert http.get("/notes/n-1").status_code == 404
 
 
+async def test_a_thousand_calls_at_a_latency_are_answered_together_on_the_servers_one_thread(
+    server: FaultServer,
+) -> None:
+    server.set_latency("notes.list", 0.5)
+    threads_before = threading.active_count()
+    started = time.monotonic()
+    calls = [asyncio.ensure_future(get_and_close(server, "/notes")) for _ in range(1000)]
+
+    async def all_waiting() -> bool:
+        return server.calls("notes.list") == 1000
+
+    await eventually(all_waiting, timeout=10.0, interval=0.01)
+    threads_while_waiting = threading.active_count()
+    answers = await asyncio.wait_for(asyncio.gather(*calls), timeout=10.0)
+    elapsed = time.monotonic() - started
+    assert all(answer.startswith(b"HTTP/1.1 200 ") for answer in answers)
+    # One at a time this would take 500 s; a thread per waiting call would show here as a thousand threads.
+    assert 0.5 <= elapsed < 5.0
+    assert threads_while_waiting == threads_before
+
+
 # -- keep-alive and framing --------------------------------------------------------------------------------
 
 
@@ -355,6 +438,55 @@ def test_a_request_without_content_length_is_refused_and_its_connection_closed(s
         response = http.post("/notes", content=chunks())
     assert (response.status_code, response.headers["connection"]) == (411, "close")
     assert server.calls("notes.post") == 0
+
+
+def test_a_request_with_an_invalid_content_length_is_refused_and_its_connection_closed(server: FaultServer) -> None:
+    answer = exchange(server, b"POST /notes HTTP/1.1\r\nHost: test\r\nContent-Length: ten\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    assert b"\r\nConnection: close\r\n" in answer
+    assert server.calls("notes.post") == 0
+
+
+@pytest.mark.parametrize(
+    ("version", "header"),
+    [("HTTP/1.1", "Connection: close\r\n"), ("HTTP/1.0", ""), ("HTTP/1.1", "CONNECTION: Close\r\n")],
+)
+def test_a_client_that_does_not_keep_alive_gets_one_answer_and_the_connection_closes(
+    server: FaultServer, version: str, header: str
+) -> None:
+    answer = exchange(server, f"GET /notes {version}\r\nHost: test\r\n{header}\r\n".encode())
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.count(b"HTTP/1.1") == 1
+    assert answer.endswith(b"\r\n\r\n{}")
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(
+    server: FaultServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(wire, "_IDLE_CONNECTION_TIMEOUT_S", 0.2)
+    started = time.monotonic()
+    answer = exchange(server, b"GET /notes HTTP/1.1\r\nHost: test\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert 0.2 <= time.monotonic() - started < 2.0
+
+
+def test_an_unsupported_method_is_refused_and_its_connection_closed(server: FaultServer) -> None:
+    answer = exchange(server, b"HEAD /notes HTTP/1.1\r\nHost: test\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 501 ")
+    assert b"\r\nConnection: close\r\n" in answer
+
+
+def test_header_names_are_case_insensitive_the_first_value_wins_and_blank_query_values_are_kept(
+    server: FaultServer,
+) -> None:
+    server.mount(echo_api())
+    with httpx.Client(base_url=server.url, timeout=2.0, trust_env=False) as http:
+        echoed = http.get(
+            "/echo?ref=&a=1&a=2",
+            headers=[("X-Tenant", "first"), ("x-tenant", "second"), ("Idempotency-KEY", "k-1")],
+        ).json()
+    assert echoed["query"] == {"ref": "", "a": "1"}
+    assert (echoed["headers"]["x-tenant"], echoed["headers"]["idempotency-key"]) == ("first", "k-1")
 
 
 # -- observation and control over HTTP ---------------------------------------------------------------------
