@@ -61,6 +61,8 @@ from service.store.recordset import Columns
 PAYLOAD_BYTES = 300
 WORKERS = 2  # effect workers in the pipeline stages
 PROVIDER_LATENCY = 0.1  # seconds per payment call in the slow-provider stage
+# ORDERS_EFFECT_CONCURRENCY of the slow-provider stage: calls in flight are what a 100 ms provider's rate grows with.
+SLOW_CONCURRENCY = 160
 STEADY_SECONDS = 15
 INSERT_BATCH = 5_000
 # The order produced first in each pipeline stage, so that group joins and first connections are not measured.
@@ -139,6 +141,7 @@ def figures(results: PipelineResults | None) -> dict[str, Any]:
         "p99_to_captured_ms": round(r.latency_ms[1], 1) if r.latency_ms else None,
         "pipeline_orders": r.pipeline.count if r.pipeline else None,
         "effect_concurrency": effect_concurrency(),
+        "effect_concurrency_100ms": effect_concurrency(slow=True),
         "pipeline_all_done": results is not None and r.all_done,
     }
 
@@ -155,7 +158,9 @@ async def measure_pipeline(bench: Bench, results: PipelineResults) -> None:
         if results.runs("effects"):
             results.effects = await effects_stage(bench, provider, count, "fx0", 0.0)
         if results.runs("effects100"):
-            results.effects_100ms = await effects_stage(bench, provider, count, "fx100", PROVIDER_LATENCY)
+            results.effects_100ms = await effects_stage(
+                bench, provider, count, "fx100", PROVIDER_LATENCY, effect_concurrency(slow=True)
+            )
         if results.runs("pipeline"):
             results.pipeline = await pipeline_stage(bench, provider, count)
         if results.runs("steady"):
@@ -226,8 +231,11 @@ async def raw_produce(bootstrap: str, topic: str, messages: Sequence[OutboxMessa
     return Stage(len(messages), seconds, not any(isinstance(outcome, BaseException) for outcome in outcomes))
 
 
-async def effects_stage(bench: Bench, provider: Provider, count: int, what: str, latency: float) -> Stage:
-    """One effect worker executing `count` pending captures against the fake provider with this latency."""
+async def effects_stage(
+    bench: Bench, provider: Provider, count: int, what: str, latency: float, concurrency: int | None = None
+) -> Stage:
+    """One effect worker executing `count` pending captures against the fake provider with this latency (and this
+    ORDERS_EFFECT_CONCURRENCY, else the pipeline's)."""
     dsn, database_url = await bench.new_database(what)
     connection = await asyncpg.connect(dsn)
     try:
@@ -240,6 +248,8 @@ async def effects_stage(bench: Bench, provider: Provider, count: int, what: str,
             await provider.control("latency", {"route": PAYMENTS_POST, "seconds": latency})
         await bench.checkpoint()
         env = worker_env(bench, database_url, provider.url)
+        if concurrency is not None:
+            env["ORDERS_EFFECT_CONCURRENCY"] = str(concurrency)
         process = await bench.spawn(what, [str(ORDER_SERVICE), "effects"], env)
         clock = Clock(process, bench.workdir / f"{what}.log", "effects_started", provider.process)
         left = count
@@ -451,13 +461,16 @@ async def insert(
 # ------------------------------------------------------------------------------------------------ processes
 
 
-def effect_concurrency() -> int | None:
-    """The effect workers' ORDERS_EFFECT_CONCURRENCY: BENCH_EFFECT_CONCURRENCY, else the setting's default."""
+def effect_concurrency(*, slow: bool = False) -> int | None:
+    """The effect workers' ORDERS_EFFECT_CONCURRENCY: BENCH_EFFECT_CONCURRENCY, else the setting's default (for
+    the slow-provider stage, BENCH_EFFECT_CONCURRENCY_100MS, else SLOW_CONCURRENCY)."""
     field = Settings.model_fields.get("effect_concurrency")
     if field is None:
         return None
-    override = os.environ.get("BENCH_EFFECT_CONCURRENCY")
-    return int(override) if override else int(field.default)
+    override = os.environ.get("BENCH_EFFECT_CONCURRENCY_100MS" if slow else "BENCH_EFFECT_CONCURRENCY")
+    if override:
+        return int(override)
+    return SLOW_CONCURRENCY if slow else int(field.default)
 
 
 def worker_env(bench: Bench, database_url: str, payments_url: str) -> dict[str, str]:
