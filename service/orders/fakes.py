@@ -78,7 +78,7 @@ class OrderFakes:
 
     def __init__(self) -> None:
         """Start with no registered customers, declines, payments or emails."""
-        # One lock for all state: handlers run on many threads and every operation is tiny.
+        # One lock for all state: handlers run on the server's thread, tests read and arrange from theirs.
         self._lock = threading.Lock()
         self._customers: dict[str, CustomerStatus | None] = {}
         self._declined_orders: set[str] = set()

@@ -5,7 +5,8 @@ Integration tests and the demo start it (in-process, or as a separate process th
 (`service/testing/routes.py`) and mounts it; the orders' is `service/orders/fakes.py`. Faults are queued per
 route and each one is consumed by exactly one call, so a test can script "the first two calls fail, the third
 one times out" deterministically. A latency per route slows every call of it, like a slow provider.
-`/_control/*` lets another process do all of that over HTTP.
+`/_control/*` lets another process do all of that over HTTP. Every route handler runs on the server's one
+thread (`service/testing/wire.py`), between the answers of every other call: it must be quick and never block.
 """
 
 from __future__ import annotations
@@ -180,7 +181,7 @@ class FaultServer:
         if status in _BODYLESS_STATUSES:
             raise ValueError(f"status {status} cannot carry the injected body")
         try:
-            # Serialise now so a bad body fails in the test that queued it, not later inside a handler thread.
+            # Serialise now so a bad body fails in the test that queued it, not later on the server's thread.
             encoded = json.dumps(_DEFAULT_FAIL_BODY if body is None else body).encode()
         except (TypeError, ValueError) as error:
             raise ValueError(f"body must be JSON-serialisable: {error}") from error

@@ -99,8 +99,9 @@ class HttpServer:
             while await self._serve_one(reader, writer):
                 pass
         except asyncio.CancelledError:
-            # Only stop() cancels a connection; ending quietly keeps asyncio from reporting it as an error.
-            pass
+            # Only stop() cancels a connection: drop it even if a client that stopped reading left answers
+            # unsent, and end quietly, which keeps asyncio from reporting the cancellation as an error.
+            writer.transport.abort()
         except OSError:
             # Clients that time out or are cut hang up mid-answer: the faults cause it, it is no error.
             pass
