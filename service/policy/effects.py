@@ -122,3 +122,20 @@ def after_lookup(outcome: LookupOutcome, reconciles: int, policy: EffectPolicy) 
     if reconciles >= policy.max_reconciles:
         return EffectDecision("failed", ErrorCode.NOT_FOUND_AFTER_RECONCILE)
     return EffectDecision("pending", ErrorCode.OUTCOME_UNKNOWN, retry_in=timedelta(0))
+
+
+# A claim and its outcomes cost two commits whatever their size, so a lane claims what its calls can make within
+# this long at the recent pace of its provider: many at once from a fast provider, one round of calls from a slow
+# one (a claimed effect waits for its call under its lease, where no other worker can take it).
+CLAIM_HORIZON_SECONDS = 0.2
+MAX_CLAIM = 500
+
+
+def claim_size(concurrency: int, call_seconds: float | None) -> int:
+    """How many effects a lane claims at once, with `concurrency` calls in flight that recently took
+    `call_seconds` each (None: no call yet): whole rounds of calls within CLAIM_HORIZON_SECONDS, at least one
+    round, at most MAX_CLAIM (or one round, when that is more)."""
+    if call_seconds is None:
+        return concurrency
+    rounds = int(CLAIM_HORIZON_SECONDS / max(call_seconds, 1e-6))
+    return max(concurrency, min(MAX_CLAIM, concurrency * rounds))

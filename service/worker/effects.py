@@ -37,6 +37,7 @@ from service.policy.effects import (
     Sent,
     Unknown,
     after_call,
+    claim_size,
 )
 from service.stopping import sleep_unless_stopped
 from service.store import effects
@@ -49,6 +50,7 @@ log = structlog.get_logger("order_service.effects")
 _IDLE_POLL_SECONDS = 0.2
 _LANES_PER_KIND = 2
 _RECORD_TRIES = 5
+_PACE_WEIGHT = 0.05  # of each call in the moving average of a kind's call durations
 _HANDED_BACK = EffectDecision("pending", retry_in=timedelta(0), unmade=True)
 
 
@@ -105,6 +107,8 @@ class EffectWorker:
         self._waits = kinds.dependencies()
         self._concurrency = settings.effect_concurrency
         self._limits = {kind: asyncio.Semaphore(self._concurrency) for kind in self._enabled}
+        # Per kind, how long its recent calls took (a moving average): what a lane claims at once follows it.
+        self._pace: dict[str, float] = {}
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until `stop` is set, each enabled kind in lanes of its own; a database outage is waited out."""
@@ -140,13 +144,16 @@ class EffectWorker:
     async def work_once(self, kinds: list[str] | None = None) -> int:
         """Claim one batch (of `kinds`, default every enabled one), execute it, record the outcomes; return how
         many effects were attempted."""
+        wanted = kinds or self._enabled
+        paces = [self._pace.get(kind) for kind in wanted]
+        pace = None if None in paces else max(pace for pace in paces if pace is not None)
         async with UnitOfWork(self._engine) as uow:
             claimed = await effects.claim(
                 uow.connection,
                 self._owner,
                 self._settings.effect_lease,
-                self._concurrency,
-                kinds or self._enabled,
+                claim_size(self._concurrency, pace),
+                wanted,
                 self._waits,
             )
             await uow.commit()
@@ -190,14 +197,19 @@ class EffectWorker:
     async def _execute(self, effect: EffectRow, lease_ends: float) -> CallOutcome | None:
         async with self._limits[effect.kind]:
             budget = self._settings.http_timeout.total_seconds()
-            if time.monotonic() + budget * 2 > lease_ends:
+            started = time.monotonic()
+            if started + budget * 2 > lease_ends:
                 return None
             try:
-                # httpx applies its timeout per phase; this bounds the whole exchange (look-up and send).
+                # The client's timeout applies per phase; this bounds the whole exchange (look-up and send).
                 async with asyncio.timeout(budget * 2):
                     return await self._call(effect)
             except TimeoutError:
                 return Unknown(ErrorCode.DOWNSTREAM_TIMEOUT)
+            finally:
+                took = time.monotonic() - started
+                pace = self._pace.get(effect.kind)
+                self._pace[effect.kind] = took if pace is None else pace + (took - pace) * _PACE_WEIGHT
 
     async def _call(self, effect: EffectRow) -> CallOutcome:
         kind = self._kinds[effect.kind]

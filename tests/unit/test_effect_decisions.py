@@ -8,6 +8,8 @@ from datetime import timedelta
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from service.adapters.http import Answer
@@ -15,6 +17,7 @@ from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
 from service.orders.providers import _answer
 from service.policy.effects import (
+    MAX_CLAIM,
     EffectDecision,
     EffectPolicy,
     NotSent,
@@ -22,6 +25,7 @@ from service.policy.effects import (
     Sent,
     Unknown,
     after_call,
+    claim_size,
 )
 
 POLICY = EffectPolicy(max_attempts=3)
@@ -77,3 +81,33 @@ def test_a_transient_answer_spends_an_attempt_and_the_last_one_fails_exhausted()
     assert retried.retry_in is not None
     assert timedelta(0) < retried.retry_in <= POLICY.base_delay
     assert last == EffectDecision("failed", ErrorCode.DOWNSTREAM_UNAVAILABLE_EXHAUSTED)
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "call_seconds", "expected"),
+    [
+        (32, None, 32),  # no call yet: one round
+        (32, 0.0005, MAX_CLAIM),  # a fast provider: as many as a claim may hold
+        (32, 0.1, 64),  # 100 ms a call: two rounds fit the horizon
+        (32, 2.0, 32),  # a slow provider: one round, never less
+        (800, 0.0005, 800),  # one round is more than MAX_CLAIM: one round
+    ],
+)
+def test_a_lane_claims_what_its_calls_can_make_within_the_horizon(
+    concurrency: int, call_seconds: float | None, expected: int
+) -> None:
+    assert claim_size(concurrency, call_seconds) == expected
+
+
+@given(
+    concurrency=st.integers(min_value=1, max_value=1000),
+    faster=st.floats(min_value=0, max_value=60, allow_nan=False),
+    slower=st.floats(min_value=0, max_value=60, allow_nan=False),
+)
+def test_a_claim_is_one_round_at_least_and_shrinks_as_calls_slow_down(
+    concurrency: int, faster: float, slower: float
+) -> None:
+    faster, slower = sorted((faster, slower))
+    size = claim_size(concurrency, faster)
+    assert concurrency <= size <= max(concurrency, MAX_CLAIM)
+    assert claim_size(concurrency, slower) <= size
