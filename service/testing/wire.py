@@ -28,7 +28,9 @@ from service.testing.routes import METHODS, Reply, Request, json_reply
 Outcome = Reply | Literal["cut"]
 Answer = Callable[[Request], Awaitable[Outcome]]
 
-# A long-running demo must not keep connections its clients forgot forever.
+# A long-running demo must not keep connections its clients forgot forever. One sweep every quarter of the
+# timeout closes them: a timer per request would cost more than the rest of a request's work together
+# (asyncio keeps timers in a heap ordered by Python-level comparisons).
 _IDLE_CONNECTION_TIMEOUT_S: Final = 60.0
 # A worker opens its pool's connections in one burst: a short backlog would refuse some, and a call refused
 # mid-way ends `uncertain`, a failure of the fake rather than of the worker it measures.
@@ -52,6 +54,7 @@ class HttpServer:
         self._stop_requested: concurrent.futures.Future[None] = concurrent.futures.Future()
         # Only touched on the loop's thread.
         self._connections: set[asyncio.Task[Any]] = set()
+        self._waiting_since: dict[asyncio.StreamWriter, float] = {}  # connections waiting for a request
 
     def start(self) -> int:
         """Listen and serve on a daemon thread; return the port bound (OSError when binding fails)."""
@@ -83,7 +86,9 @@ class HttpServer:
             bound.set_exception(error)
             return
         bound.set_result(server.sockets[0].getsockname()[1])
+        sweeper = asyncio.create_task(self._close_idle_connections())
         await asyncio.wrap_future(self._stop_requested)
+        sweeper.cancel()
         server.close()
         for connection in self._connections:
             connection.cancel()
@@ -109,15 +114,26 @@ class HttpServer:
             self._connections.discard(task)
             writer.close()
 
+    async def _close_idle_connections(self) -> None:
+        """Close, every quarter of the idle timeout, the connections that waited for a request longer than it."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(_IDLE_CONNECTION_TIMEOUT_S / 4)
+            expired = loop.time() - _IDLE_CONNECTION_TIMEOUT_S
+            for writer in [writer for writer, since in self._waiting_since.items() if since <= expired]:
+                writer.close()  # its reader sees the end of the stream, and its task ends
+
     async def _serve_one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """Read one request and carry out its outcome; whether the connection stays open for another."""
+        self._waiting_since[writer] = asyncio.get_running_loop().time()
         try:
-            async with asyncio.timeout(_IDLE_CONNECTION_TIMEOUT_S):
-                read = await _read_request(reader, writer)
-        except (TimeoutError, asyncio.IncompleteReadError):
-            return False  # idle too long, or the client hung up (possibly mid-request)
+            read = await _read_request(reader, writer)
+        except asyncio.IncompleteReadError:
+            return False  # the client hung up, or stayed idle too long (possibly mid-request)
         except asyncio.LimitOverrunError:
             read = json_reply(431, {"error": "request head too large"})
+        finally:
+            del self._waiting_since[writer]
         if isinstance(read, Reply):
             # The stream cannot be framed past a refused request, so the connection cannot be reused.
             await _send(writer, read, keep_alive=False)

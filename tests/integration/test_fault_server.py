@@ -461,13 +461,14 @@ def test_a_client_that_does_not_keep_alive_gets_one_answer_and_the_connection_cl
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(
-    server: FaultServer, monkeypatch: pytest.MonkeyPatch
+    notes: Notes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(wire, "_IDLE_CONNECTION_TIMEOUT_S", 0.2)
-    started = time.monotonic()
-    answer = exchange(server, b"GET /notes HTTP/1.1\r\nHost: test\r\n\r\n")
-    assert answer.startswith(b"HTTP/1.1 200 ")
-    assert 0.2 <= time.monotonic() - started < 2.0
+    with FaultServer(apis=[notes.api()]) as server:
+        started = time.monotonic()
+        answer = exchange(server, b"GET /notes HTTP/1.1\r\nHost: test\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        assert 0.2 <= time.monotonic() - started < 2.0
 
 
 def test_an_unsupported_method_is_refused_and_its_connection_closed(server: FaultServer) -> None:
