@@ -525,3 +525,37 @@ async def test_a_slow_provider_holds_back_only_its_own_effects(
         for order in ids:
             await eventually(lambda order=order: state_is(engine, f"{order}/payment.capture", "sent"))
     assert all(downstream.calls("payments.post", f"{order}/payment.capture") == 1 for order in ids)
+
+
+async def test_a_rate_limiting_provider_holds_back_only_its_own_effects(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a payment provider that answers 429 (Retry-After: 60) to every capture, and a working email provider;
+    # eight orders placed and shipped
+    ids = [f"L-{n}" for n in range(8)]
+    for order in ids:
+        downstream.fail_next("payments.post", status=429, retry_after=60, key=f"{order}/payment.capture")
+    settings = effect_settings(database_url, kafka, topics, downstream)
+    await produce(
+        kafka,
+        topics.source,
+        [(order, placed(order), {}) for order in ids] + [(order, shipped(order), {}) for order in ids],
+        partition=0,
+    )
+
+    async with running(settings, "consumer_loop", "effect_worker"):
+        # When every capture has been refused once for its rate
+        async def refused() -> bool:
+            return all(downstream.calls("payments.post", f"{order}/payment.capture") == 1 for order in ids)
+
+        await eventually(refused)
+        # Then every email is sent all the same, and each capture waits, pending, for the minute it was asked to
+        for order in ids:
+            await eventually(lambda order=order: state_is(engine, f"{order}/email.shipped", "sent"))
+        waiting = await rows(
+            engine,
+            "SELECT state, last_error_code, next_attempt_at > now() + interval '50 seconds' AS later"
+            " FROM effects WHERE kind = 'payment.capture'",
+        )
+    assert waiting == [{"state": "pending", "last_error_code": "RATE_LIMITED", "later": True}] * len(ids)
+    assert all(downstream.calls("emails.post", f"{order}/email.shipped") == 1 for order in ids)
