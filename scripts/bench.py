@@ -105,7 +105,7 @@ FULL = Sizes(
     steady_seconds=30,
     steady_rate=2_000,
     prefill=10_000_000,
-    pipeline=5_000,  # at today's effect rates (about 120/s per worker) larger takes too long
+    pipeline=60_000,  # as the black-box figures: enough for the raw producer to reach its pace
     pipeline_slow=True,
 )
 
