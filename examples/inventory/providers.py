@@ -12,7 +12,6 @@ possibly act? A refused connection did not; a timeout after sending may have, an
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 from examples.inventory.codes import InventoryCode
 from examples.inventory.model import Stock
@@ -22,6 +21,7 @@ from service.adapters.http import (
     call_status,
     call_transport,
     lookup_status,
+    path_segment,
     transient_status,
     transport_failure,
 )
@@ -47,7 +47,7 @@ class StockClient(Downstream):
     async def level(self, sku: str) -> Stock:
         """The SKU's stock; raises DownstreamError (a transient record failure) when it cannot be had now."""
         try:
-            response = await self._http.get(f"{self._base_url}/stock/{quote(sku, safe='')}")
+            response = await self._http.get(f"{self._base_url}/stock/{path_segment(sku)}")
         except TransportError as error:
             raise transport_failure(error, self.downstream) from error
         if response.status_code == 404:

@@ -14,10 +14,12 @@ rest to these functions, so that every domain reads 429, 5xx, 401/403, 409 and t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import orjson
@@ -28,6 +30,8 @@ from service.errors import DownstreamError
 from service.policy.effects import CallOutcome, LookupFailed, NotSent, Refused, Unknown
 
 MAX_RETRY_AFTER = timedelta(minutes=10)  # a longer Retry-After would park a record or an effect for too long
+_LONGEST = int(MAX_RETRY_AFTER.total_seconds())
+_SECONDS = re.compile(r"[0-9]+", re.ASCII)
 _JSON = {"Content-Type": "application/json"}
 
 
@@ -78,7 +82,9 @@ class HttpClient:
             aiohttp.ClientSession(
                 # `connect` also bounds the wait for a free connection, so a full pool ends as ConnectFailed.
                 timeout=aiohttp.ClientTimeout(total=None, connect=seconds, sock_connect=seconds, sock_read=seconds),
-                connector=aiohttp.TCPConnector(limit=connections, limit_per_host=0),
+                # Shorter than the few seconds after which many providers close an idle connection: a POST on a
+                # connection the provider has just closed would end Unknown (it may have been read) for nothing.
+                connector=aiohttp.TCPConnector(limit=connections, limit_per_host=0, keepalive_timeout=4),
                 auto_decompress=True,
                 raise_for_status=False,
             )
@@ -109,6 +115,9 @@ class HttpClient:
             raise TimedOut(type(error).__name__) from error
         except aiohttp.ClientError as error:
             raise Cut(type(error).__name__) from error
+        except ValueError as error:
+            # aiohttp refuses to write a header or URL it cannot send (a line break in an id) before a byte leaves.
+            raise ConnectFailed(type(error).__name__, timed_out=False) from error
 
 
 class Downstream:
@@ -125,9 +134,19 @@ class Downstream:
 
 
 def retry_after(response: Answer) -> timedelta | None:
-    """The `Retry-After` of a response in seconds form, capped; HTTP-date forms are ignored."""
+    """The `Retry-After` of a response in seconds form, capped; HTTP-date forms (and anything else) are ignored."""
     value = response.headers.get("retry-after", "").strip()
-    return min(timedelta(seconds=int(value)), MAX_RETRY_AFTER) if value.isdigit() else None
+    if not _SECONDS.fullmatch(value):
+        return None
+    # Capped before it is read: a provider's number of seconds may be any length.
+    digits = value.lstrip("0") or "0"
+    return timedelta(seconds=min(int(digits) if len(digits) <= 6 else _LONGEST, _LONGEST))
+
+
+def path_segment(value: str) -> str:
+    """`value` as one percent-encoded path segment: every reserved character, and dots too (`..` would be
+    resolved as the parent by whatever reads the path)."""
+    return quote(value, safe="").replace(".", "%2E")
 
 
 def transient_status(response: Answer, downstream: str) -> DownstreamError | None:

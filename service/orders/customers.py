@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from urllib.parse import quote
-
-from service.adapters.http import Downstream, TransportError, transient_status, transport_failure
+from service.adapters.http import Downstream, TransportError, path_segment, transient_status, transport_failure
 from service.domain.codes import ErrorCode
 from service.errors import DownstreamError
 from service.orders.model import CustomerStatus
@@ -20,7 +18,7 @@ class CustomersClient(Downstream):
         """The customer's status; raises DownstreamError for transient failures."""
         if self._base_url is None:
             return CustomerStatus.ACTIVE
-        url = f"{self._base_url}/customers/{quote(customer_id, safe='')}"
+        url = f"{self._base_url}/customers/{path_segment(customer_id)}"
         try:
             response = await self._http.get(url)
         except TransportError as error:

@@ -131,11 +131,12 @@ CLAIM_HORIZON_SECONDS = 0.2
 MAX_CLAIM = 500
 
 
-def claim_size(concurrency: int, call_seconds: float | None) -> int:
+def claim_size(concurrency: int, call_seconds: float | None, rounds_in_lease: int) -> int:
     """How many effects a lane claims at once, with `concurrency` calls in flight that recently took
     `call_seconds` each (None: no call yet): whole rounds of calls within CLAIM_HORIZON_SECONDS, at least one
-    round, at most MAX_CLAIM (or one round, when that is more)."""
+    round, at most MAX_CLAIM (or one round, when that is more), and never more rounds than `rounds_in_lease`,
+    how many rounds of calls that each take their longest fit in the lease (a provider may slow down at once)."""
     if call_seconds is None:
         return concurrency
-    rounds = int(CLAIM_HORIZON_SECONDS / max(call_seconds, 1e-6))
+    rounds = min(int(CLAIM_HORIZON_SECONDS / max(call_seconds, 1e-6)), max(rounds_in_lease, 1))
     return max(concurrency, min(MAX_CLAIM, concurrency * rounds))

@@ -109,6 +109,14 @@ class EffectWorker:
         self._limits = {kind: asyncio.Semaphore(self._concurrency) for kind in self._enabled}
         # Per kind, how long its recent calls took (a moving average): what a lane claims at once follows it.
         self._pace: dict[str, float] = {}
+        # The longest one call may take (a look-up and the call, each within the HTTP timeout), and how many rounds
+        # of such calls fit in a lease with room left to write their outcomes: never claim more than can be called.
+        self._call_budget = 2 * settings.http_timeout.total_seconds()
+        lease = settings.effect_lease.total_seconds()
+        # Kept at the lease's end for writing the outcomes: a call's budget, or half of what a short lease leaves
+        # once one call fits (the settings only promise a lease longer than one call).
+        self._record_margin = min(self._call_budget, (lease - self._call_budget) / 2)
+        self._rounds_in_lease = max(1, int((lease - self._record_margin) // self._call_budget))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until `stop` is set, each enabled kind in lanes of its own; a database outage is waited out."""
@@ -147,20 +155,21 @@ class EffectWorker:
         wanted = kinds or self._enabled
         paces = [self._pace.get(kind) for kind in wanted]
         pace = None if None in paces else max(pace for pace in paces if pace is not None)
+        # The lease is only as good as the clock, and it started when the claim's transaction did: no call may
+        # start unless it can end, and its outcome be written, before the lease ends.
+        lease_ends = time.monotonic() + self._settings.effect_lease.total_seconds() - self._record_margin
         async with UnitOfWork(self._engine) as uow:
             claimed = await effects.claim(
                 uow.connection,
                 self._owner,
                 self._settings.effect_lease,
-                claim_size(self._concurrency, pace),
+                claim_size(self._concurrency, pace, self._rounds_in_lease),
                 wanted,
                 self._waits,
             )
             await uow.commit()
         if not claimed:
             return 0
-        # The lease is only as good as the clock: no call may start unless it can end before the lease does.
-        lease_ends = time.monotonic() + self._settings.effect_lease.total_seconds()
         outcomes = await asyncio.gather(*(self._execute(effect, lease_ends) for effect in claimed))
         decisions = [
             # None: not attempted, its lease would have run out mid-call; handed back untouched.
@@ -168,13 +177,15 @@ class EffectWorker:
             for effect, outcome in zip(claimed, outcomes, strict=True)
         ]
         settled = list(zip(claimed, decisions, strict=True))
-        kept = await self._record(settled)
+        kept = await self._record(settled, lease_ends)
         self._report(settled, kept)
         return len(claimed)
 
-    async def _record(self, settled: list[Settled]) -> set[str]:
-        """The batch's outcomes in one transaction; one that a deadlock rolled back is written again (the calls
-        were made: their outcomes must not wait for the lease to end and a look-up)."""
+    async def _record(self, settled: list[Settled], lease_ends: float) -> set[str]:
+        """The batch's outcomes in one transaction. The calls were made: their outcomes must not wait for the
+        lease to end and a look-up, so a write a deadlock rolled back is redone at once, and one the database
+        refused is tried again until the lease would end (then the reconciler takes over, as for a crash)."""
+        delay = 0.1
         for attempt in range(1, _RECORD_TRIES + 1):
             try:
                 async with UnitOfWork(self._engine) as uow:
@@ -192,20 +203,30 @@ class EffectWorker:
                 if attempt == _RECORD_TRIES:
                     raise
                 log.info("effect_outcomes_redone", attempt=attempt, effects=len(settled))
+            except InfrastructureUnavailable:
+                if time.monotonic() + delay > lease_ends + self._record_margin:
+                    raise
+                log.warning("effect_outcomes_waiting", reason="database_unavailable", retry_in_seconds=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
         raise AssertionError("unreachable")
 
     async def _execute(self, effect: EffectRow, lease_ends: float) -> CallOutcome | None:
         async with self._limits[effect.kind]:
-            budget = self._settings.http_timeout.total_seconds()
             started = time.monotonic()
-            if started + budget * 2 > lease_ends:
+            if started + self._call_budget > lease_ends:
                 return None
             try:
                 # The client's timeout applies per phase; this bounds the whole exchange (look-up and send).
-                async with asyncio.timeout(budget * 2):
+                async with asyncio.timeout(self._call_budget):
                     return await self._call(effect)
             except TimeoutError:
                 return Unknown(ErrorCode.DOWNSTREAM_TIMEOUT)
+            except Exception as error:
+                # A kind's call that fails in a way nobody foresaw may have reached its provider; whatever it was,
+                # it must not take the outcomes of the batch's other calls with it.
+                log.warning("effect_call_failed", effect=effect.idempotency_key, error=type(error).__name__)
+                return Unknown(ErrorCode.UNEXPECTED_ERROR)
             finally:
                 took = time.monotonic() - started
                 pace = self._pace.get(effect.kind)

@@ -84,30 +84,33 @@ def test_a_transient_answer_spends_an_attempt_and_the_last_one_fails_exhausted()
 
 
 @pytest.mark.parametrize(
-    ("concurrency", "call_seconds", "expected"),
+    ("concurrency", "call_seconds", "rounds_in_lease", "expected"),
     [
-        (32, None, 32),  # no call yet: one round
-        (32, 0.0005, MAX_CLAIM),  # a fast provider: as many as a claim may hold
-        (32, 0.1, 64),  # 100 ms a call: two rounds fit the horizon
-        (32, 2.0, 32),  # a slow provider: one round, never less
-        (800, 0.0005, 800),  # one round is more than MAX_CLAIM: one round
+        (32, None, 6, 32),  # no call yet: one round
+        (32, 0.0005, 100, MAX_CLAIM),  # a fast provider: as many as a claim may hold
+        (32, 0.0005, 6, 192),  # ... but no more rounds than could each take their longest within the lease
+        (32, 0.1, 6, 64),  # 100 ms a call: two rounds fit the horizon
+        (32, 2.0, 6, 32),  # a slow provider: one round, never less
+        (32, 0.0005, 0, 32),  # a lease shorter than two calls: still one round
+        (800, 0.0005, 100, 800),  # one round is more than MAX_CLAIM: one round
     ],
 )
 def test_a_lane_claims_what_its_calls_can_make_within_the_horizon(
-    concurrency: int, call_seconds: float | None, expected: int
+    concurrency: int, call_seconds: float | None, rounds_in_lease: int, expected: int
 ) -> None:
-    assert claim_size(concurrency, call_seconds) == expected
+    assert claim_size(concurrency, call_seconds, rounds_in_lease) == expected
 
 
 @given(
     concurrency=st.integers(min_value=1, max_value=1000),
     faster=st.floats(min_value=0, max_value=60, allow_nan=False),
     slower=st.floats(min_value=0, max_value=60, allow_nan=False),
+    rounds_in_lease=st.integers(min_value=0, max_value=1000),
 )
 def test_a_claim_is_one_round_at_least_and_shrinks_as_calls_slow_down(
-    concurrency: int, faster: float, slower: float
+    concurrency: int, faster: float, slower: float, rounds_in_lease: int
 ) -> None:
     faster, slower = sorted((faster, slower))
-    size = claim_size(concurrency, faster)
-    assert concurrency <= size <= max(concurrency, MAX_CLAIM)
-    assert claim_size(concurrency, slower) <= size
+    size = claim_size(concurrency, faster, rounds_in_lease)
+    assert concurrency <= size <= max(concurrency, min(MAX_CLAIM, concurrency * max(rounds_in_lease, 1)))
+    assert claim_size(concurrency, slower, rounds_in_lease) <= size
