@@ -47,6 +47,11 @@ def make_consumer(settings: Settings) -> AIOKafkaConsumer:
 # go to a retry tier: the client lets through up to this much, gzip shrinks it, and the broker has the last
 # word (a refusal sets the row aside, see service/worker/relay.py).
 MAX_UNCOMPRESSED_MESSAGE = 32 * 1024 * 1024
+# The producer builds one batch per partition while the last one is on its way, and sends the next only once the
+# broker answered for it (idempotent: one request in flight per partition): a partition's rate is a batch per round
+# trip. Batches of 16 KiB (the client's default) hold about forty outbox rows; these hold about a thousand, and stay
+# well under the broker's default `message.max.bytes` (1 MiB) compressed, also when gzip cannot shrink them.
+MAX_BATCH = 512 * 1024
 
 
 def make_producer(settings: Settings, *, idempotent: bool = True) -> AIOKafkaProducer:
@@ -61,6 +66,7 @@ def make_producer(settings: Settings, *, idempotent: bool = True) -> AIOKafkaPro
         enable_idempotence=idempotent,
         acks="all",
         linger_ms=5,
+        max_batch_size=MAX_BATCH,
         request_timeout_ms=15_000,
         compression_type="gzip",
         max_request_size=MAX_UNCOMPRESSED_MESSAGE,

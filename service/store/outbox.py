@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from operator import attrgetter
 from typing import Any
 
 import orjson
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.policy.headers import Headers, from_json
 from service.policy.records import unpack_key
 from service.store.recordset import Columns
+from service.store.uow import translated_errors
 
 
 @dataclass  # not frozen (slower to build): one is built per event
@@ -35,23 +37,17 @@ class OutboxMessage:
         return OutboxMessage(topic, key, headers, orjson.dumps(document))
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen (slower to build): one is built per row claimed
 class ClaimedRow:
     """An unpublished row this relay holds the lock of."""
 
     id: int
     topic: str
-    key: str | None
+    key: str | None  # the ordering key: a key's rows are published in id order
     headers: Headers
     payload: bytes
-    kafka_key: bytes | None = None
-
-    @property
-    def key_bytes(self) -> bytes | None:
-        """The key to publish: a copy's original bytes (null included), else the ordering key as UTF-8."""
-        if self.kafka_key is not None:
-            return unpack_key(self.kafka_key)
-        return self.key.encode() if self.key is not None else None
+    # What goes out as the Kafka key: a copy's original bytes (null included), else the ordering key as UTF-8.
+    kafka_key: bytes | None
 
     @property
     def size(self) -> int:
@@ -77,22 +73,35 @@ ADD_ROWS = f"""
 _ADD = text(ADD_ROWS + "\n    RETURNING id")
 
 
+# Relays divide the keys among themselves by the hash of the key: each claims only rows of the slots it holds (a
+# session advisory lock per slot, see `Slots`), so two relays do not hold rows of one key. A row without a key
+# has no order to keep and goes to any relay.
+SLOTS = 64
+_SLOT_OF_KEY = f"abs(hashtext(key) % {SLOTS})"
+# A key's rows are kept only up to the first unpublished row of that key the claim did not take (held by another
+# transaction): a slot changes hands while its last holder's transaction may still hold rows (it crashed, or lost
+# its session), and a relay without slots (an older version) claims any key. In one statement: no round trip.
 _CLAIM = text(
-    """
-    SELECT id, topic, key, headers, payload, kafka_key FROM outbox
-    WHERE published_at IS NULL AND set_aside_at IS NULL ORDER BY id LIMIT :limit
-    FOR UPDATE SKIP LOCKED
+    f"""
+    WITH claimed AS (
+        SELECT id, topic, key, CAST(headers AS text) AS headers, payload, kafka_key FROM outbox
+        WHERE published_at IS NULL AND set_aside_at IS NULL
+          AND (key IS NULL OR {_SLOT_OF_KEY} = ANY(CAST(:slots AS int[])) AND key <> ALL(CAST(:busy AS text[])))
+        ORDER BY id LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    SELECT id, topic, key, headers, payload, kafka_key FROM claimed AS c
+    WHERE c.key IS NULL OR NOT EXISTS (
+        SELECT FROM outbox AS o
+        WHERE o.key = c.key AND o.id < c.id AND o.published_at IS NULL AND o.set_aside_at IS NULL
+          AND o.id NOT IN (SELECT id FROM claimed))
     """
 )
-# For each key, the oldest unpublished row this relay did not claim: it publishes that key only up to there.
-_BARRIERS = text(
-    """
-    SELECT key, min(id) FROM outbox
-    WHERE published_at IS NULL AND set_aside_at IS NULL
-      AND key = ANY(CAST(:keys AS text[])) AND id <> ALL(CAST(:claimed AS bigint[]))
-    GROUP BY key
-    """
-)
+# Before the table's first ANALYZE (a new database, a sudden backlog) the planner takes the unpublished rows for a
+# handful, and sorts them all for every batch; a walk of the partial index in id order stops at the limit whatever
+# the statistics say. Without sorts a plan's cost is past the threshold of JIT compilation, which costs more than the
+# claim: off too. Both for the claiming transaction only.
+_INDEX_WALK = text("SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)")
 _UNPUBLISHED = text("SELECT id FROM outbox WHERE published_at IS NULL AND id = ANY(CAST(:ids AS bigint[]))")
 _MARK = text("UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:ids AS bigint[]))")
 _SET_ASIDE = text(
@@ -110,31 +119,101 @@ _PUT_BACK = text(
 )
 
 
-async def claim(connection: AsyncConnection, limit: int) -> list[ClaimedRow]:
-    """Lock up to `limit` unpublished rows, skipping rows another relay holds, and keep per-key order.
+async def claim(
+    connection: AsyncConnection, limit: int, slots: Collection[int], busy: Collection[str] = ()
+) -> list[ClaimedRow]:
+    """Lock up to `limit` unpublished rows of keys in `slots` (and rows without a key), skipping rows another
+    transaction holds and the keys in `busy`, and keep per-key order.
 
-    Claiming is by state (`published_at IS NULL`), never by an id cursor: ids commit out of order.
-    A key's rows are kept only up to the first unpublished row of that key that this relay did not
-    claim, so two relays never publish one key's messages out of order.
+    Claiming is by state (`published_at IS NULL`), never by an id cursor: ids commit out of order. `busy` names
+    the keys of the caller's batch still in flight, so that a second open transaction does not lock their later
+    rows (which it could not publish before the first commits).
     """
-    result = await connection.execute(_CLAIM, {"limit": limit})
+    await connection.execute(_INDEX_WALK)
+    parameters = {"limit": limit, "slots": list(slots), "busy": list(busy)}
     rows = [
         ClaimedRow(
-            r.id,
-            r.topic,
-            r.key,
-            from_json(r.headers),
-            bytes(r.payload),
-            bytes(r.kafka_key) if r.kafka_key is not None else None,
+            row_id,
+            topic,
+            key,
+            from_json(orjson.loads(headers)),
+            payload,
+            (unpack_key(kafka_key) if kafka_key is not None else key.encode() if key is not None else None),
         )
-        for r in result
+        for row_id, topic, key, headers, payload, kafka_key in await connection.execute(_CLAIM, parameters)
     ]
-    keys = sorted({row.key for row in rows if row.key is not None})
-    if not keys:
-        return rows
-    barriers = await connection.execute(_BARRIERS, {"keys": keys, "claimed": [row.id for row in rows]})
-    barrier = {key: first_id for key, first_id in barriers}
-    return [row for row in rows if row.key is None or row.id < barrier.get(row.key, row.id + 1)]
+    rows.sort(key=_BY_ID)  # (they come in id order: the statement just does not promise it)
+    return rows
+
+
+_BY_ID = attrgetter("id")
+
+
+# Session advisory locks (two int4 keys, as pg_locks shows them): one per relay that is up, and one per slot held.
+_MEMBERS = "hashtext('outbox-relay')"
+_SLOT_LOCK = "hashtext('outbox-relay-slot')"
+_JOIN = text(f"SELECT pg_advisory_lock({_MEMBERS}, pg_backend_pid())")
+_RELAYS_UP = text(
+    f"""
+    SELECT count(*) FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = CAST({_MEMBERS} AS oid)
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    """
+)
+_TAKE = text(f"SELECT slot FROM unnest(CAST(:slots AS int[])) AS slot WHERE pg_try_advisory_lock({_SLOT_LOCK}, slot)")
+_RELEASE = text(f"SELECT pg_advisory_unlock({_SLOT_LOCK}, slot) FROM unnest(CAST(:slots AS int[])) AS slot")
+
+
+class Slots:
+    """The key-hash slots a relay claims rows of, as session advisory locks on a connection of its own.
+
+    The relays that are up share the slots out: each holds at most ceil(SLOTS / relays) and takes free ones
+    below that, so every slot finds a holder, and a relay that stops or dies frees its slots with its session.
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._connection: AsyncConnection | None = None
+        self.held: frozenset[int] = frozenset()
+
+    async def __aenter__(self) -> Slots:
+        async with translated_errors():
+            connection = await self._engine.connect()
+            self._connection = connection
+            # Autocommit: the locks outlive transactions, and the session must not sit idle in one.
+            await connection.execution_options(isolation_level="AUTOCOMMIT")
+            await connection.execute(_JOIN)
+        await self.rebalance()
+        return self
+
+    async def rebalance(self) -> None:
+        """Take free slots up to this relay's share, and give back what is above it.
+
+        The caller gives a slot back only while it holds no row of it: it publishes nothing while this runs.
+        """
+        connection = self._connection
+        assert connection is not None, "use Slots inside `async with`"
+        async with translated_errors():
+            relays = max(1, int(await connection.scalar(_RELAYS_UP) or 1))
+            share = -(-SLOTS // relays)
+            held = set(self.held)
+            if len(held) < share:
+                free = [slot for slot in range(SLOTS) if slot not in held]
+                held.update(slot for (slot,) in await connection.execute(_TAKE, {"slots": free}))
+            above = sorted(held)[share:]
+            if above:
+                await connection.execute(_RELEASE, {"slots": above})
+                held.difference_update(above)
+        self.held = frozenset(held)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.held = frozenset()
+        if self._connection is not None:
+            # Closed, not returned to the pool: the next user of a pooled session would inherit its locks.
+            try:
+                await self._connection.invalidate()
+            finally:
+                await self._connection.close()
 
 
 async def unpublished(connection: AsyncConnection, ids: Sequence[int]) -> set[int]:

@@ -7,6 +7,8 @@ with the same `event-id` / `failure-id` headers, so readers deduplicate on those
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -36,6 +38,10 @@ log = structlog.get_logger("order_service.relay")
 T = TypeVar("T")
 
 _IDLE_POLL_SECONDS = 0.2
+# Batches claimed and sent before the oldest one's acknowledgements are awaited (each holds a transaction open).
+_IN_FLIGHT = 3
+# How often a relay counts the relays that are up and takes or gives back key slots (service/store/outbox.py).
+_REBALANCE_SECONDS = 1.0
 # Longer than the producer's request timeout (15 s), so that Kafka's own answer, when there is one, comes first.
 _WAITING_LOG_SECONDS = 20.0
 # The errors that say Kafka will never take this record as it is, whatever the retry, and the code its row is
@@ -53,7 +59,7 @@ _REFUSED = tuple(_REFUSALS)
 
 
 class Relay:
-    """Claims rows with FOR UPDATE SKIP LOCKED; several relays may run at once."""
+    """Claims rows with FOR UPDATE SKIP LOCKED, of the key slots it holds; several relays share the keys out."""
 
     def __init__(
         self,
@@ -79,14 +85,12 @@ class Relay:
             if not await start_with_backoff(producer.start, stop, "relay"):
                 await stop_quietly(producer)
                 return
-            log.info("relay_started")
             replaced = False
             try:
-                while not stop.is_set() and not self.spoiled:
-                    published = await self.publish_once(producer)
+                async with outbox.Slots(self._engine) as slots:
+                    log.info("relay_started", slots=len(slots.held))
+                    await self._publish(producer, slots, stop)
                     delay = 1.0
-                    if published == 0:
-                        await sleep_unless_stopped(stop, _IDLE_POLL_SECONDS)
                 if self.spoiled:
                     self.spoiled, replaced = False, True
                     log.info("relay_producer_replaced", reason="a record was refused for its size")
@@ -105,18 +109,68 @@ class Relay:
             await sleep_unless_stopped(stop, delay)
             delay = min(delay * 2, 30.0)
 
-    async def publish_once(self, producer: AIOKafkaProducer) -> int:
-        """Publish one claimed batch; return how many rows were published or set aside."""
+    async def _publish(self, producer: AIOKafkaProducer, slots: outbox.Slots, stop: asyncio.Event) -> None:
+        """Publish batch after batch until `stop` is set or the producer is spoiled, a few at a time: the next batch
+        is claimed and sent while the last ones' acknowledgements are awaited, so that the database and the broker
+        work at once. A batch takes none of the keys of the batches in flight, and batches settle in claim order."""
+        started: list[asyncio.Task[int]] = []
+        in_flight: deque[tuple[asyncio.Task[int], frozenset[str]]] = deque()
+        rebalance_at = time.monotonic() + _REBALANCE_SECONDS
+        try:
+            while not stop.is_set() and not self.spoiled:
+                if time.monotonic() >= rebalance_at:
+                    # Nothing in flight while slots change hands: a slot given back holds no claimed row.
+                    await _settle(in_flight)
+                    await slots.rebalance()
+                    rebalance_at = time.monotonic() + _REBALANCE_SECONDS
+                busy = frozenset[str]().union(*(keys for _, keys in in_flight))
+                previous = in_flight[-1][0] if in_flight else None
+                claimed: asyncio.Future[list[ClaimedRow]] = asyncio.get_running_loop().create_future()
+                batch = asyncio.create_task(self._publish_batch(producer, slots.held, busy, claimed, previous))
+                started = [task for task in started if not task.done()] + [batch]
+                either: set[asyncio.Future[Any]] = {batch, claimed}
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                if not claimed.done():  # the claim failed
+                    batch.result()
+                rows = claimed.result()
+                in_flight.append((batch, frozenset(row.key for row in rows if row.key is not None)))
+                if not rows and not busy:  # the outbox is drained, for now
+                    await _settle(in_flight)
+                    await sleep_unless_stopped(stop, _IDLE_POLL_SECONDS)
+                elif not rows:  # what is left is of keys in flight: it waits for the oldest batch
+                    await in_flight.popleft()[0]
+                while len(in_flight) >= _IN_FLIGHT or (in_flight and in_flight[0][0].done()):
+                    await in_flight.popleft()[0]
+            await _settle(in_flight)
+        finally:
+            # Every batch started settles (marks what Kafka took) before the producer goes; on the way out with an
+            # error, theirs are the same outage told again.
+            await asyncio.gather(*started, return_exceptions=True)
+
+    async def _publish_batch(
+        self,
+        producer: AIOKafkaProducer,
+        slots: frozenset[int],
+        busy: frozenset[str],
+        claimed: asyncio.Future[list[ClaimedRow]],
+        previous: asyncio.Task[int] | None,
+    ) -> int:
+        """Claim a batch (then `claimed` has its rows) and send it; once Kafka answered for every row and
+        the batch before settled, mark what was published and set aside what was refused; return how many."""
         async with UnitOfWork(self._engine) as uow:
-            rows = await outbox.claim(uow.connection, self._settings.relay_batch_size)
+            rows = await outbox.claim(uow.connection, self._settings.relay_batch_size, slots, busy)
+            claimed.set_result(rows)
             if not rows:
                 return 0
-            outcomes = await _said_while_waiting(_send_all(producer, rows))
+            outcomes = await _said_while_waiting(_send_all(producer, rows), previous)
+            if previous is not None:
+                # The batch before settles first: a refusal there spoils the producer for this one's failures too.
+                await asyncio.wait({previous})
             published = [row for row, outcome in zip(rows, outcomes, strict=True) if outcome is None]
             failed = [(row, outcome) for row, outcome in zip(rows, outcomes, strict=True) if outcome is not None]
             refused: list[tuple[ClaimedRow, str]] = []
             error: BaseException | None = None
-            if failed and any(isinstance(outcome, _REFUSED) for _, outcome in failed):
+            if failed and (self.spoiled or any(isinstance(outcome, _REFUSED) for _, outcome in failed)):
                 # After a refusal the idempotent producer's sequence for that partition is broken (the records
                 # after it fail `OutOfOrderSequenceNumber`): it is replaced, and the failed rows go one by one.
                 self.spoiled = True
@@ -149,9 +203,10 @@ class Relay:
         refused: list[tuple[ClaimedRow, str]] = []
         try:
             await producer.start()
+            partitions: dict[str, list[int]] = {}
             for row in rows:
                 try:
-                    await (await _send_row(producer, row))
+                    await (await _send_row(producer, row, partitions))
                 except _REFUSED as refusal:
                     refused.append((row, _set_aside_code(refusal)))
                 else:
@@ -163,13 +218,20 @@ class Relay:
         return published, refused, None
 
 
+async def _settle(in_flight: deque[tuple[asyncio.Task[int], frozenset[str]]]) -> None:
+    """Wait for the batches in flight to settle, oldest first (raising the error of one that failed)."""
+    while in_flight:
+        await in_flight.popleft()[0]
+
+
 def _set_aside_code(refusal: KafkaError) -> str:
     """The code a row Kafka refused for its content is set aside with."""
     return next(code for kind, code in _REFUSALS.items() if isinstance(refusal, kind))
 
 
-async def _said_while_waiting(sending: Coroutine[Any, Any, T]) -> T:
-    """Await a send, with one log line per interval while it waits.
+async def _said_while_waiting(sending: Coroutine[Any, Any, T], previous: asyncio.Task[int] | None) -> T:
+    """Await a send, with one log line per interval while it waits (said by the oldest batch in flight only: the
+    others wait for the same broker).
 
     aiokafka waits for a topic's first metadata without end while the broker is away (its metadata update
     retries forever). Cancelling that send would not help: stopping the producer flushes what it holds, and
@@ -183,7 +245,8 @@ async def _said_while_waiting(sending: Coroutine[Any, Any, T]) -> T:
             if done:
                 return task.result()
             waited += _WAITING_LOG_SECONDS
-            log.warning("kafka_publish_waiting", waited_seconds=waited)
+            if previous is None or previous.done():
+                log.warning("kafka_publish_waiting", waited_seconds=waited)
     finally:
         task.cancel()  # (a no-op once it is done; else the send ends with the caller)
 
@@ -192,9 +255,10 @@ async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[
     """Send the rows at once; each one's error, or None once Kafka acknowledged it."""
     outcomes: list[BaseException | None] = [None] * len(rows)
     sending: list[tuple[int, asyncio.Future[Any]]] = []
+    partitions: dict[str, list[int]] = {}
     for index, row in enumerate(rows):
         try:
-            sending.append((index, await _send_row(producer, row)))
+            sending.append((index, await _send_row(producer, row, partitions)))
         except _REFUSED as error:  # refused by the client's own size check, before it was sent
             outcomes[index] = error
     results = await asyncio.gather(*(future for _, future in sending), return_exceptions=True)
@@ -203,15 +267,19 @@ async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[
     return outcomes
 
 
-async def _send_row(producer: AIOKafkaProducer, row: ClaimedRow) -> asyncio.Future[Any]:
-    key = row.key_bytes
+async def _send_row(
+    producer: AIOKafkaProducer, row: ClaimedRow, partitions: dict[str, list[int]]
+) -> asyncio.Future[Any]:
+    """Hand one row to the producer (`partitions`: each topic's partitions, as far as this batch asked)."""
     partition = None
-    if key is None and row.key is not None:
+    if row.kafka_key is None and row.key is not None:
         # A copy of a record that had no key: it goes out without one, to the partition its ordering key picks
         # (as a keyed copy would), so the copies of one order keep their order.
-        partitions = sorted(await producer.partitions_for(row.topic))
-        partition = DefaultPartitioner()(row.key.encode(), partitions, partitions)
+        if row.topic not in partitions:
+            partitions[row.topic] = sorted(await producer.partitions_for(row.topic))
+        of_topic = partitions[row.topic]
+        partition = DefaultPartitioner()(row.key.encode(), of_topic, of_topic)
     future: asyncio.Future[Any] = await producer.send(
-        row.topic, row.payload, key=key, partition=partition, headers=list(row.headers)
+        row.topic, row.payload, key=row.kafka_key, partition=partition, headers=list(row.headers)
     )
     return future

@@ -6,8 +6,10 @@ import json
 import random
 import subprocess
 from collections import Counter
+from contextlib import AsyncExitStack
 from pathlib import Path
 
+import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -119,6 +121,72 @@ async def test_two_relays_publish_every_row_once_and_keep_each_keys_order(
         offsets_by_key.setdefault(record.key.decode(), []).append(json.loads(record.value)["source"]["offset"])
     assert sum(len(offsets) for offsets in offsets_by_key.values()) == 300
     assert all(offsets == sorted(set(offsets)) for offsets in offsets_by_key.values())
+
+
+@pytest.mark.parametrize("relays", [1, 2])
+async def test_relays_publish_each_keys_rows_once_and_in_id_order_with_batches_in_flight(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, relays: int
+) -> None:
+    # Given 25 rows for each of 20 keys, interleaved, and 50 rows without a key, in batches of 7: a batch's keys
+    # are in flight while the next ones are claimed, and two relays hand key slots over while they publish
+    settings = settings_for(database_url, kafka, topics, relay_batch_size=7)
+    messages = [OutboxMessage(topics.events, f"P-{n % 20}", {"n": str(n)}, str(n).encode()) for n in range(500)]
+    messages += [OutboxMessage(topics.events, None, {"n": str(n)}, str(n).encode()) for n in range(500, 550)]
+    await _outbox_rows(settings, messages)
+
+    # When the relays run
+    async with AsyncExitStack() as stack:
+        for _ in range(relays):
+            await stack.enter_async_context(running(settings, "relay"))
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL"))
+
+    # Then every row is on the topic once, and each key's rows in the order they were written
+    published = await read_topic(kafka, topics.events, expect=550)
+    numbers_by_key: dict[bytes | None, list[int]] = {}
+    for record in published:
+        numbers_by_key.setdefault(record.key, []).append(int(record.value))
+    assert sorted(n for numbers in numbers_by_key.values() for n in numbers) == list(range(550))
+    keyed = {key: numbers for key, numbers in numbers_by_key.items() if key is not None}
+    assert len(keyed) == 20
+    assert all(numbers == sorted(numbers) for numbers in keyed.values())
+
+
+async def test_relays_share_the_key_slots_and_one_that_dies_leaves_its_slots_to_the_other(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, tmp_path: Path
+) -> None:
+    settings = settings_for(database_url, kafka, topics)
+    first = ServiceProcess("relay", settings, tmp_path / "first.log")
+    try:
+        # Given two relays: they hold half of the key slots each
+        second = ServiceProcess("relay", settings, tmp_path / "second.log")
+        await eventually(lambda: _slots_by_relay(engine, [outbox.SLOTS // 2, outbox.SLOTS // 2]))
+
+        # When one of them dies (SIGKILL)
+        second.kill()
+
+        # Then the other takes every slot, and publishes every key
+        await eventually(lambda: _slots_by_relay(engine, [outbox.SLOTS]))
+        await _outbox_rows(settings, [OutboxMessage(topics.events, f"S-{n}", {}, b"x") for n in range(100)])
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL"))
+    finally:
+        assert first.terminate() == 0
+    assert "Traceback" not in first.log()
+
+
+async def _slots_by_relay(engine: AsyncEngine, expected: list[int]) -> bool:
+    """Whether the relays of this database hold these numbers of key slots (one session each)."""
+    held = await scalar(
+        engine,
+        """
+        SELECT coalesce(array_agg(slots ORDER BY slots), '{}') FROM (
+            SELECT count(*) AS slots FROM pg_locks
+            WHERE locktype = 'advisory' AND granted AND objsubid = 2
+              AND classid = CAST(hashtext('outbox-relay-slot') AS oid)
+              AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+            GROUP BY pid) AS held
+        """,
+    )
+    return bool(held == expected)
 
 
 async def _log_contains(process: ServiceProcess, text: str) -> bool:
