@@ -1,4 +1,4 @@
-"""Review of the aiohttp client and the batched outcomes: an order id from Kafka that holds a line break."""
+"""An idempotency key the HTTP client cannot send (a line break in an order id) fails its own call, not the batch."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Review of service/adapters/http.py: what a provider's Retry-After can do to the effect worker."""
+"""A provider's Retry-After, whatever it holds, is capped or ignored, never raised into the effect worker."""
 
 from __future__ import annotations
 
