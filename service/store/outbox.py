@@ -178,12 +178,16 @@ class Slots:
 
     async def __aenter__(self) -> Slots:
         async with translated_errors():
-            connection = await self._engine.connect()
-            self._connection = connection
-            # Autocommit: the locks outlive transactions, and the session must not sit idle in one.
-            await connection.execution_options(isolation_level="AUTOCOMMIT")
-            await connection.execute(_JOIN)
-        await self.rebalance()
+            self._connection = await self._engine.connect()
+        try:
+            async with translated_errors():
+                # Autocommit: the locks outlive transactions, and the session must not sit idle in one.
+                await self._connection.execution_options(isolation_level="AUTOCOMMIT")
+                await self._connection.execute(_JOIN)
+            await self.rebalance()
+        except BaseException:
+            await self.__aexit__()
+            raise
         return self
 
     async def rebalance(self) -> None:
