@@ -922,6 +922,7 @@ def arguments(argv: list[str]) -> argparse.Namespace:
         help=f"only these pipeline stages, comma-separated ({','.join(STAGES)}); no consume steps",
     )
     bench.add_argument("--orders", type=int, help="the orders of each pipeline stage")
+    bench.add_argument("--steady-rate", type=int, help="records (orders) per second of the steady-rate steps")
     peer = sub.add_parser("peer", help="(internal) the FastStream peer")
     for name in ("--bootstrap", "--topic", "--group", "--database-url"):
         peer.add_argument(name, required=True)
@@ -941,6 +942,8 @@ def main() -> int:
         )
     if args.orders:
         sizes = replace(sizes, pipeline=args.orders)
+    if args.steady_rate:
+        sizes = replace(sizes, steady_rate=args.steady_rate)
     if args.only:
         only = frozenset(args.only.split(","))
         if not only <= set(STAGES):
