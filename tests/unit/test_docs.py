@@ -73,3 +73,13 @@ def test_every_link_and_image_in_the_docs_points_at_a_file_that_exists() -> None
         if not re.match(r"[a-z][a-z0-9+.-]*:", target) and not (path.parent / target).exists()
     ]
     assert not missing, "the docs link to what does not exist:\n" + "\n".join(missing)
+
+
+_TEST = re.compile(r"`(test_[a-z0-9_]+)`")
+
+
+def test_every_test_the_docs_name_exists() -> None:
+    defined = set(re.findall(r"def (test_[a-z0-9_]+)\(", "\n".join(p.read_text() for p in ROOT.glob("tests/**/*.py"))))
+    missing = [f"{path.name}: {name}" for path in _GUIDES for name in _TEST.findall(path.read_text())]
+    missing = [entry for entry in missing if entry.split(": ")[1] not in defined]
+    assert not missing, "the docs name tests that do not exist:\n" + "\n".join(missing)
