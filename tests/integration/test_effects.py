@@ -492,6 +492,12 @@ async def test_a_refund_whose_capture_failed_on_our_side_looks_the_capture_up_an
     assert downstream.payments()["RF-1/payment.refund"]["kind"] == "refund"
 
 
+async def place_and_ship(kafka: str, topics: Topics, ids: list[str]) -> None:
+    """Orders placed, then shipped: a capture and an email each."""
+    records = [(order, placed(order), {}) for order in ids] + [(order, shipped(order), {}) for order in ids]
+    await produce(kafka, topics.source, records, partition=0)
+
+
 async def test_a_slow_provider_holds_back_only_its_own_effects(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
 ) -> None:
@@ -502,12 +508,7 @@ async def test_a_slow_provider_holds_back_only_its_own_effects(
         database_url, kafka, topics, downstream, effect_concurrency=2, http_timeout="5s", effect_lease="30s"
     )
     ids = [f"S-{n}" for n in range(8)]
-    await produce(
-        kafka,
-        topics.source,
-        [(order, placed(order), {}) for order in ids] + [(order, shipped(order), {}) for order in ids],
-        partition=0,
-    )
+    await place_and_ship(kafka, topics, ids)
 
     async with running(settings, "consumer_loop", "effect_worker"):
         # When every email has been sent
@@ -536,12 +537,7 @@ async def test_a_rate_limiting_provider_holds_back_only_its_own_effects(
     for order in ids:
         downstream.fail_next("payments.post", status=429, retry_after=60, key=f"{order}/payment.capture")
     settings = effect_settings(database_url, kafka, topics, downstream)
-    await produce(
-        kafka,
-        topics.source,
-        [(order, placed(order), {}) for order in ids] + [(order, shipped(order), {}) for order in ids],
-        partition=0,
-    )
+    await place_and_ship(kafka, topics, ids)
 
     async with running(settings, "consumer_loop", "effect_worker"):
         # When every capture has been refused once for its rate

@@ -14,6 +14,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = REPO_ROOT / "service"
 DRIVERS = ("sqlalchemy", "aiokafka", "aiohttp", "httpx", "asyncpg")
 ENTRYPOINTS = ("service.worker", "service.cli", "service.containers")
+# What a domain's pure modules (its rules and message schemas) may not import: drivers, logging, the core's I/O.
+IO = (*DRIVERS, "structlog", "service.store", "service.adapters", "service.worker")
 LAYER_RULES = {
     "domain": (*DRIVERS, "structlog", "service.policy", "service.store", "service.adapters", *ENTRYPOINTS),
     "policy": (*DRIVERS, "service.store", "service.adapters", *ENTRYPOINTS),

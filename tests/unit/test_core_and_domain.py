@@ -14,22 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_architecture import PACKAGE, REPO_ROOT, imports_of, module_name, names_any, relative, sources
+from tests.unit.test_architecture import IO, PACKAGE, REPO_ROOT, imports_of, module_name, names_any, relative, sources
 
 DOMAIN = "service.orders"
 COMPOSITION_ROOT = {"service.containers"}  # wires the domain into the core: the one place that names both
 PURE_DOMAIN = ("service/orders/model.py", "service/orders/messages.py")
-IO = (
-    "sqlalchemy",
-    "aiokafka",
-    "aiohttp",
-    "httpx",
-    "asyncpg",
-    "structlog",
-    "service.store",
-    "service.adapters",
-    "service.worker",
-)
 
 # Core modules that still import the domain: none now (the processor, reprocess, the round's write statement
 # and the CLI go through the handler, the effect registry and the container); keep it so.

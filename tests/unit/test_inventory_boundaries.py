@@ -9,7 +9,7 @@ from examples.inventory.composition import InventorySettings, inventory_handler,
 from examples.inventory.effects import SPECS, inventory_effects
 from examples.inventory.messages import decode, invalid_field
 from service.containers import Container
-from tests.unit.test_architecture import REPO_ROOT, imports_of, names_any, relative, sources
+from tests.unit.test_architecture import IO, REPO_ROOT, imports_of, names_any, relative, sources
 
 EXAMPLE = REPO_ROOT / "examples" / "inventory"
 # The core's public API for a domain: the seams the template guide names, the values they exchange, and the
@@ -36,17 +36,6 @@ CORE_API = frozenset(
     }
 )
 PURE = ("codes.py", "messages.py", "model.py")
-IO = (
-    "sqlalchemy",
-    "aiokafka",
-    "aiohttp",
-    "httpx",
-    "asyncpg",
-    "structlog",
-    "service.store",
-    "service.adapters",
-    "service.worker",
-)
 
 
 def _public(name: str) -> bool:
