@@ -3,7 +3,8 @@ idempotency keys.
 
 Per batch: claim (lease) in one short transaction, call the providers outside any transaction, then record
 every outcome — with what its kind writes (events, aggregate changes) — in one transaction. A call whose
-provider is not idempotent is only made again after a look-up found nothing.
+provider is not idempotent is only made again after a look-up found nothing. A batch is what the calls can make in
+about 200 ms at the provider's recent pace (`claim_size`): the two commits are paid per batch, not per effect.
 
 Each kind of effect has lanes of its own (two, so that one claims and records while the other's calls are out)
 and at most `ORDERS_EFFECT_CONCURRENCY` calls in flight: a provider that is slow, rate limits or fails holds
