@@ -186,8 +186,8 @@ class EffectWorker:
         """The batch's outcomes in one transaction. The calls were made: their outcomes must not wait for the
         lease to end and a look-up, so a write a deadlock rolled back is redone at once, and one the database
         refused is tried again until the lease would end (then the reconciler takes over, as for a crash)."""
-        delay = 0.1
-        for attempt in range(1, _RECORD_TRIES + 1):
+        deadlocks, delay = 0, 0.1
+        while True:
             try:
                 async with UnitOfWork(self._engine) as uow:
                     kept = await record_outcomes(
@@ -201,16 +201,16 @@ class EffectWorker:
                     await uow.commit()
                 return kept
             except ConcurrentWrite:
-                if attempt == _RECORD_TRIES:
+                deadlocks += 1
+                if deadlocks == _RECORD_TRIES:
                     raise
-                log.info("effect_outcomes_redone", attempt=attempt, effects=len(settled))
+                log.info("effect_outcomes_redone", attempt=deadlocks, effects=len(settled))
             except InfrastructureUnavailable:
                 if time.monotonic() + delay > lease_ends + self._record_margin:
                     raise
                 log.warning("effect_outcomes_waiting", reason="database_unavailable", retry_in_seconds=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")
 
     async def _execute(self, effect: EffectRow, lease_ends: float) -> CallOutcome | None:
         async with self._limits[effect.kind]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -17,7 +18,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
 from service.containers import Container
+from service.errors import InfrastructureUnavailable
 from service.orders.fakes import Downstream
+from service.worker import effects as effects_worker
+from service.worker.effects import record_outcomes
 from tests.support import (
     ServiceProcess,
     Topics,
@@ -555,3 +559,44 @@ async def test_a_rate_limiting_provider_holds_back_only_its_own_effects(
         )
     assert waiting == [{"state": "pending", "last_error_code": "RATE_LIMITED", "later": True}] * len(ids)
     assert all(downstream.calls("emails.post", f"{order}/email.shipped") == 1 for order in ids)
+
+
+async def test_outcomes_the_database_refuses_are_written_once_it_takes_them_again(
+    engine: AsyncEngine,
+    database_url: str,
+    kafka: str,
+    topics: Topics,
+    downstream: Downstream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a placed order whose capture is pending, and a database that refuses the outcomes' write seven times
+    # in a row (more than the redos a deadlock gets) before it takes it, well within the lease
+    settings = effect_settings(database_url, kafka, topics, downstream, effect_lease="30s")
+    await produce(kafka, topics.source, [("W-1", placed("W-1"), {})], partition=0)
+    async with running(settings, "consumer_loop"):
+        await eventually(lambda: state_is(engine, "W-1/payment.capture", "pending"))
+    refusals = 7
+
+    async def refusing(*args: Any, **kwargs: Any) -> set[str]:
+        nonlocal refusals
+        if refusals:
+            refusals -= 1
+            raise InfrastructureUnavailable("the database is restarting")
+        return await record_outcomes(*args, **kwargs)
+
+    monkeypatch.setattr(effects_worker, "record_outcomes", refusing)
+
+    # When the worker makes the capture and writes its outcome
+    container = Container(settings=settings)
+    await container.init_resources()
+    try:
+        worker = await container.effect_worker()
+        attempted = await worker.work_once(["payment.capture"])
+    finally:
+        await container.shutdown_resources()
+
+    # Then the outcome is written once the database takes it: sent, the call made once, the event in the outbox
+    assert (attempted, refusals) == (1, 0)
+    assert (await effect(engine, "W-1/payment.capture"))["state"] == "sent"
+    assert downstream.calls("payments.post", "W-1/payment.capture") == 1
+    assert await scalar(engine, "SELECT count(*) FROM outbox WHERE headers->>'event-type' = 'payment.captured'") == 1
