@@ -66,33 +66,42 @@ class _Payment:
 
     async def on_outcomes(self, connection: AsyncConnection, topics: Topics, settled: Sequence[Settled]) -> None:
         """Each sent or failed payment: the order's payment status, its version, and one `payment.*` event."""
-        changes: list[tuple[EffectRow, EffectDecision, str]] = []
-        for effect, decision in settled:
-            if decision.state == "sent":
-                changes.append((effect, decision, "captured" if self.spec is CAPTURE else "refunded"))
-            elif decision.state == "failed":
-                changes.append((effect, decision, "failed"))
+        changes = [
+            (effect, decision, *outcome)
+            for effect, decision in settled
+            if (outcome := _OUTCOMES.get((effect.kind, decision.state))) is not None
+        ]
         if not changes:
-            return
+            return  # not settled yet (pending, uncertain): nothing follows
         # The orders' row locks first, then the outbox rows: their ids are then taken after every change of the
         # order that committed before, so the relay publishes one order's events in the order they happened.
         versions = await store.set_payment_statuses(
-            connection, [store.PaymentStatus(effect.aggregate_id, status) for effect, _, status in changes]
+            connection, [store.PaymentStatus(effect.aggregate_id, status) for effect, _, status, _ in changes]
         )
         messages = [
-            _event(topics, effect, decision, versions.get(effect.aggregate_id)) for effect, decision, _ in changes
+            _event(topics, effect, decision, event_type, versions.get(effect.aggregate_id))
+            for effect, decision, _, event_type in changes
         ]
         await outbox.add(connection, messages)
 
 
-def _event(topics: Topics, effect: EffectRow, decision: EffectDecision, version: int | None) -> OutboxMessage:
+# Per kind and settled state: the order's payment status and the event that announces it.
+_OUTCOMES = {
+    (CAPTURE.name, "sent"): ("captured", "payment.captured"),
+    (REFUND.name, "sent"): ("refunded", "payment.refunded"),
+    (CAPTURE.name, "failed"): ("failed", "payment.failed"),
+    (REFUND.name, "failed"): ("failed", "payment.failed"),
+}
+
+
+def _event(
+    topics: Topics, effect: EffectRow, decision: EffectDecision, event_type: str, version: int | None
+) -> OutboxMessage:
     """The `payment.*` event of a settled payment."""
     payload: dict[str, Any]
     if decision.state == "failed":
-        event_type = "payment.failed"
         payload = {"kind": effect.kind, "errorCode": decision.code.value if decision.code else None}
     else:
-        event_type = "payment.captured" if effect.kind == CAPTURE.name else "payment.refunded"
         payload = {"paymentId": decision.reference}
     document = {
         "type": event_type,
