@@ -85,8 +85,6 @@ class HttpClient:
                 # Shorter than the few seconds after which many providers close an idle connection: a POST on a
                 # connection the provider has just closed would end Unknown (it may have been read) for nothing.
                 connector=aiohttp.TCPConnector(limit=connections, limit_per_host=0, keepalive_timeout=4),
-                auto_decompress=True,
-                raise_for_status=False,
             )
         )
 
