@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+from urllib.parse import unquote
 
-from service.adapters.http import MAX_RETRY_AFTER, Answer, call_status, retry_after
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from service.adapters.http import MAX_RETRY_AFTER, Answer, call_status, path_segment, retry_after
 
 
 @pytest.mark.parametrize("value", ["99999999999999", "9" * 5000, "\u00b2"])
@@ -16,3 +20,17 @@ def test_a_hostile_retry_after_is_capped_or_ignored_never_raised(value: str) -> 
     # When the effect's call reads it, Then it is capped (or ignored), and the call ends as an outcome
     assert retry_after(answer) in (MAX_RETRY_AFTER, None)
     assert call_status(answer).code is not None
+
+
+@given(st.text())
+def test_an_id_in_a_path_is_one_segment_whatever_it_holds(value: str) -> None:
+    # Given any id from a message (slashes, dots, `..`, spaces, percent signs, non-ASCII)
+    # When it is put in a URL's path, Then it is one segment that reads back as the id, and no `.` or `..` segment
+    segment = path_segment(value)
+    assert "/" not in segment
+    assert "." not in segment
+    assert unquote(segment) == value
+
+
+def test_dot_segments_are_encoded() -> None:
+    assert [path_segment(value) for value in (".", "..", "a/b c")] == ["%2E", "%2E%2E", "a%2Fb%20c"]
