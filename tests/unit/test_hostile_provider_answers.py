@@ -1,4 +1,5 @@
-"""A provider's Retry-After, whatever it holds, is capped or ignored, never raised into the effect worker."""
+"""What a provider or a message can put into an HTTP exchange: a Retry-After is capped or ignored, never raised; an
+id is always one path segment."""
 
 from __future__ import annotations
 
