@@ -47,6 +47,7 @@ from bench import (
     stop,
 )
 
+from service.adapters.kafka import COMPRESSION
 from service.config import Settings
 from service.orders import store as order_store
 from service.orders.fakes import PAYMENTS_POST
@@ -214,7 +215,7 @@ async def relay_stage(bench: Bench, count: int) -> tuple[Stage, Stage]:
 async def raw_produce(bootstrap: str, topic: str, messages: Sequence[OutboxMessage]) -> Stage:
     """The relay's limit: an idempotent producer (compressed as the relay's) sending the messages, then flushing."""
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", compression_type="gzip"
+        bootstrap_servers=bootstrap, enable_idempotence=True, acks="all", compression_type=COMPRESSION
     )
     await producer.start()
     try:
