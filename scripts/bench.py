@@ -85,7 +85,7 @@ class Sizes:
     prefill: int
     pipeline: int  # the orders of each pipeline stage
     pipeline_slow: bool  # the pipeline stages with a 100 ms provider and at a steady rate
-    only: frozenset[str] = frozenset()  # `--only`: just these pipeline stages, no consume steps
+    only: frozenset[str] = frozenset()  # `--only`: just these stages (STAGES)
 
 
 QUICK = Sizes(
@@ -110,8 +110,9 @@ FULL = Sizes(
 )
 
 
-# The pipeline stages `--only` can pick (scripts/bench_pipeline.py).
-STAGES = ("relay", "effects", "effects100", "pipeline", "steady")
+# The stages `--only` can pick: `consume` (the raw limits, the service twice, the latency), and the pipeline's
+# (scripts/bench_pipeline.py).
+STAGES = ("consume", "relay", "effects", "effects100", "pipeline", "steady")
 
 # ------------------------------------------------------------------------------------------------ the data
 
@@ -751,8 +752,27 @@ async def measure(bench: Bench, results: Results) -> None:
     """Every step, in order, on the same data (with `--only`, just those pipeline stages)."""
     sizes = bench.sizes
     if sizes.only:
+        if "consume" in sizes.only:
+            await consume_steps(bench, results, peer=False)
+            await latency_step(bench, results)
         await pipeline_stages(bench, results)
         return
+    source = await consume_steps(bench, results, peer=True)
+    results.service_2proc = await bench.service(source, sizes.records, "svc2", processes=2)
+    progress("order-service consume, 2 processes", results.service_2proc.rps)
+    await latency_step(bench, results)
+    backlog = await bench.new_topic("backlog", derived=True)
+    await bench.produce(backlog, map(record_at, range(sizes.backlog)))
+    results.backlog = await bench.service(backlog, sizes.backlog, "rss")
+    progress(f"drained a {sizes.backlog:,} backlog, peak RSS {results.backlog.peak_rss_mb:.0f} MB", results.backlog.rps)
+    results.prefill_seconds, results.big_inbox = await bench.big_inbox(source, sizes.records)
+    progress(f"with {sizes.prefill:,} inbox rows (prefilled in {results.prefill_seconds:.0f} s)", results.big_inbox.rps)
+    await pipeline_stages(bench, results)
+
+
+async def consume_steps(bench: Bench, results: Results, *, peer: bool) -> str:
+    """The raw limits and `consume` on the same records, and the peer when asked; return the source topic."""
+    sizes = bench.sizes
     source = await bench.new_topic("src", derived=True)
     sent, seconds = await bench.produce(source, map(record_at, range(sizes.records)))
     results.produce_rps = sent / seconds
@@ -768,31 +788,31 @@ async def measure(bench: Bench, results: Results) -> None:
         runs["raw"].append(await bench.raw_db(source, sizes.records, name))
     results.raw_db = best(*runs["raw"])
     progress("raw asyncpg write (best of two)", results.raw_db.rps)
-    sample = await bench.new_topic("peer", derived=False)
-    await bench.produce(sample, map(record_at, range(sizes.peer)))
+    sample = await bench.new_topic("peer", derived=False) if peer else None
+    if sample is not None:
+        await bench.produce(sample, map(record_at, range(sizes.peer)))
     for suffix in ("", "b"):
-        await bench.checkpoint()
-        runs["peer"].append(await bench.peer(sample, sizes.peer, f"peer{suffix}"))
+        if sample is not None:
+            await bench.checkpoint()
+            runs["peer"].append(await bench.peer(sample, sizes.peer, f"peer{suffix}"))
         await bench.checkpoint()
         runs["svc"].append(await bench.service(source, sizes.records, f"svc{suffix}"))
-    results.peer = best(*runs["peer"])
-    progress(f"FastStream peer on the first {sizes.peer:,} records (best of two)", results.peer.rps)
+    if sample is not None:
+        results.peer = best(*runs["peer"])
+        progress(f"FastStream peer on the first {sizes.peer:,} records (best of two)", results.peer.rps)
     results.service = best(*runs["svc"])
     progress("order-service consume, 1 process (best of two)", results.service.rps)
     await bench.checkpoint()
-    results.service_2proc = await bench.service(source, sizes.records, "svc2", processes=2)
-    progress("order-service consume, 2 processes", results.service_2proc.rps)
+    return source
+
+
+async def latency_step(bench: Bench, results: Results) -> None:
+    """p50 and p99 of `consume` at a steady rate."""
     results.latency_ms, results.latency_terminal = await bench.latency()
     progress(
-        f"latency at {sizes.steady_rate:,}/s: p50 {results.latency_ms[0]:.0f} ms, p99 {results.latency_ms[1]:.0f} ms"
+        f"latency at {bench.sizes.steady_rate:,}/s: p50 {results.latency_ms[0]:.0f} ms, "
+        f"p99 {results.latency_ms[1]:.0f} ms"
     )
-    backlog = await bench.new_topic("backlog", derived=True)
-    await bench.produce(backlog, map(record_at, range(sizes.backlog)))
-    results.backlog = await bench.service(backlog, sizes.backlog, "rss")
-    progress(f"drained a {sizes.backlog:,} backlog, peak RSS {results.backlog.peak_rss_mb:.0f} MB", results.backlog.rps)
-    results.prefill_seconds, results.big_inbox = await bench.big_inbox(source, sizes.records)
-    progress(f"with {sizes.prefill:,} inbox rows (prefilled in {results.prefill_seconds:.0f} s)", results.big_inbox.rps)
-    await pipeline_stages(bench, results)
 
 
 async def pipeline_stages(bench: Bench, results: Results) -> None:
@@ -860,7 +880,11 @@ def summary(results: Results) -> dict[str, Any]:
         "inbox_10m_ratio": ratio(rps(r.big_inbox), service),
         "records": r.sizes.records,
         "all_terminal": r.error is None
-        and (bool(r.sizes.only) or (r.latency_terminal and all(d is not None and d.terminal for d in drains)))
+        and (
+            all(d.terminal for d in drains if d is not None) and (r.latency_terminal or r.latency_ms is None)
+            if r.sizes.only
+            else r.latency_terminal and all(d is not None and d.terminal for d in drains)
+        )
         and pipeline["pipeline_all_done"],
         "produce_rps": round(r.produce_rps, 1) if r.produce_rps else None,
         "peer_records": r.sizes.peer,
@@ -919,7 +943,7 @@ def arguments(argv: list[str]) -> argparse.Namespace:
     bench.add_argument("--keep", action="store_true", help="keep the databases and topics it created")
     bench.add_argument(
         "--only",
-        help=f"only these pipeline stages, comma-separated ({','.join(STAGES)}); no consume steps",
+        help=f"only these stages, comma-separated ({','.join(STAGES)})",
     )
     bench.add_argument("--orders", type=int, help="the orders of each pipeline stage")
     bench.add_argument("--steady-rate", type=int, help="records (orders) per second of the steady-rate steps")

@@ -154,6 +154,8 @@ async def measure_pipeline(bench: Bench, results: PipelineResults) -> None:
         results.relay, results.raw_produce = await relay_stage(bench, count)
         progress(f"raw idempotent producer, {count:,} messages", results.raw_produce.rps)
         progress("order-service relay, 1 process", results.relay.rps)
+    if not any(results.runs(stage) for stage in ("effects", "effects100", "pipeline", "steady")):
+        return
     provider = await Provider.start(bench)
     try:
         if results.runs("effects"):
