@@ -119,9 +119,10 @@ class UnitOfWork:
 
 
 @asynccontextmanager
-async def reading(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """A connection for one statement that only reads, outside a transaction (the statement is its own snapshot):
-    no BEGIN and no ROLLBACK around it, two round trips fewer than a UnitOfWork."""
+async def one_statement(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection for one statement outside an explicit transaction (autocommit: the statement is its own
+    transaction and its own snapshot): no BEGIN and no COMMIT or ROLLBACK around it, two round trips fewer
+    than a UnitOfWork. For one statement only: two would not be atomic."""
     async with translated_errors(), engine.connect() as connection:
         await connection.execution_options(isolation_level="AUTOCOMMIT")
         yield connection

@@ -43,7 +43,7 @@ from service.policy.effects import (
 from service.stopping import sleep_unless_stopped
 from service.store import effects
 from service.store.effects import EffectRow, Settlement
-from service.store.uow import UnitOfWork
+from service.store.uow import UnitOfWork, one_statement
 from service.worker.effect_kinds import EffectRegistry, Settled
 
 log = structlog.get_logger("order_service.effects")
@@ -159,16 +159,15 @@ class EffectWorker:
         # The lease is only as good as the clock, and it started when the claim's transaction did: no call may
         # start unless it can end, and its outcome be written, before the lease ends.
         lease_ends = time.monotonic() + self._settings.effect_lease.total_seconds() - self._record_margin
-        async with UnitOfWork(self._engine) as uow:
+        async with one_statement(self._engine) as connection:
             claimed = await effects.claim(
-                uow.connection,
+                connection,
                 self._owner,
                 self._settings.effect_lease,
                 claim_size(self._concurrency, pace, self._rounds_in_lease),
                 wanted,
                 self._waits,
             )
-            await uow.commit()
         if not claimed:
             return 0
         outcomes = await asyncio.gather(*(self._execute(effect, lease_ends) for effect in claimed))

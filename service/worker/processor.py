@@ -48,7 +48,7 @@ from service.policy.round import Facts, Outcome, Round, RoundPlan, Write, plan_r
 from service.stopping import sleep_unless_stopped
 from service.store import batch, inbox, lookups, parking, quarantine, retries
 from service.store.parking import StoredParked
-from service.store.uow import UnitOfWork, is_passing, reading
+from service.store.uow import UnitOfWork, is_passing, one_statement
 from service.worker.failures import Failures
 from service.worker.handler import Handler
 from service.worker.writes import RowMaker
@@ -212,7 +212,7 @@ class Processor:
         keys = {d.key for d in due if d.key} if self._settings.ordering == "key" else set()
         # Which aggregates exist decides what the handler looks up and which aggregates the write must lock.
         aggregate_ids = {d.aggregate_id for d in due if d.aggregate_id}
-        async with reading(self._engine) as connection:
+        async with one_statement(self._engine) as connection:
             known = await lookups.known(
                 connection,
                 self._consumer,
