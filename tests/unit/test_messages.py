@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from service.domain.codes import ErrorCode
 from service.orders.messages import (
@@ -315,3 +317,28 @@ def test_an_invalid_field_is_named_by_its_path_and_rule_without_its_value(
 def test_a_valid_or_malformed_value_names_no_field() -> None:
     assert invalid_field(b"{not json") is None
     assert invalid_field(None) is None
+
+
+_CONTROL = st.characters(categories=["Cc"])
+_PRINTABLE = st.characters(codec="utf-8", exclude_categories=["Cc", "Cs", "Zs", "Zl", "Zp"])
+
+
+@given(
+    # (between other characters: at either end, one that is whitespace is stripped, as any whitespace is)
+    st.tuples(st.text(_PRINTABLE, min_size=1, max_size=20), _CONTROL, st.text(_PRINTABLE, min_size=1, max_size=20)).map(
+        "".join
+    ),
+    st.sampled_from(sorted(VALID)),
+)
+def test_an_order_id_holding_a_control_character_is_an_invalid_field(order_id: str, schema: str) -> None:
+    # (it would become an idempotency key header, which cannot carry one: a capture that could never be sent)
+    value = json.dumps(VALID[schema] | {"order_id": order_id}).encode()
+    assert decode(value) == DecodeFailure(code=ErrorCode.INVALID_FIELD, schema_name=schema)
+    assert invalid_field(value) == ("order_id", "string_pattern_mismatch")
+
+
+@given(st.text(_PRINTABLE, min_size=1, max_size=200), st.sampled_from(sorted(VALID)))
+def test_an_order_id_of_any_other_characters_decodes_as_it_came(order_id: str, schema: str) -> None:
+    message = decode(json.dumps(VALID[schema] | {"order_id": order_id}).encode())
+    assert not isinstance(message, DecodeFailure)
+    assert message.order_id == order_id
