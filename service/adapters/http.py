@@ -33,6 +33,7 @@ MAX_RETRY_AFTER = timedelta(minutes=10)  # a longer Retry-After would park a rec
 _LONGEST = int(MAX_RETRY_AFTER.total_seconds())
 _SECONDS = re.compile(r"[0-9]+", re.ASCII)
 _JSON = {"Content-Type": "application/json"}
+_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +45,9 @@ class Answer:
     content: bytes
 
     def json(self) -> Any:
-        """The body as JSON; ValueError when it is not."""
-        return orjson.loads(self.content)
+        """The body as JSON; ValueError when it is not. A leading UTF-8 byte order mark is skipped, as JSON
+        readers may (RFC 8259 §8.1) and httpx did: orjson refuses it."""
+        return orjson.loads(self.content.removeprefix(_BOM))
 
 
 class TransportError(Exception):

@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.containers import Container
 from service.orders.fakes import Downstream
 from tests.support import Topics, eventually, produce, running, scalar
-from tests.support.effects import effect, effect_settings, state_is
+from tests.support.effects import effect, effect_settings
 from tests.support.orders import placed
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -35,3 +36,22 @@ def test_an_id_in_a_path_is_one_segment_whatever_it_holds(value: str) -> None:
 
 def test_dot_segments_are_encoded() -> None:
     assert [path_segment(value) for value in (".", "..", "a/b c")] == ["%2E", "%2E%2E", "a%2Fb%20c"]
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**63 - 1) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=10,
+)
+
+
+@given(json_values)
+def test_a_body_with_a_byte_order_mark_reads_as_the_same_json(value: object) -> None:
+    body = orjson.dumps(value)
+    assert Answer(200, {}, b"\xef\xbb\xbf" + body).json() == Answer(200, {}, body).json() == value
+
+
+@pytest.mark.parametrize("body", [b"", b"\xef\xbb\xbf", b"\xef\xbb\xbf\xef\xbb\xbf{}", b"{", b"\xff"])
+def test_a_body_that_is_not_json_raises_value_error(body: bytes) -> None:
+    with pytest.raises(orjson.JSONDecodeError):  # (a ValueError, as the callers catch)
+        Answer(200, {}, body).json()
