@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.partitioner import DefaultPartitioner
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.policy.records import SourceRecord
+from service.policy.records import SourceRecord, pack_key, unpack_key
 from service.store import outbox
 from service.store.outbox import OutboxMessage
 from service.store.uow import UnitOfWork
@@ -252,3 +253,46 @@ async def test_a_row_kafka_refuses_for_its_size_is_set_aside_and_every_other_row
         put_back = json.loads((await cli(settings, "outbox", "put-back", str(too_large), "--json")).stdout)
         assert put_back == {"id": too_large, "put_back": True}
         await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM outbox WHERE set_aside_at IS NOT NULL"))
+
+
+async def test_the_relay_puts_each_row_on_the_partition_kafkas_own_partitioner_picks(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics
+) -> None:
+    # Given a topic of 8 partitions, and rows the relay batches itself (it picks each row's partition): keyed by
+    # their ordering key, copies of records keyed with other bytes (the original key, byte-exact, even empty), and
+    # copies of records that had no key (published without one, on the partition of their ordering key)
+    wide = f"{topics.source}.wide"
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(wide, 8, 1)])
+    finally:
+        await admin.close()
+    settings = settings_for(database_url, kafka, topics)
+    rng = random.Random(17)
+    messages = [OutboxMessage(wide, f"order-{n}", {"n": str(n)}, b"keyed") for n in range(40)]
+    messages += [
+        OutboxMessage(wide, f"order-{n}", {"n": str(40 + n)}, b"copy", kafka_key=pack_key(rng.randbytes(n % 9)))
+        for n in range(40)
+    ]
+    messages += [
+        OutboxMessage(wide, f"order-{n}", {"n": str(80 + n)}, b"keyless", kafka_key=pack_key(None)) for n in range(40)
+    ]
+    await _outbox_rows(settings, messages)
+
+    # When a relay publishes them
+    async with running(settings, "relay"):
+        published = await read_topic(kafka, wide, expect=len(messages), timeout=60)
+
+    # Then each went out once, with its key as stored, on the partition the Java client's and aiokafka's default
+    # partitioner give that key (for a copy without a key: the one its ordering key gives)
+    assert len(published) == len(messages)
+    by_n = {dict(record.headers)["n"].decode(): record for record in published}
+    partitions = list(range(8))
+    for n, message in enumerate(messages):
+        record = by_n[str(n)]
+        assert message.key is not None
+        kafka_key = unpack_key(message.kafka_key) if message.kafka_key is not None else message.key.encode()
+        assert record.key == kafka_key
+        picked_by = kafka_key if kafka_key is not None else message.key.encode()
+        assert record.partition == DefaultPartitioner()(picked_by, partitions, partitions), f"row {n}"
