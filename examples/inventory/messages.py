@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 from service.domain.codes import ErrorCode
+from service.domain.fields import AggregateId
 from service.policy.handling import DecodeFailure
 
 NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
@@ -24,7 +25,7 @@ Sequence = Annotated[int, Field(ge=1, le=BIGINT_MAX)]
 class _Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", strict=False)
 
-    reservation_id: NonEmpty
+    reservation_id: AggregateId
 
     @property
     def aggregate_id(self) -> str:

@@ -56,8 +56,8 @@ MAX_UNCOMPRESSED_MESSAGE = 32 * 1024 * 1024
 # trip. Batches of 16 KiB (the client's default) hold about forty outbox rows; these hold about a thousand, and stay
 # well under the broker's default `message.max.bytes` (1 MiB) compressed, also when compression cannot shrink them.
 MAX_BATCH = 512 * 1024
-# zstd (Kafka 2.1 and later; aiokafka through cramjam): a batch costs the relay a fifth of the CPU gzip costs it
-# (aiokafka's gzip is level 9), and compresses as small (docs/performance.md).
+# zstd (Kafka 2.1 and later; aiokafka through cramjam): far cheaper per batch than aiokafka's gzip, which is level 9
+# (docs/performance.md). A reader of the topics the service writes needs a client that reads zstd.
 COMPRESSION = "zstd"
 
 
@@ -143,7 +143,7 @@ def partition_of(key: bytes | None, partitions: Sequence[int]) -> int:
 
 def murmur2(data: bytes) -> int:
     """Kafka's murmur2 (org.apache.kafka.common.utils.Utils.murmur2) as an unsigned 32-bit int: aiokafka's
-    `aiokafka.partitioner.murmur2`, in half its time (a word at a time; a test holds the two equal)."""
+    `aiokafka.partitioner.murmur2`, a word at a time (faster: docs/performance.md; a test holds the two equal)."""
     length = len(data)
     h = 0x9747B28C ^ length
     end = length & ~3

@@ -18,15 +18,10 @@ from pydantic import (
 )
 
 from service.domain.codes import ErrorCode
+from service.domain.fields import AggregateId
 from service.policy.handling import DecodeFailure
 
 NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
-# An order id becomes a Kafka key, an idempotency key (an HTTP header) and a path segment downstream: no control
-# character (Unicode's Cc: C0, DEL, C1), which a header cannot carry. Refused at the door as INVALID_FIELD rather
-# than accepted, with a capture that could never be sent.
-OrderId = Annotated[
-    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f-\x9f]+$")
-]
 Currency = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
 # What the store's columns hold: `orders.sequence` and `amount_cents` are bigint; text cannot hold NUL.
 BIGINT_MAX = 2**63 - 1
@@ -39,7 +34,7 @@ Sequence = Annotated[int, Field(ge=1, le=BIGINT_MAX)]
 class _Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", strict=False)
 
-    order_id: OrderId
+    order_id: AggregateId
 
     @property
     def aggregate_id(self) -> str:

@@ -17,6 +17,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
     InvalidTimestampError,
     KafkaError,
+    KafkaTimeoutError,
     MessageSizeTooLargeError,
     RecordListTooLargeError,
     RecordTooLargeError,
@@ -25,8 +26,7 @@ from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.adapters.kafka import MAX_UNCOMPRESSED_MESSAGE as MAX_REQUEST
-from service.adapters.kafka import partition_of, start_with_backoff, stop_quietly
+from service.adapters.kafka import MAX_UNCOMPRESSED_MESSAGE, partition_of, start_with_backoff, stop_quietly
 from service.config import Settings
 from service.errors import ConcurrentWrite, InfrastructureUnavailable
 from service.faults import crash_point
@@ -256,9 +256,11 @@ async def _said_while_waiting(sending: Coroutine[Any, Any, T], previous: asyncio
 async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[BaseException | None]:
     """Send the rows at once; each one's error, or None once Kafka acknowledged it.
 
-    The rows go out in record batches built here, one partition each (the producer's batch API): a record costs
-    under half of what `send` costs it (docs/performance.md). A row goes to the partition `send` would pick, and a
-    partition's rows are appended and submitted in id order, so each key's rows keep their order.
+    The rows go out in record batches built here, one partition each (the producer's batch API, much cheaper per
+    record than `send`: docs/performance.md). A row goes to the partition `send` would pick, and a partition's rows
+    are appended and submitted in id order, so each key's rows keep their order. The relay relies on aiokafka's
+    `BatchBuilder` and `DefaultRecordBatchBuilder.estimate_size_in_bytes` as they are in the versions its
+    dependency range allows.
     """
     outcomes: list[BaseException | None] = [None] * len(rows)
     partitions: dict[str, list[int]] = {}
@@ -266,8 +268,9 @@ async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[
     sending: list[tuple[asyncio.Future[Any], list[int]]] = []
     for index, row in enumerate(rows):
         headers = list(row.headers)
-        if DefaultRecordBatchBuilder.estimate_size_in_bytes(row.kafka_key, row.payload, headers) > MAX_REQUEST:
-            # What `send` refuses before sending: set aside at once, and the producer's sequence stays whole.
+        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(row.kafka_key, row.payload, headers)
+        if size > MAX_UNCOMPRESSED_MESSAGE:
+            # What `send` would refuse before sending: it never reaches the broker, and is set aside.
             outcomes[index] = MessageSizeTooLargeError(f"{row.size} bytes, over the producer's request limit")
             continue
         target = (row.topic, await _partition(producer, row, partitions))
@@ -293,11 +296,22 @@ async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[
 
 
 async def _submit(producer: AIOKafkaProducer, builder: BatchBuilder, target: tuple[str, int]) -> asyncio.Future[Any]:
-    """Hand a built batch to the producer; the future of Kafka's answer for all its records."""
+    """Hand a built batch to the producer; the future of Kafka's answer for all its records.
+
+    The producer queues one built batch per partition at a time: the next waits until the sender has taken it,
+    and gives up after the request timeout (`KafkaTimeoutError`) while the broker is away and the sender keeps
+    retrying the one before. Giving up here would drop the outcomes of the batches already handed over, and roll
+    back rows the producer still holds (they would go out twice), so the relay waits for the broker, as it does
+    for a topic's first metadata (`_said_while_waiting` says so). A producer that is closed or failed raises.
+    """
     builder.close()
     topic, partition = target
-    future: asyncio.Future[Any] = await producer.send_batch(builder, topic, partition=partition)
-    return future
+    while True:
+        try:
+            future: asyncio.Future[Any] = await producer.send_batch(builder, topic, partition=partition)
+        except KafkaTimeoutError:
+            continue
+        return future
 
 
 async def _partition(producer: AIOKafkaProducer, row: ClaimedRow, partitions: dict[str, list[int]]) -> int:

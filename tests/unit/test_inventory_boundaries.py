@@ -20,6 +20,7 @@ CORE_API = frozenset(
         "service.config",
         "service.containers",
         "service.domain.codes",
+        "service.domain.fields",
         "service.errors",
         "service.policy.effects",
         "service.policy.envelope",

@@ -104,6 +104,9 @@ def test_a_release_releases_the_reservation_and_unholds_by_the_holds_key(
         (json.dumps({**reserved("R-1"), "quantity": "2"}).encode(), ErrorCode.INVALID_FIELD, "stock.reserved.v1"),
         (json.dumps({**reserved("R-1"), "sku": "a\x00b"}).encode(), ErrorCode.INVALID_FIELD, "stock.reserved.v1"),
         (json.dumps({**released("R-1"), "reason": " "}).encode(), ErrorCode.INVALID_FIELD, "stock.released.v1"),
+        # (the reservation id becomes the holds' Idempotency-Key header, which cannot carry a control character)
+        (json.dumps(reserved("R\r\n1")).encode(), ErrorCode.INVALID_FIELD, "stock.reserved.v1"),
+        (json.dumps(released("R-\x7f1")).encode(), ErrorCode.INVALID_FIELD, "stock.released.v1"),
     ],
     ids=[
         "not json",
@@ -115,6 +118,8 @@ def test_a_release_releases_the_reservation_and_unholds_by_the_holds_key(
         "quantity as text",
         "NUL in a text",
         "blank reason",
+        "line break in the reservation id",
+        "DEL in the reservation id",
     ],
 )
 def test_bytes_that_are_not_a_valid_message_decode_to_a_failure_never_an_exception(
