@@ -263,7 +263,7 @@ async def effects_stage(
             clock.tick()
             # Each poll runs on the cores it measures. A sent capture writes one outbox row, so the outbox's last
             # id (one index entry away) says how far the worker is; the effects are counted only once that is
-            # `count` (a count walks every index entry the claims left behind: 11 ms a poll, measured).
+            # `count` (a count walks every index entry the claims left behind: docs/performance.md).
             left = count - await connection.fetchval("SELECT coalesce(max(id), 0) FROM outbox")
             if left > 0:
                 return False

@@ -131,8 +131,8 @@ async def one_statement(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
 def create_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
     """The engine every process uses.
 
-    No `pool_pre_ping`: it costs three round trips per checkout (BEGIN, a ping, ROLLBACK), a tenth of a small
-    round's time at a steady rate. A connection the database dropped fails once instead, as
+    No `pool_pre_ping`: it costs three round trips per checkout (BEGIN, a ping, ROLLBACK), a large part of a
+    small round at a steady rate (docs/performance.md). A connection the database dropped fails once instead, as
     InfrastructureUnavailable (the caller waits and tries again), and SQLAlchemy then discards every pooled
     connection older than that failure, so a restarted database still costs one failed round, not one per
     pooled connection (tests/integration/test_restarts.py). `force_custom_plan`: the hot
