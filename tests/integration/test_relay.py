@@ -42,6 +42,15 @@ def _invalid_records(topic: str, count: int) -> list[SourceRecord]:
     ]
 
 
+async def _create_topic(kafka: str, topic: NewTopic) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
+    await admin.start()
+    try:
+        await admin.create_topics([topic])
+    finally:
+        await admin.close()
+
+
 def _kafka_local(command: str) -> None:
     subprocess.run([str(ROOT / "scripts" / "kafka-local"), command], check=True, capture_output=True, timeout=180)
 
@@ -212,12 +221,7 @@ async def test_a_row_kafka_refuses_for_its_size_is_set_aside_and_every_other_row
     # Given a topic that takes at most 4 KB a batch, and rows for it (and another topic) around one that is
     # larger than that even compressed; and a 3 MB row that compresses below the broker's default limit
     small_topic = f"{topics.source}.small"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(small_topic, 1, 1, topic_configs={"max.message.bytes": "4096"})])
-    finally:
-        await admin.close()
+    await _create_topic(kafka, NewTopic(small_topic, 1, 1, topic_configs={"max.message.bytes": "4096"}))
     settings = settings_for(database_url, kafka, topics)
     incompressible = random.Random(7).randbytes(20_000)
     [_, too_large, *_] = await _outbox_rows(
@@ -262,12 +266,7 @@ async def test_the_relay_puts_each_row_on_the_partition_kafkas_own_partitioner_p
     # their ordering key, copies of records keyed with other bytes (the original key, byte-exact, even empty), and
     # copies of records that had no key (published without one, on the partition of their ordering key)
     wide = f"{topics.source}.wide"
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(wide, 8, 1)])
-    finally:
-        await admin.close()
+    await _create_topic(kafka, NewTopic(wide, 8, 1))
     settings = settings_for(database_url, kafka, topics)
     rng = random.Random(17)
     messages = [OutboxMessage(wide, f"order-{n}", {"n": str(n)}, b"keyed") for n in range(40)]
