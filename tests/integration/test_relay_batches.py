@@ -12,10 +12,10 @@ import pytest
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.protocol.produce import ProduceRequest
 
-from service.adapters.kafka import make_producer, partition_of
+from service.adapters.kafka import MAX_UNCOMPRESSED_MESSAGE, make_producer, partition_of
 from service.store.outbox import ClaimedRow
 from service.worker.relay import _send_all
-from tests.support import Topics, settings_for
+from tests.support import Topics, read_topic, settings_for
 
 pytestmark = pytest.mark.slow
 
@@ -83,3 +83,33 @@ async def test_three_batches_in_flight_on_one_partition_each_get_every_rows_outc
             assert result == [None] * len(rows), name
     finally:
         await producer.stop()
+
+
+async def test_a_row_over_the_producers_request_limit_is_refused_before_sending_and_its_batch_still_goes(
+    kafka: str, topics: Topics
+) -> None:
+    # Given rows on one partition around one larger than the producer lets through (it is never sent: the broker
+    # would only refuse it, and the batch with it)
+    settings = settings_for("postgresql+asyncpg://unused@127.0.0.1:1/unused", kafka, topics)
+    producer = make_producer(settings)
+    await producer.start()
+    try:
+        partitions = sorted(await producer.partitions_for(topics.source))
+        keys: set[str] = set()
+        before, after = (_rows_on(topics.source, partitions[0], partitions, first, 1, keys) for first in (1, 3))
+        [huge] = _rows_on(topics.source, partitions[0], partitions, 2, 1, keys)
+        huge.payload = b"x" * (MAX_UNCOMPRESSED_MESSAGE + 1)
+
+        # When the relay sends them in one go
+        outcomes = await _send_all(producer, [*before, huge, *after])
+    finally:
+        await producer.stop()
+
+    # Then the large one alone is refused for its size, and the rows around it reach the topic, in order
+    assert [type(outcome).__name__ if outcome else None for outcome in outcomes] == [
+        None,
+        "MessageSizeTooLargeError",
+        None,
+    ]
+    published = await read_topic(kafka, topics.source, expect=2, timeout=10)
+    assert [record.key for record in published] == [before[0].kafka_key, after[0].kafka_key]
