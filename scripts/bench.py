@@ -387,8 +387,13 @@ class Bench:
     async def drain(
         self, dsn: str, topic: str, records: int, consumer: str, starts: list[Callable[[], Awaitable[Process]]]
     ) -> Drain:
-        """Start the processes, and time them until every record of `topic` is terminal: inbox rows of
-        `consumer` = unique message ids (duplicates add none), then committed offsets = end offsets."""
+        """Start the processes, and time them until every record of `topic` is terminal: committed offsets = end
+        offsets (a member commits an offset only after its record's transaction), then inbox rows of `consumer` =
+        unique message ids (duplicates add none).
+
+        The poll asks Kafka, not the database: a `count(*)` of the inbox walks every row written so far, and polled
+        every 20 ms over a drain's last stretch it took most of a core from the PostgreSQL it measures (runs before X).
+        """
         target = Mix.of(records).unique
         connection = await asyncpg.connect(dsn)
         peak = 0.0
@@ -396,26 +401,27 @@ class Bench:
             started = time.monotonic()
             processes = [await start() for start in starts]
 
-            count = 0
+            lag = records
 
-            async def all_in() -> bool:
-                nonlocal peak, count
+            async def committed() -> bool:
+                nonlocal peak, lag
                 for process in processes:
                     if process.returncode is not None:
                         raise BenchError(f"a process exited with {process.returncode}; see {self.workdir}")
                     peak = max(peak, peak_rss_mb(process.pid))
-                count = await connection.fetchval("SELECT count(*) FROM inbox WHERE consumer_name = $1", consumer)
-                return bool(count >= target)
+                lag = await self.lag(consumer, topic)
+                return lag == 0
 
             timeout = STARTUP_ALLOWANCE + records / SLOWEST_RATE
-            reached = await poll(all_in, timeout, lambda: interval_for(count, target))
+            reached = await poll(committed, timeout, lambda: interval_for(records - lag, records))
             seconds = time.monotonic() - started
 
-            async def committed() -> bool:
-                return await self.lag(consumer, topic) == 0
+            async def all_in() -> bool:
+                count = await connection.fetchval("SELECT count(*) FROM inbox WHERE consumer_name = $1", consumer)
+                return bool(count == target)
 
-            # A duplicate leaves no row: only its committed offset shows it was taken to a terminal state.
-            terminal = reached and await poll(committed, STARTUP_ALLOWANCE, 0.2)
+            # Every offset committed, so every record is terminal: its inbox row (a duplicate's is its original's).
+            terminal = reached and await poll(all_in, STARTUP_ALLOWANCE, 0.2)
             for process in processes:
                 peak = max(peak, peak_rss_mb(process.pid))
                 await stop(process)
@@ -570,12 +576,14 @@ class RawRows:
     orders: list[list[Any]] = field(default_factory=lambda: [[] for _ in range(7)])
     effects: list[list[Any]] = field(default_factory=lambda: [[] for _ in range(4)])
     outbox: list[list[Any]] = field(default_factory=lambda: [[] for _ in range(4)])
+    quarantine: list[list[Any]] = field(default_factory=lambda: [[] for _ in range(8)])
 
     @staticmethod
     def of(indices: range, topic: str) -> RawRows:
         """A new order: inbox + order + payment.capture effect + order.accepted event; an invalid record:
-        inbox (quarantined) + envelope; a duplicate: nothing (its original is in the same block of 20, so in the
-        same batch: the rows are the ones that persist, written by plain inserts, as order-service writes them)."""
+        inbox (quarantined) + quarantine row (and the timeline event its trigger appends) + envelope; a duplicate:
+        nothing (its original is in the same block of 20, so in the same batch: the rows are the ones that persist,
+        written by plain inserts, as order-service writes them)."""
         rows = RawRows(topic)
         now = datetime.now(UTC)
         for index in indices:
@@ -583,7 +591,7 @@ class RawRows:
             # Coordinates as the topic would give them; PostgreSQL's work does not depend on their values.
             partition, offset = index % PARTITIONS, index // PARTITIONS
             if not headers:
-                rows.add_invalid(key.decode(), f"{topic}/{partition}/{offset}", partition, offset, now)
+                rows.add_invalid(key.decode(), value, f"{topic}/{partition}/{offset}", partition, offset, now)
                 continue
             if index % BLOCK == ORDERS_PER_BLOCK:
                 continue
@@ -592,12 +600,29 @@ class RawRows:
             rows.add_order(json.loads(value), message_id)
         return rows
 
-    def add_invalid(self, key: str, message_id: str, partition: int, offset: int, now: datetime) -> None:
-        """A quarantined record's inbox row and failure envelope."""
+    def add_invalid(self, key: str, value: bytes, message_id: str, partition: int, offset: int, now: datetime) -> None:
+        """A quarantined record's inbox row, its quarantine row (envelope and original bytes) and its envelope
+        on the quarantine topic."""
         append(self.inbox, message_id, "quarantined", partition, offset, None, "MALFORMED_PAYLOAD", now)
-        envelope = {"failureId": message_id, "messageId": message_id, "errorCode": "MALFORMED_PAYLOAD"}
+        at = now.isoformat()
+        source = {"topic": self.topic, "partition": partition, "offset": offset, "timestamp": at, "key": key}
+        envelope = json.dumps(
+            {
+                "failureId": message_id,
+                "messageId": message_id,
+                "source": source,
+                "consumer": "bench-raw",
+                "attempt": 1,
+                "firstFailedAt": at,
+                "lastFailedAt": at,
+                "errorCode": "MALFORMED_PAYLOAD",
+                "payloadSchema": None,
+                "traceId": None,
+            }
+        )
+        append(self.quarantine, message_id, "MALFORMED_PAYLOAD", "producers", key, envelope, value, now, now)
         headers = {"failure-id": message_id, "message-id": message_id, "error-code": "MALFORMED_PAYLOAD"}
-        append(self.outbox, f"{self.topic}.quarantine", key, json.dumps(headers), json.dumps(envelope).encode())
+        append(self.outbox, f"{self.topic}.quarantine", key, json.dumps(headers), envelope.encode())
 
     def add_order(self, order: dict[str, Any], message_id: str) -> None:
         """A new order's row, its capture effect and its order.accepted event."""
@@ -611,8 +636,9 @@ class RawRows:
         append(self.outbox, f"{self.topic}.events", order_id, json.dumps(headers), json.dumps(event).encode())
 
     async def write(self, connection: asyncpg.Connection, consumer: str) -> None:
-        """Four statements, whatever the batch size."""
+        """Five statements, whatever the batch size."""
         await connection.execute(RAW_INBOX, consumer, self.topic, *self.inbox)
+        await connection.execute(RAW_QUARANTINE, consumer, *self.quarantine)
         await connection.execute(RAW_ORDERS, *self.orders)
         await connection.execute(RAW_EFFECTS, *self.effects)
         await connection.execute(RAW_OUTBOX, *self.outbox)
@@ -630,6 +656,14 @@ RAW_INBOX = """
     SELECT $1, m, s, $2, p, o, i, e, r
     FROM unnest($3::text[], $4::text[], $5::int[], $6::bigint[], $7::text[], $8::text[], $9::timestamptz[])
          AS v(m, s, p, o, i, e, r)
+"""
+# Its trigger (migration 0009) appends the record's first timeline event, as it does for the service's rows.
+RAW_QUARANTINE = """
+    INSERT INTO quarantine (consumer_name, failure_id, message_id, error_code, owner, ordering_key, envelope, payload,
+                            attempts, first_failed_at, last_failed_at)
+    SELECT $1, f, f, c, o, k, e::jsonb, p, 1, t, l
+    FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bytea[], $8::timestamptz[],
+                $9::timestamptz[]) AS v(f, c, o, k, e, p, t, l)
 """
 RAW_ORDERS = """
     INSERT INTO orders (order_id, tenant, customer_id, status, amount_cents, currency, sequence)
