@@ -30,7 +30,7 @@ def value(cls: type[_T]) -> type[_T]:
     Every applied record builds several values, and a frozen dataclass is much dearer to build
     (docs/performance.md, "Why the hot path is shaped this way").
     """
-    return dataclass(cls)
+    return dataclass(cls, slots=True)
 
 
 class OrderStatus(StrEnum):

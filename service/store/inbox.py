@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from service.store.recordset import Columns
 
 
-@dataclass  # not frozen (slower to build): one is built per record
+@dataclass(slots=True)  # not frozen (slower to build): one is built per record
 class InboxRow:
     """A terminal record, ready to insert."""
 
