@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 from faststream import AckPolicy
 from faststream.kafka import KafkaBroker
 from faststream.kafka.annotations import KafkaMessage
@@ -222,9 +223,9 @@ async def poll(check: Callable[[], Awaitable[bool]], within: float, interval: fl
 
 
 def interval_for(done: int, target: int) -> float:
-    """Poll rarely while a drain is far from done (each poll is a count on the same cores as the service), and
-    every 20 ms over its last stretch (about a second's worth of records), so that the poll adds little more
-    than that to a timing."""
+    """Poll rarely while a drain is far from done (each poll runs on the same cores as the service), and every
+    20 ms over its last stretch (about a second's worth of records), so that the poll adds little more than that
+    to a timing."""
     left = target - done
     return 0.02 if left <= min(target // 10, 20_000) else max(0.05, min(0.5, left / 400_000))
 
@@ -247,8 +248,9 @@ def peak_rss_mb(pid: int) -> float:
 class Bench:
     """Owns what the run creates (topics, databases, processes) and measures one step at a time."""
 
-    def __init__(self, admin_url: str, bootstrap: str, sizes: Sizes) -> None:
+    def __init__(self, admin_url: str, bootstrap: str, sizes: Sizes, keep: bool = False) -> None:
         self.stamp = time.strftime("%Y%m%d%H%M%S")
+        self.keep = keep  # the databases and topics stay after the run
         self.server = admin_url.rsplit("/", 1)[0]  # postgresql://user@host:port
         self.admin_url = admin_url
         self.bootstrap = bootstrap
@@ -268,21 +270,29 @@ class Bench:
         await self.admin.start()
         await self.probe.start()
 
-    async def close(self, keep: bool) -> None:
+    async def close(self) -> None:
         """Stop every process this run started; drop its databases and topics unless `keep`."""
         for process in self.processes:
             await stop(process)
         await self.probe.stop()
-        if not keep:
+        if not self.keep:
             if self.topics:
                 await self.admin.delete_topics(self.topics)
-            admin = await asyncpg.connect(self.admin_url)
-            try:
-                for name in self.databases:
-                    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            finally:
-                await admin.close()
+            await self.drop_databases()
         await self.admin.close()
+
+    async def drop_databases(self) -> None:
+        """Drop the databases made so far (unless `keep`). Each step starts by dropping those of the steps before:
+        left in place, their autovacuum (a 1,000,000-record backlog's, say) ran in the middle of later steps."""
+        if self.keep or not self.databases:
+            return
+        admin = await asyncpg.connect(self.admin_url)
+        try:
+            for name in self.databases:
+                await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await admin.close()
+        self.databases.clear()
 
     async def new_topic(self, what: str, *, derived: bool) -> str:
         """A fresh source topic, with the topics order-service derives from it when it will consume it."""
@@ -293,7 +303,9 @@ class Bench:
         return topic
 
     async def new_database(self, what: str) -> tuple[str, str]:
-        """A fresh database migrated by `order-service migrate`; returns its asyncpg DSN and SQLAlchemy URL."""
+        """A fresh database migrated by `order-service migrate`, after dropping those of the steps before; returns
+        its asyncpg DSN and SQLAlchemy URL."""
+        await self.drop_databases()
         name = f"bench_{what}_{self.stamp}"
         admin = await asyncpg.connect(self.admin_url)
         try:
@@ -377,9 +389,16 @@ class Bench:
     # -- measuring
 
     async def lag(self, group: str, topic: str) -> int:
-        """Records of `topic` whose offsets the group has not committed."""
+        """Records of `topic` whose offsets the group has not committed: all of them while the broker cannot say
+        yet (a fresh broker creates its offsets topic on the first request about a group, and answers that its
+        coordinator is not available meanwhile)."""
         partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-        committed = await self.admin.list_consumer_group_offsets(group, partitions=partitions)
+        try:
+            committed = await self.admin.list_consumer_group_offsets(group, partitions=partitions)
+        except KafkaError as error:
+            if not error.retriable:
+                raise
+            committed = {}
         ends = await self.probe.end_offsets(partitions)
         done = {tp: max(meta.offset, 0) for tp, meta in committed.items()}
         return sum(ends[tp] - done.get(tp, 0) for tp in partitions)
@@ -391,8 +410,8 @@ class Bench:
         offsets (a member commits an offset only after its record's transaction), then inbox rows of `consumer` =
         unique message ids (duplicates add none).
 
-        The poll asks Kafka, not the database: a `count(*)` of the inbox walks every row written so far, and polled
-        every 20 ms over a drain's last stretch it took most of a core from the PostgreSQL it measures (runs before X).
+        The poll asks Kafka, not the database: a `count(*)` of the inbox walks every row written so far, on the
+        cores it measures (docs/performance.md, "What is measured").
         """
         target = Mix.of(records).unique
         connection = await asyncpg.connect(dsn)
@@ -581,9 +600,10 @@ class RawRows:
     @staticmethod
     def of(indices: range, topic: str) -> RawRows:
         """A new order: inbox + order + payment.capture effect + order.accepted event; an invalid record:
-        inbox (quarantined) + quarantine row (and the timeline event its trigger appends) + envelope; a duplicate:
-        nothing (its original is in the same block of 20, so in the same batch: the rows are the ones that persist,
-        written by plain inserts, as order-service writes them)."""
+        inbox (quarantined) + quarantine row (and the two timeline events its trigger appends) + envelope; a
+        duplicate: nothing (its original is in the same block of 20, so in the same batch: the rows are the ones
+        that persist, written by plain inserts, as order-service writes them but for the quarantine row, which it
+        inserts `ON CONFLICT DO NOTHING`)."""
         rows = RawRows(topic)
         now = datetime.now(UTC)
         for index in indices:
@@ -620,7 +640,7 @@ class RawRows:
                 "traceId": None,
             }
         )
-        append(self.quarantine, message_id, "MALFORMED_PAYLOAD", "producers", key, envelope, value, now, now)
+        append(self.quarantine, message_id, "MALFORMED_PAYLOAD", "order-producers", key, envelope, value, now, now)
         headers = {"failure-id": message_id, "message-id": message_id, "error-code": "MALFORMED_PAYLOAD"}
         append(self.outbox, f"{self.topic}.quarantine", key, json.dumps(headers), envelope.encode())
 
@@ -657,7 +677,7 @@ RAW_INBOX = """
     FROM unnest($3::text[], $4::text[], $5::int[], $6::bigint[], $7::text[], $8::text[], $9::timestamptz[])
          AS v(m, s, p, o, i, e, r)
 """
-# Its trigger (migration 0009) appends the record's first timeline event, as it does for the service's rows.
+# Its trigger (migration 0009) appends the record's first timeline events, as it does for the service's rows.
 RAW_QUARANTINE = """
     INSERT INTO quarantine (consumer_name, failure_id, message_id, error_code, owner, ordering_key, envelope, payload,
                             attempts, first_failed_at, last_failed_at)
@@ -870,7 +890,7 @@ def progress(what: str, rps: float | None = None) -> None:
 
 async def run(admin_url: str, bootstrap: str, sizes: Sizes, keep: bool) -> Results:
     """Measure, then clean up whatever happened."""
-    bench = Bench(admin_url, bootstrap, sizes)
+    bench = Bench(admin_url, bootstrap, sizes, keep)
     results = Results(sizes)
     console.print(f"bench {bench.stamp}: logs in {bench.workdir}")
     await bench.start()
@@ -880,7 +900,7 @@ async def run(admin_url: str, bootstrap: str, sizes: Sizes, keep: bool) -> Resul
         results.error = str(error)
         console.print(f"[red]bench: {error}[/red]")
     finally:
-        await bench.close(keep)
+        await bench.close()
     return results
 
 

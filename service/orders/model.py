@@ -25,7 +25,8 @@ _T = TypeVar("_T")
 
 @dataclass_transform(frozen_default=True)
 def value(cls: type[_T]) -> type[_T]:
-    """A domain value: frozen to the type checker (assigning a field is an error), a plain dataclass at run time.
+    """A domain value: frozen to the type checker (assigning a field is an error), a plain slotted dataclass at run
+    time.
 
     Every applied record builds several values, and a frozen dataclass is much dearer to build
     (docs/performance.md, "Why the hot path is shaped this way").

@@ -342,6 +342,10 @@ class ConsumerLoop:
             self._committed[partition] = offset
             if self._uncommitted.get(partition) == offset:
                 del self._uncommitted[partition]
+        if self._uncommitted:
+            # Rounds that ended while this commit was out: nothing else may wake the loop to commit theirs (after a
+            # drain's last round, not for half a second). A failed commit is tried again at the next wake-up.
+            self._arrived.set()
 
 
 async def _first(*waits: Coroutine[Any, Any, Any], within: float) -> None:

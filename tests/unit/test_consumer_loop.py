@@ -5,6 +5,7 @@ holds each round until the test releases it; the fake client serves records and 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from aiokafka import ConsumerRecord, TopicPartition
@@ -190,6 +191,43 @@ async def test_a_revoked_partition_waits_for_its_round_in_flight_and_commits_it_
     for _, release in processor.rounds:
         release.set()
     await asyncio.wait_for(running, timeout=5)
+
+
+class _SlowCommits(_Consumer):
+    """A commit takes a broker round trip; `sent` are the commits on their way or done."""
+
+    def __init__(self, available: int, partitions: int) -> None:
+        super().__init__(available, partitions)
+        self.sent: list[dict[TopicPartition, int]] = []
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.sent.append(dict(offsets))
+        await asyncio.sleep(0.05)
+        self.commits.append(dict(offsets))
+
+
+async def test_the_last_rounds_offsets_are_committed_when_the_commit_in_flight_as_it_ended_returns() -> None:
+    # Given two rounds of two records in flight on one partition, and commits that take 50 ms
+    processor = _Processor()
+    consumer = _SlowCommits(available=4, partitions=1)
+    running, stop = _running(consumer, processor, batch_size=1)
+    await eventually(lambda: _true(len(processor.rounds) == 2), timeout=5, interval=0.01)
+    (_, release_first), (_, release_second) = processor.rounds
+    partition = TopicPartition(TOPIC, 0)
+
+    # When the first round ends (its commit goes out) and the second ends while that commit is on its way
+    release_first.set()
+    await eventually(lambda: _true(consumer.sent == [{partition: 2}]), timeout=5, interval=0.005)
+    release_second.set()
+    ended = time.monotonic()
+
+    # Then the second round's offset is committed once the first commit returns, not at the loop's next wake-up
+    # (half a second later: nothing else wakes it once the records are all fetched)
+    await eventually(lambda: _true(consumer.commits[-1:] == [{partition: 4}]), timeout=5, interval=0.005)
+    waited = time.monotonic() - ended
+    stop.set()
+    await asyncio.wait_for(running, timeout=5)
+    assert waited < 0.4, f"the last round's offset was committed {waited:.3f} s after it ended"
 
 
 async def _true(value: bool) -> bool:
