@@ -104,13 +104,21 @@ def _running(consumer: _Consumer, processor: _Processor, batch_size: int) -> tup
     return asyncio.create_task(loop.run(stop)), stop
 
 
+async def _two_rounds_in_flight(
+    consumer: _Consumer, batch_size: int
+) -> tuple[_Processor, asyncio.Task[None], asyncio.Event]:
+    """The loop running on `consumer`'s one partition, once it has two rounds in flight."""
+    processor = _Processor()
+    running, stop = _running(consumer, processor, batch_size)
+    await eventually(lambda: _true(len(processor.rounds) == 2), timeout=5, interval=0.01)
+    return processor, running, stop
+
+
 async def test_a_later_round_that_finishes_first_commits_nothing_past_the_earlier_one_then_everything() -> None:
     # Given six records on one partition and two rounds of them in flight (how many each took depends on how the
     # fetches and the round loop interleave)
-    processor = _Processor()
     consumer = _Consumer(available=6, partitions=1)
-    running, stop = _running(consumer, processor, batch_size=2)
-    await eventually(lambda: _true(len(processor.rounds) == 2), timeout=5, interval=0.01)
+    processor, running, stop = await _two_rounds_in_flight(consumer, batch_size=2)
     (first, release_first), (second, release_second) = processor.rounds
     partition = TopicPartition(TOPIC, 0)
     assert max(p.record.offset for p in first) < min(p.record.offset for p in second)
@@ -208,10 +216,8 @@ class _SlowCommits(_Consumer):
 
 async def test_the_last_rounds_offsets_are_committed_when_the_commit_in_flight_as_it_ended_returns() -> None:
     # Given two rounds of two records in flight on one partition, and commits that take 50 ms
-    processor = _Processor()
     consumer = _SlowCommits(available=4, partitions=1)
-    running, stop = _running(consumer, processor, batch_size=1)
-    await eventually(lambda: _true(len(processor.rounds) == 2), timeout=5, interval=0.01)
+    processor, running, stop = await _two_rounds_in_flight(consumer, batch_size=1)
     (_, release_first), (_, release_second) = processor.rounds
     partition = TopicPartition(TOPIC, 0)
 
