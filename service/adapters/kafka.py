@@ -36,9 +36,9 @@ def to_source(record: ConsumerRecord[bytes, bytes]) -> SourceRecord:
 
 # The longest the broker holds a fetch that finds nothing new. aiokafka sends one fetch per broker at a time, and
 # only for the partitions it holds no unread records of: while the records of the source's partitions wait in its
-# buffer, the fetch it sends asks only for the empty retry tiers, and the broker holds it this long, with the
-# source's partitions drained meanwhile (500 ms, the default, stalled a drain for up to half a second at a time).
-# An idle consumer fetches ten times a second instead of twice.
+# buffer, the fetch it sends asks only for the empty retry tiers, and the broker holds it this long while the
+# source's partitions run dry behind it (aiokafka's default, 500 ms, stalled drains: docs/performance.md). An idle
+# consumer fetches ten times a second instead of twice.
 FETCH_MAX_WAIT_MS = 100
 
 
