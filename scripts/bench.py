@@ -47,7 +47,12 @@ from sqlalchemy import func
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
+from service.domain.codes import ErrorCode
 from service.orders.tables import orders
+from service.policy.envelope import failure_envelope
+from service.policy.owners import owner_for
+from service.policy.records import SourceRecord
+from service.policy.retry import AttemptHistory
 from service.store.tables import inbox
 
 if TYPE_CHECKING:
@@ -611,7 +616,9 @@ class RawRows:
             # Coordinates as the topic would give them; PostgreSQL's work does not depend on their values.
             partition, offset = index % PARTITIONS, index // PARTITIONS
             if not headers:
-                rows.add_invalid(key.decode(), value, f"{topic}/{partition}/{offset}", partition, offset, now)
+                rows.add_invalid(
+                    SourceRecord(topic, partition, offset, int(now.timestamp() * 1000), key, value, ()), now
+                )
                 continue
             if index % BLOCK == ORDERS_PER_BLOCK:
                 continue
@@ -620,29 +627,23 @@ class RawRows:
             rows.add_order(json.loads(value), message_id)
         return rows
 
-    def add_invalid(self, key: str, value: bytes, message_id: str, partition: int, offset: int, now: datetime) -> None:
+    def add_invalid(self, record: SourceRecord, now: datetime) -> None:
         """A quarantined record's inbox row, its quarantine row (envelope and original bytes) and its envelope
-        on the quarantine topic."""
-        append(self.inbox, message_id, "quarantined", partition, offset, None, "MALFORMED_PAYLOAD", now)
-        at = now.isoformat()
-        source = {"topic": self.topic, "partition": partition, "offset": offset, "timestamp": at, "key": key}
-        envelope = json.dumps(
-            {
-                "failureId": message_id,
-                "messageId": message_id,
-                "source": source,
-                "consumer": "bench-raw",
-                "attempt": 1,
-                "firstFailedAt": at,
-                "lastFailedAt": at,
-                "errorCode": "MALFORMED_PAYLOAD",
-                "payloadSchema": None,
-                "traceId": None,
-            }
+        on the quarantine topic, as the service builds them."""
+        code = ErrorCode.MALFORMED_PAYLOAD
+        envelope = failure_envelope(
+            record,
+            record.coordinates,
+            consumer="bench-raw",
+            history=AttemptHistory.first(now),
+            code=code,
+            payload_schema=None,
         )
-        append(self.quarantine, message_id, "MALFORMED_PAYLOAD", "order-producers", key, envelope, value, now, now)
-        headers = {"failure-id": message_id, "message-id": message_id, "error-code": "MALFORMED_PAYLOAD"}
-        append(self.outbox, f"{self.topic}.quarantine", key, json.dumps(headers), envelope.encode())
+        document = json.dumps(envelope.document)
+        message_id, key = record.message_id, record.key_text
+        append(self.inbox, message_id, "quarantined", record.partition, record.offset, None, code.value, now)
+        append(self.quarantine, envelope.failure_id, code.value, owner_for(code), key, document, record.value, now, now)
+        append(self.outbox, f"{self.topic}.quarantine", key, json.dumps(envelope.headers()), document.encode())
 
     def add_order(self, order: dict[str, Any], message_id: str) -> None:
         """A new order's row, its capture effect and its order.accepted event."""
