@@ -10,7 +10,7 @@ after its record left the processor (its transaction committed).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Coroutine, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import structlog
@@ -22,6 +22,7 @@ from service.adapters.kafka import start_with_backoff, stop_quietly, to_source
 from service.errors import InfrastructureUnavailable
 from service.metrics import Metrics
 from service.policy.delivery import Delivery, RetryState
+from service.stopping import wait_unless_stopped
 from service.worker.lanes import Lanes
 from service.worker.processor import Processor
 
@@ -130,7 +131,7 @@ class ConsumerLoop:
             room = self._lanes.room()
             if room <= 0:
                 self._room.clear()
-                await _first(self._room.wait(), stop.wait(), within=_MAX_WAIT_SECONDS)
+                await wait_unless_stopped(stop, self._room, _MAX_WAIT_SECONDS)
                 continue
             try:
                 batches = await consumer.getmany(timeout_ms=_FETCH_WAIT_MS, max_records=min(room, self._batch_size))
@@ -210,7 +211,7 @@ class ConsumerLoop:
         next_due = self._lanes.next_due(now)
         timeout = _MAX_WAIT_SECONDS if next_due is None else min(_MAX_WAIT_SECONDS, next_due - now)
         self._arrived.clear()
-        await _first(self._arrived.wait(), stop.wait(), within=timeout)
+        await wait_unless_stopped(stop, self._arrived, timeout)
 
     async def hand_over(self, consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> None:
         """Before revoked partitions go to another member: let the rounds in flight finish (bounded), commit what
@@ -346,16 +347,6 @@ class ConsumerLoop:
             # Rounds that ended while this commit was out: nothing else may wake the loop to commit theirs (after a
             # drain's last round, not for half a second). A failed commit is tried again at the next wake-up.
             self._arrived.set()
-
-
-async def _first(*waits: Coroutine[Any, Any, Any], within: float) -> None:
-    """Wait until the first of `waits` completes or `within` seconds pass; cancel the others."""
-    tasks = [asyncio.ensure_future(wait) for wait in waits]
-    try:
-        await asyncio.wait(tasks, timeout=within, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -41,7 +41,7 @@ from service.policy.effects import (
     claim_size,
 )
 from service.stopping import sleep_unless_stopped
-from service.store import effects
+from service.store import effects, wakeups
 from service.store.effects import EffectRow, Settlement
 from service.store.uow import UnitOfWork, one_statement
 from service.worker.effect_kinds import EffectRegistry, Settled
@@ -128,12 +128,14 @@ class EffectWorker:
         if not self._enabled:
             await stop.wait()
             return
-        async with asyncio.TaskGroup() as lanes:
+        # New effects wake the lanes that found none (one notification per inserting transaction); the poll is
+        # for effects that become due without an insert (a retry's time) and for a notification that never came.
+        async with wakeups.Wakeups(self._engine, wakeups.EFFECTS) as woken, asyncio.TaskGroup() as lanes:
             for kind in self._enabled:
                 for _ in range(_LANES_PER_KIND):
-                    lanes.create_task(self._lane(kind, stop))
+                    lanes.create_task(self._lane(kind, stop, woken.waiter()))
 
-    async def _lane(self, kind: str, stop: asyncio.Event) -> None:
+    async def _lane(self, kind: str, stop: asyncio.Event, waiter: wakeups.Waiter) -> None:
         """Claim, call and record effects of one kind until `stop` is set."""
         delay = 1.0
         while not stop.is_set():
@@ -148,7 +150,7 @@ class EffectWorker:
             except ConcurrentWrite:
                 continue  # a deadlock rolled the claim back, or the outcomes after their last try
             if done == 0:
-                await sleep_unless_stopped(stop, _IDLE_POLL_SECONDS)
+                await waiter.wait(stop, _IDLE_POLL_SECONDS)
 
     async def work_once(self, kinds: list[str] | None = None) -> int:
         """Claim one batch (of `kinds`, default every enabled one), execute it, record the outcomes; return how

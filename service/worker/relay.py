@@ -32,7 +32,7 @@ from service.errors import ConcurrentWrite, InfrastructureUnavailable
 from service.faults import crash_point
 from service.metrics import Metrics
 from service.stopping import sleep_unless_stopped
-from service.store import outbox
+from service.store import outbox, wakeups
 from service.store.outbox import ClaimedRow
 from service.store.uow import UnitOfWork
 
@@ -89,9 +89,9 @@ class Relay:
                 return
             replaced = False
             try:
-                async with outbox.Slots(self._engine) as slots:
+                async with outbox.Slots(self._engine) as slots, wakeups.Wakeups(self._engine, wakeups.OUTBOX) as woken:
                     log.info("relay_started", slots=len(slots.held))
-                    await self._publish(producer, slots, stop)
+                    await self._publish(producer, slots, stop, woken.waiter())
                     delay = 1.0
                 if self.spoiled:
                     self.spoiled, replaced = False, True
@@ -111,7 +111,9 @@ class Relay:
             await sleep_unless_stopped(stop, delay)
             delay = min(delay * 2, 30.0)
 
-    async def _publish(self, producer: AIOKafkaProducer, slots: outbox.Slots, stop: asyncio.Event) -> None:
+    async def _publish(
+        self, producer: AIOKafkaProducer, slots: outbox.Slots, stop: asyncio.Event, waiter: wakeups.Waiter
+    ) -> None:
         """Publish batch after batch until `stop` is set or the producer is spoiled, a few at a time: the next batch
         is claimed and sent while the last ones' acknowledgements are awaited, so that the database and the broker
         work at once. A batch takes none of the keys of the batches in flight, and batches settle in claim order."""
@@ -138,7 +140,8 @@ class Relay:
                 in_flight.append((batch, frozenset(row.key for row in rows if row.key is not None)))
                 if not rows and not busy:  # the outbox is drained, for now
                     await _settle(in_flight)
-                    await sleep_unless_stopped(stop, _IDLE_POLL_SECONDS)
+                    # New rows wake it (a notification per inserting transaction); the poll is for one that never came.
+                    await waiter.wait(stop, _IDLE_POLL_SECONDS)
                 elif not rows:  # what is left is of keys in flight: it waits for the oldest batch
                     await in_flight.popleft()[0]
                 while len(in_flight) >= _IN_FLIGHT or (in_flight and in_flight[0][0].done()):
