@@ -27,8 +27,8 @@ END $$
 """
 
 _TRIGGERS = (
-    ("outbox_rows_added", "outbox", "order_service_outbox"),
-    ("effects_rows_added", "effects", "order_service_effects"),
+    ("outbox_rows_added", "outbox", "outbox_rows_added"),
+    ("effects_rows_added", "effects", "effects_rows_added"),
 )
 
 

@@ -22,12 +22,13 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from service.config import PROGRAM
 from service.stopping import wait_unless_stopped
 
-log = structlog.get_logger("order_service.wakeups")
+log = structlog.get_logger(f"{PROGRAM.replace('-', '_')}.wakeups")
 
-OUTBOX = "order_service_outbox"
-EFFECTS = "order_service_effects"
+OUTBOX = "outbox_rows_added"
+EFFECTS = "effects_rows_added"
 
 # How long listening may take, and how long after a failed or lost listen the next wait tries again: meanwhile
 # the waits are plain poll intervals.

@@ -83,7 +83,7 @@ async def test_a_waiter_listens_again_after_the_database_dropped_its_connection(
         # Then an insert wakes it again, through the new connection
         await _add_row(engine, topics.events, 1)  # an outbox row: no effect notification
         async with UnitOfWork(engine) as uow:
-            await uow.connection.exec_driver_sql("NOTIFY order_service_effects")
+            await uow.connection.exec_driver_sql("NOTIFY effects_rows_added")
             await uow.commit()
         await _woken(waiter, stop)
 
