@@ -701,8 +701,10 @@ RAW_OUTBOX = """
 
 
 def service_env(**orders: str) -> dict[str, str]:
-    """The environment for a child: ours without any ORDERS_ variable, plus the given ones."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("ORDERS_")} | orders
+    """The environment for a child: ours without any ORDERS_ variable, plus the given ones; a BENCH_ORDERS_X of
+    ours is the child's ORDERS_X (to compare settings in alternating runs)."""
+    chosen = {k.removeprefix("BENCH_"): v for k, v in os.environ.items() if k.startswith("BENCH_ORDERS_")}
+    return {k: v for k, v in os.environ.items() if not k.startswith(("ORDERS_", "BENCH_ORDERS_"))} | chosen | orders
 
 
 async def stop(process: Process) -> None:

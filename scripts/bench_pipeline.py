@@ -304,7 +304,10 @@ async def steady_stage(bench: Bench, provider: Provider) -> tuple[tuple[float, f
     rate = bench.sizes.steady_rate
     count = rate * STEADY_SECONDS
     async with running_pipeline(bench, provider, "pipelat") as pipeline:
+        pipeline.start_clock()
+        started = time.monotonic()
         await bench.produce_steady(pipeline.topic, count, rate, placed_order)
+        cpu = pipeline.cpu(time.monotonic() - started)
         done = await pipeline.wait(count) and await pipeline.all_done(count)
         # The inbox keeps the record's timestamp as received_at; published_at is the relay's claiming
         # transaction's start, a few milliseconds before Kafka acknowledged the batch.
@@ -317,7 +320,7 @@ async def steady_stage(bench: Bench, provider: Provider) -> tuple[tuple[float, f
             """,
             WARMUP,
         )
-    progress(f"to payment.captured published at {rate:,} orders/s: p50 {p50:.0f} ms, p99 {p99:.0f} ms")
+    progress(f"to payment.captured published at {rate:,} orders/s ({cpu}): p50 {p50:.0f} ms, p99 {p99:.0f} ms")
     return (float(p50), float(p99)), done
 
 
@@ -331,6 +334,7 @@ class Pipeline:
     processes: list[Process]
     provider: Provider
     cpu_at_start: dict[int, float]
+    machine_at_start: tuple[float, float] = (0.0, 0.0)
     warm: bool = False
 
     async def wait(self, orders: int) -> bool:
@@ -374,13 +378,20 @@ class Pipeline:
         """Count CPU from now on."""
         pids = [*(process.pid for process in self.processes), self.provider.process.pid]
         self.cpu_at_start = {pid: cpu_seconds(pid) for pid in pids}
+        self.machine_at_start = machine_seconds()
 
     def cpu(self, seconds: float) -> str:
         """Each process's CPU since `start_clock`, in shares of one core."""
         names = ["consume", "relay", *(f"effects {n + 1}" for n in range(WORKERS)), "fake provider"]
         pids = [*(process.pid for process in self.processes), self.provider.process.pid]
         used = [cpu_seconds(pid) - self.cpu_at_start.get(pid, 0.0) for pid in pids]
-        return "CPU: " + ", ".join(f"{name} {cpu / seconds:.0%}" for name, cpu in zip(names, used, strict=True))
+        busy, idle = (now - before for now, before in zip(machine_seconds(), self.machine_at_start, strict=True))
+        return (
+            "CPU: "
+            + ", ".join(f"{name} {cpu / seconds:.0%}" for name, cpu in zip(names, used, strict=True))
+            + f"; the machine {busy / (busy + idle):.0%} busy,"
+            + f" {(busy - sum(used)) / seconds:.0%} of a core outside these (PostgreSQL, Kafka, the bench)"
+        )
 
 
 @asynccontextmanager
@@ -579,6 +590,13 @@ class Clock:
         self.tick()
         used = [cpu_seconds(pid) - before for pid, before in zip(self.pids, self.cpu, strict=True)]
         return (time.time() - self.started, *used)
+
+
+def machine_seconds() -> tuple[float, float]:
+    """The machine's busy and idle CPU seconds so far, all cores together (/proc/stat)."""
+    ticks = [int(field) for field in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle and iowait; steal and guest count as busy
+    return (sum(ticks[:8]) - idle) / CLOCK_TICKS, idle / CLOCK_TICKS
 
 
 def logged_at(log: Path, event: str) -> float | None:

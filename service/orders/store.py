@@ -66,11 +66,11 @@ _SET_PAYMENT_STATUSES = text(
     f"""
     WITH c AS MATERIALIZED ({_PAYMENT_STATUSES.select("changes")}),
     locked AS MATERIALIZED (
-        SELECT o.order_id FROM orders o JOIN c USING (order_id) ORDER BY o.order_id FOR UPDATE OF o)
-    UPDATE orders o SET details = o.details || jsonb_build_object('payment_status', c.status),
+        SELECT o.order_id, c.status FROM orders o JOIN c USING (order_id) ORDER BY o.order_id FOR UPDATE OF o)
+    UPDATE orders o SET details = o.details || jsonb_build_object('payment_status', locked.status),
                         version = o.version + 1, updated_at = now()
-    FROM c JOIN locked USING (order_id)
-    WHERE o.order_id = c.order_id
+    FROM locked
+    WHERE o.order_id = locked.order_id
     RETURNING o.order_id, o.version
     """
 )

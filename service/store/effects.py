@@ -159,23 +159,39 @@ SETTLEMENTS = Columns(
 _SETTLE = text(
     f"""
     WITH s AS MATERIALIZED ({SETTLEMENTS.select("settlements")}),
+    -- `IS NOT DISTINCT FROM`, never null here, is `=` that no index serves: each effect is found by its key, not by
+    -- a walk of every effect in its state (which the planner prefers while the statistics take the table for small).
     mine AS MATERIALIZED (
-        SELECT e.idempotency_key FROM effects e JOIN s ON e.idempotency_key = s.key
-        WHERE e.state = s.from_state AND (s.owner IS NULL OR e.lease_owner = s.owner)
+        SELECT s.* FROM effects e JOIN s ON e.idempotency_key = s.key
+        WHERE e.state IS NOT DISTINCT FROM s.from_state AND (s.owner IS NULL OR e.lease_owner = s.owner)
         ORDER BY e.idempotency_key FOR UPDATE OF e)
     UPDATE effects e
-    SET state = s.state,
-        provider_ref = COALESCE(s.reference, e.provider_ref),
-        last_error_code = s.code,
-        next_attempt_at = now() + s.retry_ms * interval '1 millisecond',
-        reconcile_count = e.reconcile_count + s.reconciled,
-        attempts = e.attempts - s.unmade,
+    SET state = mine.state,
+        provider_ref = COALESCE(mine.reference, e.provider_ref),
+        last_error_code = mine.code,
+        next_attempt_at = now() + mine.retry_ms * interval '1 millisecond',
+        reconcile_count = e.reconcile_count + mine.reconciled,
+        attempts = e.attempts - mine.unmade,
         lease_owner = NULL, lease_until = NULL, updated_at = now()
-    FROM s JOIN mine ON mine.idempotency_key = s.key
-    WHERE e.idempotency_key = s.key AND e.state = s.from_state AND (s.owner IS NULL OR e.lease_owner = s.owner)
+    FROM mine
+    WHERE e.idempotency_key = mine.key AND e.state IS NOT DISTINCT FROM mine.from_state
+      AND (mine.owner IS NULL OR e.lease_owner = mine.owner)
     RETURNING e.idempotency_key
     """
 )
+
+
+# A batch's outcomes join a few hundred keys to tables that grow by thousands of rows a second. Until a table's
+# first ANALYZE (a new database, a sudden load) the planner takes it for small, and hash-joins the batch to a
+# sequential scan of the whole table, twice a statement, for every batch: the outcome transaction took longer than
+# the calls (docs/performance.md). With hash and merge joins off, a join is a loop of primary-key look-ups,
+# whatever the statistics say. For the caller's transaction only.
+_JOIN_BY_KEY = text("SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)")
+
+
+async def join_by_key(connection: AsyncConnection) -> None:
+    """Make the rest of the caller's transaction join by key look-ups (nested loops), whatever the statistics."""
+    await connection.execute(_JOIN_BY_KEY)
 
 
 async def settle_all(connection: AsyncConnection, settlements: Sequence[Settlement]) -> set[str]:

@@ -67,6 +67,7 @@ async def record_outcomes(
     """Write effects' next states and what their kinds say follows (events, aggregate changes), in the caller's
     transaction; return the idempotency keys written. An effect that moved meanwhile (another process owns it
     now) is left out, and so is what would have followed from it."""
+    await effects.join_by_key(connection)
     kept = await effects.settle_all(
         connection,
         [

@@ -14,12 +14,18 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.config import Settings
 from service.containers import Container
 from service.errors import InfrastructureUnavailable
+from service.orders import store as order_store
 from service.orders.fakes import Downstream
+from service.orders.model import Effect, Order, OrderStatus
+from service.policy.effects import EffectDecision
+from service.store import effects as effect_store
+from service.store.effects import EffectRow
+from service.store.uow import UnitOfWork
 from service.worker import effects as effects_worker
 from service.worker.effects import record_outcomes
 from tests.support import (
@@ -600,3 +606,88 @@ async def test_outcomes_the_database_refuses_are_written_once_it_takes_them_agai
     assert (await effect(engine, "W-1/payment.capture"))["state"] == "sent"
     assert downstream.calls("payments.post", "W-1/payment.capture") == 1
     assert await scalar(engine, "SELECT count(*) FROM outbox WHERE headers->>'event-type' = 'payment.captured'") == 1
+
+
+async def test_a_batchs_outcomes_read_effects_and_orders_by_key_on_a_ledger_never_analyzed(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a new database (no ANALYZE yet, as at a deployment's start or under a sudden load) holding 3,000 placed
+    # orders whose captures are all in flight, 200 of them leased to this worker
+    orders = [placed_order(f"K-{number}") for number in range(3_000)]
+    captures = [capture_of(order) for order in orders]
+    batch = [capture.idempotency_key for capture in captures[1_000:1_200]]
+    async with UnitOfWork(engine) as uow:
+        await uow.connection.execute(
+            text(order_store.CREATE_ROWS), {"created_aggregates": order_store.COLUMNS.encode(orders)}
+        )
+        await uow.connection.execute(
+            text(effect_store.ADD_ROWS), {"effect_rows": effect_store.COLUMNS.encode(captures)}
+        )
+        await uow.connection.execute(
+            text(
+                "UPDATE effects SET state = 'in_flight', attempts = 1,"
+                " lease_owner = CASE WHEN idempotency_key = ANY(:batch) THEN 'me' ELSE 'other' END"
+            ),
+            {"batch": batch},
+        )
+        await uow.commit()
+    settings = effect_settings(database_url, kafka, topics, downstream)
+    leased = {
+        capture.idempotency_key: EffectRow(
+            capture.idempotency_key, capture.aggregate_id, capture.kind, capture.payload, 1, 0, None
+        )
+        for capture in captures[1_000:1_200]
+    }
+    container = Container(settings=settings)
+    await container.init_resources()
+    try:
+        kinds = await container.effect_kinds()
+
+        # When their outcomes are written, in one transaction
+        async with UnitOfWork(engine) as uow:
+            before = await table_reads(uow.connection)
+            kept = await record_outcomes(
+                uow.connection,
+                settings.topics,
+                kinds,
+                [(leased[key], EffectDecision("sent", reference=f"pay-{key}")) for key in batch],
+                from_state="in_flight",
+                owner="me",
+            )
+            after = await table_reads(uow.connection)
+            await uow.commit()
+    finally:
+        await container.shutdown_resources()
+
+    # Then all 200 are written, and neither table was read whole nor walked by state: each row was found by its key,
+    # at most three times (to lock it, to check it, to update it)
+    assert kept == set(batch)
+    scans = {table: (after[table][0] - before[table][0], after[table][1] - before[table][1]) for table in after}
+    assert (scans["effects"][0], scans["orders"][0]) == (0, 0)
+    assert scans["effects"][1] <= 3 * len(batch)
+    assert scans["orders"][1] <= 3 * len(batch)
+    assert await scalar(engine, "SELECT count(*) FROM effects WHERE state = 'sent'") == len(batch)
+    assert await scalar(engine, "SELECT count(*) FROM outbox WHERE headers->>'event-type' = 'payment.captured'") == 200
+
+
+async def table_reads(connection: AsyncConnection) -> dict[str, tuple[int, int]]:
+    """Sequential scans of `orders` and `effects`, and rows fetched through their indexes, this backend has not
+    reported yet (this transaction's, and those of earlier transactions on the same connection)."""
+    reads = await connection.execute(
+        text(
+            "SELECT relname, seq_scan, coalesce(idx_tup_fetch, 0) AS fetched FROM pg_stat_xact_user_tables"
+            " WHERE relname IN ('orders', 'effects')"
+        )
+    )
+    return {row.relname: (row.seq_scan, row.fetched) for row in reads}
+
+
+def placed_order(order_id: str) -> Order:
+    """An order as the consumer creates it from its `order.placed` record."""
+    return Order(order_id, "acme", "C-1", OrderStatus.PLACED, 1_000, "EUR", 1)
+
+
+def capture_of(order: Order) -> Effect:
+    """The capture effect a new order records (service/orders/model.py)."""
+    payload = {"order_id": order.order_id, "amount_cents": order.amount_cents, "currency": order.currency}
+    return Effect(order.order_id, "payment.capture", payload | {"kind": "capture"})
