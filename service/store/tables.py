@@ -91,7 +91,7 @@ effects = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint("state IN ('pending', 'in_flight', 'sent', 'uncertain', 'failed')", name="state"),
-    Index("ix_effects_state_next_attempt_at", "state", "next_attempt_at"),
+    Index("ix_effects_state_kind_next_attempt_at", "state", "kind", "next_attempt_at"),
     Index("ix_effects_aggregate_id", "aggregate_id"),
 )
 

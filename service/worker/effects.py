@@ -141,7 +141,7 @@ class EffectWorker:
         delay = 1.0
         while not stop.is_set():
             try:
-                done = await self.work_once([kind])
+                done = await self.work_once(kind)
                 delay = 1.0
             except InfrastructureUnavailable:
                 log.warning("database_unavailable", retry_in_seconds=delay)
@@ -153,12 +153,9 @@ class EffectWorker:
             if done == 0:
                 await waiter.wait(stop, _IDLE_POLL_SECONDS)
 
-    async def work_once(self, kinds: list[str] | None = None) -> int:
-        """Claim one batch (of `kinds`, default every enabled one), execute it, record the outcomes; return how
-        many effects were attempted."""
-        wanted = kinds or self._enabled
-        paces = [self._pace.get(kind) for kind in wanted]
-        pace = None if None in paces else max(pace for pace in paces if pace is not None)
+    async def work_once(self, kind: str) -> int:
+        """Claim one batch of one kind, execute it, record the outcomes; return how many effects were attempted."""
+        pace = self._pace.get(kind)
         # The lease is only as good as the clock, and it started when the claim's transaction did: no call may
         # start unless it can end, and its outcome be written, before the lease ends.
         lease_ends = time.monotonic() + self._settings.effect_lease.total_seconds() - self._record_margin
@@ -168,7 +165,7 @@ class EffectWorker:
                 self._owner,
                 self._settings.effect_lease,
                 claim_size(self._concurrency, pace, self._rounds_in_lease),
-                wanted,
+                kind,
                 self._waits,
             )
         if not claimed:

@@ -8,6 +8,7 @@ calls) as well as on the effect rows, the events and the counts. Outcomes are aw
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -597,7 +598,7 @@ async def test_outcomes_the_database_refuses_are_written_once_it_takes_them_agai
     await container.init_resources()
     try:
         worker = await container.effect_worker()
-        attempted = await worker.work_once(["payment.capture"])
+        attempted = await worker.work_once("payment.capture")
     finally:
         await container.shutdown_resources()
 
@@ -668,6 +669,35 @@ async def test_a_batchs_outcomes_read_effects_and_orders_by_key_on_a_ledger_neve
     assert scans["orders"][1] <= 3 * len(batch)
     assert await scalar(engine, "SELECT count(*) FROM effects WHERE state = 'sent'") == len(batch)
     assert await scalar(engine, "SELECT count(*) FROM outbox WHERE headers->>'event-type' = 'payment.captured'") == 200
+
+
+async def test_a_claim_of_a_kind_with_nothing_pending_reads_no_pending_effect_of_other_kinds(
+    engine: AsyncEngine,
+) -> None:
+    # Given a new database with a backlog of 3,000 pending captures and no pending refund
+    captures = [capture_of(placed_order(f"B-{number}")) for number in range(3_000)]
+    async with UnitOfWork(engine) as uow:
+        await uow.connection.execute(
+            text(effect_store.ADD_ROWS), {"effect_rows": effect_store.COLUMNS.encode(captures)}
+        )
+        await uow.commit()
+
+    # When a refund lane claims, and then a capture lane
+    async with UnitOfWork(engine) as uow:
+        before = await table_reads(uow.connection)
+        refunds = await effect_store.claim(uow.connection, "me", timedelta(seconds=30), 500, "payment.refund")
+        after_refunds = await table_reads(uow.connection)
+        taken = await effect_store.claim(uow.connection, "me", timedelta(seconds=30), 100, "payment.capture")
+        after_captures = await table_reads(uow.connection)
+        await uow.commit()
+
+    # Then the refund lane finds nothing without reading one capture (its kind is in the index it walks), and the
+    # capture lane takes 100 in due order, reading a few rows for each it takes, not the whole backlog
+    assert refunds == []
+    assert after_refunds["effects"] == before["effects"]
+    assert len({effect.idempotency_key for effect in taken}) == 100
+    assert after_captures["effects"][0] == before["effects"][0]
+    assert after_captures["effects"][1] - after_refunds["effects"][1] <= 8 * 100
 
 
 async def table_reads(connection: AsyncConnection) -> dict[str, tuple[int, int]]:

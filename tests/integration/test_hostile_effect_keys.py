@@ -45,7 +45,7 @@ async def test_a_capture_whose_key_holds_a_line_break_does_not_take_the_batchs_o
         worker = await container.effect_worker()
         raised: BaseException | None = None
         try:
-            await worker.work_once(["payment.capture"])
+            await worker.work_once("payment.capture")
         except Exception as error:  # what escapes the batch is the point of the test
             raised = error
     finally:
