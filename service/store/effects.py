@@ -185,8 +185,12 @@ _SETTLE = text(
 # first ANALYZE (a new database, a sudden load) the planner takes it for small, and hash-joins the batch to a
 # sequential scan of the whole table, twice a statement, for every batch: the outcome transaction took longer than
 # the calls (docs/performance.md). With hash and merge joins off, a join is a loop of primary-key look-ups,
-# whatever the statistics say. For the caller's transaction only.
-_JOIN_BY_KEY = text("SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)")
+# whatever the statistics say. The penalty cost of a plan that can only hash would put it past JIT compilation, which
+# costs more than such a statement: JIT is off too. For the caller's transaction only.
+_JOIN_BY_KEY = text(
+    "SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),"
+    " set_config('jit', 'off', true)"
+)
 
 
 async def join_by_key(connection: AsyncConnection) -> None:

@@ -23,7 +23,7 @@ _OUTBOX = text(
     " FROM outbox WHERE published_at IS NULL"
 )
 # `sent` only grows with history, so it is not counted here (its rate is orders_effect_outcomes_total);
-# the unfinished states are a short range of the (state, next_attempt_at) index.
+# the unfinished states are a short range of the (state, kind, next_attempt_at) index.
 _EFFECTS = text("SELECT state, count(*) FROM effects WHERE state IN ('pending', 'in_flight', 'uncertain') GROUP BY 1")
 _EFFECTS_FAILED = text("SELECT count(*) FROM effects WHERE state = 'failed'")
 _UNCERTAIN_OLDEST = text("SELECT extract(epoch FROM now() - min(updated_at)) FROM effects WHERE state = 'uncertain'")

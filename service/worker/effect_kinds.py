@@ -56,7 +56,9 @@ class EffectKind(Protocol):
     async def on_outcomes(self, connection: AsyncConnection, topics: Topics, settled: Sequence[Settled]) -> None:
         """Write what follows from settled decisions of this kind (events, aggregate changes), in the caller's
         transaction. They come in aggregate order: lock aggregates in that order, as the
-        consumer's round does, so that the two never wait on each other in a cycle."""
+        consumer's round does, so that the two never wait on each other in a cycle. The transaction joins by
+        key look-ups only (hash and merge joins off: `service.store.effects.join_by_key`): join the batch to
+        your tables on indexed keys."""
 
 
 class EffectRegistry:

@@ -618,6 +618,7 @@ async def test_a_batchs_outcomes_read_effects_and_orders_by_key_on_a_ledger_neve
     captures = [capture_of(order) for order in orders]
     batch = [capture.idempotency_key for capture in captures[1_000:1_200]]
     async with UnitOfWork(engine) as uow:
+        await never_analyzed(uow.connection)
         await uow.connection.execute(
             text(order_store.CREATE_ROWS), {"created_aggregates": order_store.COLUMNS.encode(orders)}
         )
@@ -646,6 +647,7 @@ async def test_a_batchs_outcomes_read_effects_and_orders_by_key_on_a_ledger_neve
 
         # When their outcomes are written, in one transaction
         async with UnitOfWork(engine) as uow:
+            assert await unanalyzed_tables(uow.connection) == {"effects", "orders"}
             before = await table_reads(uow.connection)
             kept = await record_outcomes(
                 uow.connection,
@@ -677,6 +679,7 @@ async def test_a_claim_of_a_kind_with_nothing_pending_reads_no_pending_effect_of
     # Given a new database with a backlog of 3,000 pending captures and no pending refund
     captures = [capture_of(placed_order(f"B-{number}")) for number in range(3_000)]
     async with UnitOfWork(engine) as uow:
+        await never_analyzed(uow.connection)
         await uow.connection.execute(
             text(effect_store.ADD_ROWS), {"effect_rows": effect_store.COLUMNS.encode(captures)}
         )
@@ -684,6 +687,7 @@ async def test_a_claim_of_a_kind_with_nothing_pending_reads_no_pending_effect_of
 
     # When a refund lane claims, and then a capture lane
     async with UnitOfWork(engine) as uow:
+        assert "effects" in await unanalyzed_tables(uow.connection)
         before = await table_reads(uow.connection)
         refunds = await effect_store.claim(uow.connection, "me", timedelta(seconds=30), 500, "payment.refund")
         after_refunds = await table_reads(uow.connection)
@@ -698,6 +702,20 @@ async def test_a_claim_of_a_kind_with_nothing_pending_reads_no_pending_effect_of
     assert len({effect.idempotency_key for effect in taken}) == 100
     assert after_captures["effects"][0] == before["effects"][0]
     assert after_captures["effects"][1] - after_refunds["effects"][1] <= 8 * 100
+
+
+async def never_analyzed(connection: AsyncConnection) -> None:
+    """Keep autovacuum from analyzing `orders` and `effects` while the test runs (it could, a minute in)."""
+    await connection.execute(text("ALTER TABLE orders SET (autovacuum_enabled = off)"))
+    await connection.execute(text("ALTER TABLE effects SET (autovacuum_enabled = off)"))
+
+
+async def unanalyzed_tables(connection: AsyncConnection) -> set[str]:
+    """Which of `orders` and `effects` have never been analyzed (the planner knows nothing of their rows)."""
+    found = await connection.execute(
+        text("SELECT relname FROM pg_class WHERE relname IN ('orders', 'effects') AND reltuples < 0")
+    )
+    return set(found.scalars())
 
 
 async def table_reads(connection: AsyncConnection) -> dict[str, tuple[int, int]]:
