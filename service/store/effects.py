@@ -60,7 +60,7 @@ _CLAIM = text(
         SELECT p.idempotency_key FROM effects p
         WHERE p.state = 'pending' AND p.next_attempt_at <= now()
           -- One kind at a time, whose provider is configured (the others wait, pending, until it is): with the
-          -- state and the kind equal, the index hands the due effects over in due order, and the walk stops at the
+          -- state and the kind equal, the index hands the due effects over by due time, and the walk stops at the
           -- limit. Several kinds at once made it sort every pending effect of them for each claim.
           AND p.kind = :kind
           -- An effect that waits for another of its aggregate waits until that one is resolved (sent or failed).
