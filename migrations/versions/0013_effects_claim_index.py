@@ -19,8 +19,8 @@ def upgrade() -> None:
     """Apply this revision."""
     # Each effect kind has lanes of its own, and a lane claims its kind's pending effects in due order. With the
     # kind outside the index, a lane of a kind with nothing to do walked every pending effect of the other kinds,
-    # each found in the table and filtered there: behind a backlog of captures, each claim of the refund lanes took
-    # tens of milliseconds of PostgreSQL (docs/performance.md). Its first column still serves the counts by state.
+    # each found in the table and filtered there, at every claim: behind a backlog of captures the refund lanes'
+    # claims took most of PostgreSQL's time (docs/performance.md). Its first column still serves the counts by state.
     op.create_index(
         "ix_effects_state_kind_next_attempt_at", "effects", ["state", "kind", "next_attempt_at"], unique=False
     )
