@@ -51,7 +51,7 @@ from service.adapters.kafka import COMPRESSION
 from service.config import Settings
 from service.orders import store as order_store
 from service.orders.fakes import PAYMENTS_POST
-from service.orders.model import Effect, Order, OrderStatus
+from service.orders.model import Order, OrderStatus, capture_of
 from service.policy.envelope import event_headers
 from service.store import effects as effect_store
 from service.store import outbox
@@ -244,7 +244,7 @@ async def effects_stage(
     try:
         created = [new_order(number) for number in range(count)]
         await insert(connection, order_store.CREATE_ROWS, "created_aggregates", order_store.COLUMNS, created)
-        effects = [capture(order) for order in created]
+        effects = [capture_of(order) for order in created]
         await insert(connection, effect_store.ADD_ROWS, "effect_rows", effect_store.COLUMNS, effects)
         await provider.control("reset")
         if latency:
@@ -460,12 +460,6 @@ def new_order(number: int) -> Order:
         currency=order["currency"],
         sequence=1,
     )
-
-
-def capture(order: Order) -> Effect:
-    """The capture effect a new order records (service/orders/model.py)."""
-    payload = {"order_id": order.order_id, "amount_cents": order.amount_cents, "currency": order.currency}
-    return Effect(order.order_id, "payment.capture", payload | {"kind": "capture"})
 
 
 def amount(order: dict[str, Any]) -> int:

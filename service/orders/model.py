@@ -150,16 +150,7 @@ def _place(message: OrderPlacedV1, current: Order | None, context: Context) -> A
         sequence=sequence_of(message) or 1,
         details={"placed_at": when.isoformat()} if when else {},
     )
-    capture = Effect(
-        order.order_id,
-        "payment.capture",
-        {
-            "order_id": order.order_id,
-            "amount_cents": order.amount_cents,
-            "currency": order.currency,
-            "kind": "capture",
-        },
-    )
+    capture = capture_of(order)
     accepted = Event(
         "order.accepted",
         order.order_id,
@@ -171,6 +162,12 @@ def _place(message: OrderPlacedV1, current: Order | None, context: Context) -> A
         },
     )
     return Applied(order, (capture,), (accepted,))
+
+
+def capture_of(order: Order) -> Effect:
+    """The capture of a new order's amount: the effect `placed` records."""
+    payload = {"order_id": order.order_id, "amount_cents": order.amount_cents, "currency": order.currency}
+    return Effect(order.order_id, "payment.capture", payload | {"kind": "capture"})
 
 
 def _ship(message: OrderShippedV1, current: Order) -> Applied:

@@ -105,7 +105,7 @@ async def claim(
             "lease": lease,
             "limit": limit,
             "kind": kind,
-            "dependent": [kind for kind, _ in waits],
+            "dependent": [dependent for dependent, _ in waits],
             "prerequisite": [first for _, first in waits],
         },
     )

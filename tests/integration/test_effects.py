@@ -22,7 +22,7 @@ from service.containers import Container
 from service.errors import InfrastructureUnavailable
 from service.orders import store as order_store
 from service.orders.fakes import Downstream
-from service.orders.model import Effect, Order, OrderStatus
+from service.orders.model import Order, OrderStatus, capture_of
 from service.policy.effects import EffectDecision
 from service.store import effects as effect_store
 from service.store.effects import EffectRow
@@ -733,9 +733,3 @@ async def table_reads(connection: AsyncConnection) -> dict[str, tuple[int, int]]
 def placed_order(order_id: str) -> Order:
     """An order as the consumer creates it from its `order.placed` record."""
     return Order(order_id, "acme", "C-1", OrderStatus.PLACED, 1_000, "EUR", 1)
-
-
-def capture_of(order: Order) -> Effect:
-    """The capture effect a new order records (service/orders/model.py)."""
-    payload = {"order_id": order.order_id, "amount_cents": order.amount_cents, "currency": order.currency}
-    return Effect(order.order_id, "payment.capture", payload | {"kind": "capture"})
