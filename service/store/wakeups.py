@@ -1,10 +1,11 @@
 """Wake-ups: a worker that found nothing to do waits until PostgreSQL says there may be something now.
 
 Migration 0012's triggers notify a channel when a statement inserts into `outbox` (`OUTBOX`) or `effects`
-(`EFFECTS`). PostgreSQL delivers a notification when the inserting transaction commits, once per transaction
-and channel, and only then are the rows visible. A process listens on one connection of its own; each waiting
-task has a `Waiter`, which returns at the first notification after its last wait or at its poll interval,
-whichever comes first.
+(`EFFECTS`); since migration 0014 the effects' notification names the kind of effect added, once per kind and
+statement. PostgreSQL delivers a notification when the inserting transaction commits, once per transaction,
+channel and payload, and only then are the rows visible. A process listens on one connection of its own; each
+waiting task has a `Waiter`, for one payload (a kind) or for all, which returns at the first notification for it
+after its last wait or at its poll interval, whichever comes first. An empty payload is for every waiter.
 
 A notification only shortens a wait. One that never comes costs the poll interval the worker always had, and
 nothing else. That happens with no listening connection (the database is away: the next wait listens again),
@@ -42,7 +43,7 @@ class Wakeups:
     def __init__(self, engine: AsyncEngine, channel: str) -> None:
         self._engine = engine
         self._channel = channel
-        self._waiters: list[asyncio.Event] = []
+        self._waiters: list[tuple[str | None, asyncio.Event]] = []
         self._connection: AsyncConnection | None = None
         self._listen_after = 0.0
         self._listening: asyncio.Task[None] | None = None
@@ -68,11 +69,11 @@ class Wakeups:
                 await self._listening
         await self._drop()
 
-    def waiter(self) -> Waiter:
-        """A waiter for one task; create it before the task's first look, so that no notification after it is
-        missed."""
+    def waiter(self, payload: str | None = None) -> Waiter:
+        """A waiter for one task, woken by the notifications with this payload (and the empty one), or by all when
+        it is None; create it before the task's first look, so that no notification after it is missed."""
         event = asyncio.Event()
-        self._waiters.append(event)
+        self._waiters.append((payload, event))
         return Waiter(self, event)
 
     def _relisten(self) -> None:
@@ -102,8 +103,13 @@ class Wakeups:
         self._connection = connection
         self._wake_all()  # rows may have been inserted while nobody listened: every waiter looks once
 
-    def _notified(self, *_: Any) -> None:
-        self._wake_all()
+    def _notified(self, _connection: Any, _pid: int, _channel: str, payload: str) -> None:
+        if not payload:
+            self._wake_all()
+            return
+        for wanted, event in self._waiters:
+            if wanted is None or wanted == payload:
+                event.set()
 
     def _lost(self, *_: Any) -> None:
         """The listening connection closed under us (the database restarted, say): listen again later."""
@@ -119,7 +125,7 @@ class Wakeups:
             await _quietly_invalidate(connection)  # closed, not pooled: no LISTEN goes back to the pool
 
     def _wake_all(self) -> None:
-        for event in self._waiters:
+        for _, event in self._waiters:
             event.set()
 
 

@@ -129,12 +129,13 @@ class EffectWorker:
         if not self._enabled:
             await stop.wait()
             return
-        # New effects wake the lanes that found none (one notification per inserting transaction); the poll is
-        # for effects that become due without an insert (a retry's time) and for a notification that never came.
+        # New effects wake the lanes of their kind that found none (one notification per kind and inserting
+        # transaction); the poll is for effects that become due without an insert (a retry's time, a refund whose
+        # capture was just sent) and for a notification that never came.
         async with wakeups.Wakeups(self._engine, wakeups.EFFECTS) as woken, asyncio.TaskGroup() as lanes:
             for kind in self._enabled:
                 for _ in range(_LANES_PER_KIND):
-                    lanes.create_task(self._lane(kind, stop, woken.waiter()))
+                    lanes.create_task(self._lane(kind, stop, woken.waiter(kind)))
 
     async def _lane(self, kind: str, stop: asyncio.Event, waiter: wakeups.Waiter) -> None:
         """Claim, call and record effects of one kind until `stop` is set."""

@@ -277,8 +277,8 @@ async def test_a_redelivered_record_is_a_duplicate_with_one_inbox_row_and_one_ef
 async def test_the_schema_is_current_only_with_the_domains_branch_applied(database_url: str) -> None:
     # Given the core's migrated test database: the core is current, the inventory domain's branch is not
     await schema.require_head(database_url)
-    assert schema.head_revision(MIGRATIONS) == "0013, inv_0001"
-    with pytest.raises(SchemaNotCurrent, match=r"is at 0013, this version needs 0013, inv_0001: run"):
+    assert schema.head_revision(MIGRATIONS) == "0014, inv_0001"
+    with pytest.raises(SchemaNotCurrent, match=r"is at 0014, this version needs 0014, inv_0001: run"):
         await schema.require_head(database_url, MIGRATIONS)
 
     # When the domain's branch is applied through the seam
@@ -286,9 +286,9 @@ async def test_the_schema_is_current_only_with_the_domains_branch_applied(databa
 
     # Then both heads are current: the version table keeps the core's newest revision and the branch, which
     # depends on the core revision it was written against (0010), not on every later one
-    assert head == "0013, inv_0001"
+    assert head == "0014, inv_0001"
     await schema.require_head(database_url, MIGRATIONS)
-    assert await schema.current_revision(database_url) == "0013, inv_0001"
+    assert await schema.current_revision(database_url) == "0014, inv_0001"
 
 
 async def test_a_hold_the_warehouse_refuses_fails_and_says_so_on_the_reservation_and_in_an_event(

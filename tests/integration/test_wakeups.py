@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.orders.fakes import Downstream
@@ -55,6 +56,54 @@ async def test_a_committed_insert_wakes_every_waiter_and_a_rolled_back_one_wakes
         await _woken(second, stop)
         with pytest.raises(TimeoutError):
             await _woken(first, stop, within=0.5)
+
+
+async def _add_effects(engine: AsyncEngine, *effects: tuple[str, str]) -> None:
+    """Effects (idempotency key, kind) inserted by one statement, as a round's write inserts them."""
+    keys, kinds = [key for key, _ in effects], [kind for _, kind in effects]
+    async with UnitOfWork(engine) as uow:
+        await uow.connection.execute(
+            text(
+                "INSERT INTO effects (idempotency_key, aggregate_id, kind, payload)"
+                " SELECT k, 'A-' || k, kind, '{}'"
+                " FROM unnest(CAST(:keys AS text[]), CAST(:kinds AS text[])) AS v(k, kind)"
+                " ON CONFLICT (idempotency_key) DO NOTHING"
+            ),
+            {"keys": keys, "kinds": kinds},
+        )
+        await uow.commit()
+
+
+async def test_new_effects_wake_the_waiters_of_their_kind_and_not_the_others(engine: AsyncEngine) -> None:
+    # Given a process's waiters for captures, for refunds, and for every kind (0014's trigger names the kinds)
+    stop = asyncio.Event()
+    async with wakeups.Wakeups(engine, wakeups.EFFECTS) as woken:
+        captures, refunds, every = woken.waiter("capture"), woken.waiter("refund"), woken.waiter()
+
+        # When one statement adds two captures
+        await _add_effects(engine, ("K-1", "capture"), ("K-2", "capture"))
+
+        # Then the capture waiter and the one for all kinds wake, and the refund waiter sleeps on
+        await _woken(captures, stop)
+        await _woken(every, stop)
+        with pytest.raises(TimeoutError):
+            await _woken(refunds, stop, within=0.5)
+
+        # When a statement adds nothing (its keys exist already), then one adds a capture and a refund
+        await _add_effects(engine, ("K-1", "refund"), ("K-2", "refund"))
+        with pytest.raises(TimeoutError):
+            await _woken(refunds, stop, within=0.5)
+        await _add_effects(engine, ("K-3", "capture"), ("K-4", "refund"))
+
+        # Then both kinds' waiters wake
+        await _woken(captures, stop)
+        await _woken(refunds, stop)
+
+        # And a kind whose name is too long for a notification's payload is still inserted, and wakes every waiter
+        await _add_effects(engine, ("K-5", "x" * 9000))
+        for waiter in (captures, refunds, every):
+            await _woken(waiter, stop)
+        assert await scalar(engine, "SELECT count(*) FROM effects") == 5
 
 
 async def test_a_waiter_listens_again_after_the_database_dropped_its_connection(
