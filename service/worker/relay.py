@@ -114,9 +114,10 @@ class Relay:
     async def _publish(
         self, producer: AIOKafkaProducer, slots: outbox.Slots, stop: asyncio.Event, waiter: wakeups.Waiter
     ) -> None:
-        """Publish batch after batch until `stop` is set or the producer is spoiled, a few at a time: the next batch
-        is claimed and sent while the last ones' acknowledgements are awaited, so that the database and the broker
-        work at once. A batch takes none of the keys of the batches in flight, and batches settle in claim order."""
+        """Publish batch after batch until `stop` is set or the producer is spoiled, a few at a time: behind a
+        backlog (a claim came back full) the next batch is claimed and sent while the last ones' acknowledgements
+        are awaited, so that the database and the broker work at once. A batch takes none of the keys of the
+        batches in flight, and batches settle in claim order."""
         started: list[asyncio.Task[int]] = []
         in_flight: deque[tuple[asyncio.Task[int], frozenset[str]]] = deque()
         rebalance_at = time.monotonic() + _REBALANCE_SECONDS
@@ -142,7 +143,10 @@ class Relay:
                     await _settle(in_flight)
                     # New rows wake it (a notification per inserting transaction); the poll is for one that never came.
                     await waiter.wait(stop, _IDLE_POLL_SECONDS)
-                elif not rows:  # what is left is of keys in flight: it waits for the oldest batch
+                elif len(rows) < self._settings.relay_batch_size:
+                    # What is left is of keys in flight, or the outbox is drained up to a few rows: the next claim
+                    # waits for the oldest batch, and takes what came meanwhile in one batch instead of finding
+                    # nothing, or a row or two, each time a batch is sent (at a steady rate, most claims did).
                     await in_flight.popleft()[0]
                 while len(in_flight) >= _IN_FLIGHT or (in_flight and in_flight[0][0].done()):
                     await in_flight.popleft()[0]

@@ -7,6 +7,7 @@ test's deadline: without migration 0012's triggers (or with a waiter that misses
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -154,6 +155,43 @@ async def test_a_row_written_while_the_relay_is_idle_is_published_without_waitin
         await eventually(
             lambda: scalar(engine, "SELECT count(*) = 2 FROM outbox WHERE published_at IS NOT NULL"), timeout=10
         )
+
+
+async def test_at_a_trickle_the_relay_claims_once_for_what_came_and_once_to_find_the_outbox_drained(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an idle relay whose claims are counted (it wakes only by notification here)
+    monkeypatch.setattr(relay, "_IDLE_POLL_SECONDS", LONG_POLL)
+    claims: list[int] = []
+    claim = outbox.claim
+
+    async def counted(*args: Any, **kwargs: Any) -> list[outbox.ClaimedRow]:
+        rows = await claim(*args, **kwargs)
+        claims.append(len(rows))
+        return rows
+
+    monkeypatch.setattr(outbox, "claim", counted)
+    settings = settings_for(database_url, kafka, topics)
+    async with running_parts(settings, "relay"):
+
+        async def looked() -> bool:
+            return bool(claims)
+
+        await eventually(looked)
+        claims.clear()
+
+        # When rows come one at a time, each after the one before was published
+        for n in range(1, 11):
+            await _add_row(engine, topics.events, n)
+            await eventually(
+                lambda n=n: scalar(engine, "SELECT count(*) = :n FROM outbox WHERE published_at IS NOT NULL", n=n),
+                timeout=10,
+            )
+
+    # Then each row took one claim, and one more found the outbox drained: a short batch is not followed by a claim
+    # while it is in flight (which would find nothing, its key being busy), only by one after it settled
+    assert sum(claims) == 10
+    assert len(claims) <= 2 * 10 + 1, claims
 
 
 async def test_an_order_consumed_while_the_effect_workers_are_idle_is_captured_and_published_at_once(
