@@ -6,7 +6,7 @@ leaves its claim behind, and the reconciler takes it back when the lease has exp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -205,6 +205,28 @@ async def settle_all(connection: AsyncConnection, settlements: Sequence[Settleme
         return set()
     result = await connection.execute(_SETTLE, {"settlements": SETTLEMENTS.encode(settlements)})
     return set(result.scalars())
+
+
+# An effect that waits for another of its aggregate (EffectSpec.waits_for) becomes claimable when that one is
+# resolved: an update, which notifies nobody (migration 0014's trigger is on inserts). The transaction that resolves
+# it notifies the effects' channel once per kind that has pending effects of those aggregates, with the kind as the
+# payload (service/store/wakeups.py); a kind name too long for a payload wakes every lane, as the trigger does.
+_WAKE_WAITING = text(
+    """
+    SELECT pg_notify(:channel, CASE WHEN octet_length(w.kind) <= 1000 THEN w.kind ELSE '' END)
+    FROM (SELECT DISTINCT e.kind FROM effects e
+          WHERE e.aggregate_id = ANY(CAST(:aggregates AS text[])) AND e.kind = ANY(CAST(:kinds AS text[]))
+            AND e.state = 'pending') AS w
+    """
+)
+
+
+async def wake_waiting(
+    connection: AsyncConnection, channel: str, aggregates: Collection[str], kinds: Collection[str]
+) -> None:
+    """At the commit of the caller's transaction, wake the lanes of these kinds if effects of theirs are pending for
+    these aggregates (their prerequisite was just resolved)."""
+    await connection.execute(_WAKE_WAITING, {"channel": channel, "aggregates": list(aggregates), "kinds": list(kinds)})
 
 
 _EXPIRE_LEASES = text(

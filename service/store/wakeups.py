@@ -9,8 +9,9 @@ after its last wait or at its poll interval, whichever comes first. An empty pay
 
 A notification only shortens a wait. One that never comes costs the poll interval the worker always had, and
 nothing else. That happens with no listening connection (the database is away: the next wait listens again),
-behind a pooler in transaction mode that drops `LISTEN`, or for rows that become due without an insert (an
-effect's retry time, an email whose capture was just sent).
+behind a pooler in transaction mode that drops `LISTEN`, or for rows that become due without an insert or a
+notification of their own (an effect's retry time, one an operator or the reconciler put back to pending). An effect
+that waits for another is woken by the transaction that resolves that one (`effects.wake_waiting`).
 """
 
 from __future__ import annotations

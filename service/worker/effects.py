@@ -52,6 +52,7 @@ _IDLE_POLL_SECONDS = 0.2
 _LANES_PER_KIND = 2
 _RECORD_TRIES = 5
 _PACE_WEIGHT = 0.05  # of each call in the moving average of a kind's call durations
+_RESOLVED = frozenset({"sent", "failed"})  # what an effect that waits for this one waits for (EffectSpec.waits_for)
 _HANDED_BACK = EffectDecision("pending", retry_in=timedelta(0), unmade=True)
 
 
@@ -82,6 +83,15 @@ async def record_outcomes(
             by_kind.setdefault(effect.kind, []).append((effect, decision))
     for kind, settled in by_kind.items():
         await kinds[kind].on_outcomes(connection, topics, settled)
+    # An effect that waits for one resolved here is due now, with no insert to wake its lanes: this transaction does.
+    resolved = [
+        (effect.kind, effect.aggregate_id)
+        for effect, decision in outcomes
+        if effect.idempotency_key in kept and decision.state in _RESOLVED
+    ]
+    first_kinds = {kind for kind, _ in resolved}
+    if waiting := {kind for kind, first in kinds.dependencies() if first in first_kinds}:
+        await effects.wake_waiting(connection, wakeups.EFFECTS, {aggregate for _, aggregate in resolved}, waiting)
     return kept
 
 
@@ -130,8 +140,8 @@ class EffectWorker:
             await stop.wait()
             return
         # New effects wake the lanes of their kind that found none (one notification per kind and inserting
-        # transaction); the poll is for effects that become due without an insert (a retry's time, a refund whose
-        # capture was just sent) and for a notification that never came.
+        # transaction), and so do the outcomes that resolve what pending effects wait for (`record_outcomes`); the
+        # poll is for effects that become due otherwise (a retry's time) and for a notification that never came.
         async with wakeups.Wakeups(self._engine, wakeups.EFFECTS) as woken, asyncio.TaskGroup() as lanes:
             for kind in self._enabled:
                 for _ in range(_LANES_PER_KIND):

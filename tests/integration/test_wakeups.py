@@ -22,7 +22,7 @@ from service.worker import relay
 from tests.support import Topics, eventually, produce, scalar, settings_for
 from tests.support import running as running_parts
 from tests.support.effects import effect_settings, state_is
-from tests.support.orders import placed
+from tests.support.orders import cancelled, placed
 
 LONG_POLL = 60.0  # far beyond every deadline below
 
@@ -221,3 +221,30 @@ async def test_an_order_consumed_while_the_effect_workers_are_idle_is_captured_a
             timeout=10,
         )
     assert downstream.calls("payments.post", "W-2/payment.capture") == 1
+
+
+async def test_a_refund_waiting_for_its_capture_is_claimed_as_soon_as_the_capture_is_sent(
+    engine: AsyncEngine,
+    database_url: str,
+    kafka: str,
+    topics: Topics,
+    downstream: Downstream,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given effect workers that poll once a minute, and an order placed and cancelled whose capture the provider
+    # answers only after half a second: its refund is inserted (and looked at) while the capture is in flight
+    monkeypatch.setattr(effect_worker, "_IDLE_POLL_SECONDS", LONG_POLL)
+    capture, refund = "WR-1/payment.capture", "WR-1/payment.refund"
+    downstream.delay_next("payments.post", seconds=0.5, key=capture)
+    settings = effect_settings(database_url, kafka, topics, downstream)
+    await produce(kafka, topics.source, [("WR-1", placed("WR-1"), {}), ("WR-1", cancelled("WR-1"), {})], partition=0)
+    async with running_parts(settings, "consumer_loop", "effect_worker"):
+        await eventually(lambda: state_is(engine, refund, "pending"))
+        assert downstream.calls("payments.post", refund) == 0
+
+        # When the capture is sent (an update: no insert notifies the refund's lanes)
+        await eventually(lambda: state_is(engine, capture, "sent"))
+
+        # Then the refund is made within seconds, not at the next poll
+        await eventually(lambda: state_is(engine, refund, "sent"), timeout=10)
+    assert downstream.calls("payments.post", refund) == 1
