@@ -181,7 +181,7 @@ class EffectWorker:
             )
         if not claimed:
             return 0
-        outcomes = await asyncio.gather(*(self._execute(effect, lease_ends) for effect in claimed))
+        outcomes = await self._execute_all(claimed, lease_ends)
         decisions = [
             # None: not attempted, its lease would have run out mid-call; handed back untouched.
             _HANDED_BACK if outcome is None else after_call(outcome, effect.attempts, self._policy, self._rng)
@@ -221,6 +221,20 @@ class EffectWorker:
                 log.warning("effect_outcomes_waiting", reason="database_unavailable", retry_in_seconds=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+    async def _execute_all(self, claimed: Sequence[EffectRow], lease_ends: float) -> list[CallOutcome | None]:
+        """Every claimed effect's outcome, in claim order, by at most the concurrency's number of tasks, each taking
+        the next effect as it finishes one: a batch is several rounds of calls, and a task per effect would wait
+        at the kind's limit for most of them."""
+        outcomes: list[CallOutcome | None] = [None] * len(claimed)
+        upcoming = iter(enumerate(claimed))
+
+        async def calls() -> None:
+            for index, effect in upcoming:
+                outcomes[index] = await self._execute(effect, lease_ends)
+
+        await asyncio.gather(*(calls() for _ in range(min(self._concurrency, len(claimed)))))
+        return outcomes
 
     async def _execute(self, effect: EffectRow, lease_ends: float) -> CallOutcome | None:
         async with self._limits[effect.kind]:
