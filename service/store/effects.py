@@ -18,6 +18,7 @@ from service.policy.effects import EffectDecision
 from service.store.recordset import Columns
 
 STATES = ("pending", "in_flight", "sent", "uncertain", "failed")  # what an effect's `state` may be
+RESOLVED = frozenset({"sent", "failed"})  # an effect that waits for one (EffectSpec.waits_for) waits for these
 
 
 @dataclass(frozen=True)

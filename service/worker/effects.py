@@ -52,7 +52,6 @@ _IDLE_POLL_SECONDS = 0.2
 _LANES_PER_KIND = 2
 _RECORD_TRIES = 5
 _PACE_WEIGHT = 0.05  # of each call in the moving average of a kind's call durations
-_RESOLVED = frozenset({"sent", "failed"})  # what an effect that waits for this one waits for (EffectSpec.waits_for)
 _HANDED_BACK = EffectDecision("pending", retry_in=timedelta(0), unmade=True)
 
 
@@ -87,7 +86,7 @@ async def record_outcomes(
     resolved = [
         (effect.kind, effect.aggregate_id)
         for effect, decision in outcomes
-        if effect.idempotency_key in kept and decision.state in _RESOLVED
+        if effect.idempotency_key in kept and decision.state in effects.RESOLVED
     ]
     first_kinds = {kind for kind, _ in resolved}
     if waiting := {kind for kind, first in kinds.dependencies() if first in first_kinds}:
