@@ -79,9 +79,18 @@ _ADD = text(ADD_ROWS + "\n    RETURNING id")
 # has no order to keep and goes to any relay.
 SLOTS = 64
 _SLOT_OF_KEY = f"abs(hashtext(key) % {SLOTS})"
-# A key's rows are kept only up to the first unpublished row of that key the claim did not take (held by another
-# transaction): a slot changes hands while its last holder's transaction may still hold rows (it crashed, or lost
-# its session), and a relay without slots (an older version) claims any key. In one statement: no round trip.
+# A key whose unpublished rows the claim did not all take, up to its last row taken, is not published in this batch
+# (its rows stay locked until the claiming transaction ends, and the next claim takes them in order): an earlier
+# row of that key is held by another transaction. A slot changes hands while its last holder's transaction may still
+# hold rows (it crashed, or lost its session), and a relay without slots (an older version) claims any key. In one
+# statement: no round trip.
+#
+# The check reads the index range the claim walked once more (`passed`: every unpublished row up to the last one
+# taken, of any key, that was not taken), and drops the keys found there through one hashed look-up. Its cost
+# follows the claim's own walk whatever the planner believes. A check per claimed row (NOT EXISTS an earlier
+# unpublished row of its key) let the planner pick, per row, between the index by key and the index by id: with
+# statistics taken while the relay kept up, both look empty, and behind a backlog it walked every earlier row of
+# any key for each row claimed, most of a second per claim of 1,000 (docs/performance.md).
 _CLAIM = text(
     f"""
     WITH claimed AS (
@@ -90,14 +99,18 @@ _CLAIM = text(
           AND (key IS NULL OR {_SLOT_OF_KEY} = ANY(CAST(:slots AS int[])) AND key <> ALL(CAST(:busy AS text[])))
         ORDER BY id LIMIT :limit
         FOR UPDATE SKIP LOCKED
+    ),
+    passed AS (
+        SELECT key FROM outbox
+        WHERE published_at IS NULL AND set_aside_at IS NULL AND key IS NOT NULL
+          AND id < (SELECT max(id) FROM claimed) AND id NOT IN (SELECT id FROM claimed)
     )
     SELECT id, topic, key, headers, payload, kafka_key FROM claimed AS c
-    WHERE c.key IS NULL OR NOT EXISTS (
-        SELECT FROM outbox AS o
-        WHERE o.key = c.key AND o.id < c.id AND o.published_at IS NULL AND o.set_aside_at IS NULL
-          AND o.id NOT IN (SELECT id FROM claimed))
+    WHERE c.key IS NULL OR c.key NOT IN (SELECT key FROM passed)
     """
 )
+
+
 # Before the table's first ANALYZE (a new database, a sudden backlog) the planner takes the unpublished rows for a
 # handful, and sorts them all for every batch; a walk of the partial index in id order stops at the limit whatever
 # the statistics say. Without sorts a plan's cost is past the threshold of JIT compilation, which costs more than the
