@@ -79,18 +79,17 @@ _ADD = text(ADD_ROWS + "\n    RETURNING id")
 # has no order to keep and goes to any relay.
 SLOTS = 64
 _SLOT_OF_KEY = f"abs(hashtext(key) % {SLOTS})"
-# A key whose unpublished rows the claim did not all take, up to its last row taken, is not published in this batch
-# (its rows stay locked until the claiming transaction ends, and the next claim takes them in order): an earlier
-# row of that key is held by another transaction. A slot changes hands while its last holder's transaction may still
-# hold rows (it crashed, or lost its session), and a relay without slots (an older version) claims any key. In one
-# statement: no round trip.
+# A key's rows are kept only up to its first unpublished row the claim passed without taking (held by another
+# transaction): a slot changes hands while its last holder's transaction may still hold rows (it crashed, or lost
+# its session), and a relay without slots (an older version) claims any key. The rows not kept stay locked until the
+# claiming transaction ends. In one statement: no round trip.
 #
-# The check reads the index range the claim walked once more (`passed`: every unpublished row up to the last one
-# taken, of any key, that was not taken), and drops the keys found there through one hashed look-up. Its cost
-# follows the claim's own walk whatever the planner believes. A check per claimed row (NOT EXISTS an earlier
-# unpublished row of its key) let the planner pick, per row, between the index by key and the index by id: with
-# statistics taken while the relay kept up, both look empty, and behind a backlog it walked every earlier row of
-# any key for each row claimed, most of a second per claim of 1,000 (docs/performance.md).
+# `held` reads the index range the claim walked once more: every unpublished row up to the last one taken that was
+# not taken (held by another transaction, or of a key in flight or of another relay's slot), the first of each key,
+# joined to the claimed rows by hash. Its cost follows the claim's own walk. A look-up per claimed row (NOT EXISTS an
+# earlier unpublished row of its key) left the planner to choose, per row, the index by key or the index by id: with
+# statistics taken while the relay kept up both look empty, and behind a backlog it walked every earlier row of any
+# key for each row claimed, 0.8 s for a claim of 1,000 (docs/performance.md, "Seventh session").
 _CLAIM = text(
     f"""
     WITH claimed AS (
@@ -100,22 +99,28 @@ _CLAIM = text(
         ORDER BY id LIMIT :limit
         FOR UPDATE SKIP LOCKED
     ),
-    passed AS (
-        SELECT key FROM outbox
+    held AS (
+        SELECT key, min(id) AS first_id FROM outbox
         WHERE published_at IS NULL AND set_aside_at IS NULL AND key IS NOT NULL
           AND id < (SELECT max(id) FROM claimed) AND id NOT IN (SELECT id FROM claimed)
+        GROUP BY key
     )
-    SELECT id, topic, key, headers, payload, kafka_key FROM claimed AS c
-    WHERE c.key IS NULL OR c.key NOT IN (SELECT key FROM passed)
+    SELECT c.id, c.topic, c.key, c.headers, c.payload, c.kafka_key
+    FROM claimed AS c LEFT JOIN held AS h ON h.key = c.key
+    WHERE h.first_id IS NULL OR c.id < h.first_id
     """
 )
 
 
 # Before the table's first ANALYZE (a new database, a sudden backlog) the planner takes the unpublished rows for a
 # handful, and sorts them all for every batch; a walk of the partial index in id order stops at the limit whatever
-# the statistics say. Without sorts a plan's cost is past the threshold of JIT compilation, which costs more than the
-# claim: off too. Both for the claiming transaction only.
-_INDEX_WALK = text("SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)")
+# the statistics say. For the same reason the claim's `held` rows are read by index and joined by hash, never by a
+# loop over the claimed rows. These plans' cost is past the threshold of JIT compilation, which costs more than the
+# claim: off too. All for the claiming transaction only.
+_INDEX_WALK = text(
+    "SELECT set_config('enable_sort', 'off', true), set_config('enable_seqscan', 'off', true),"
+    " set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true)"
+)
 _UNPUBLISHED = text("SELECT id FROM outbox WHERE published_at IS NULL AND id = ANY(CAST(:ids AS bigint[]))")
 _MARK = text("UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:ids AS bigint[]))")
 _SET_ASIDE = text(
