@@ -44,6 +44,10 @@ class Lanes:
         """How many records the lanes hold."""
         return sum(map(len, self._lanes.values()))
 
+    def waiting(self) -> int:
+        """How many records the lanes hold that no round has taken (some may not be due yet)."""
+        return self.held() - len(self._in_flight)
+
     def room(self) -> int:
         """How many more records may be fetched before the bound."""
         return self._bound - self.held()
