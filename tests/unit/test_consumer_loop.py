@@ -1,5 +1,6 @@
 """The consumer loop against a fake Kafka client and a fake processor: overlapping rounds commit offsets only
-up to what is terminal, and at its bound the fetcher stops asking Kafka without pausing. The fake processor
+up to what is terminal, at its bound the fetcher stops asking Kafka without pausing, and rounds that would not be
+full are spaced while full ones start at once. The fake processor
 holds each round until the test releases it; the fake client serves records and records commits and pauses."""
 
 from __future__ import annotations
@@ -238,3 +239,55 @@ async def test_the_last_rounds_offsets_are_committed_when_the_commit_in_flight_a
 
 async def _true(value: bool) -> bool:
     return value
+
+
+class _Instant(_Processor):
+    """Reports every round terminal at once, and when each started (loop time) with how many records."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started: list[tuple[float, int]] = []
+
+    async def attempt_round(self, due: dict[Delivery, RetryState], stop: asyncio.Event) -> Attempted:
+        self.started.append((asyncio.get_running_loop().time(), len(due)))
+        return Attempted(frozenset(due), {})
+
+
+class _Trickle(_Consumer):
+    """One record a fetch, about two milliseconds apart: a steady rate, far below a round's worth at a time."""
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[ConsumerRecord[Any, Any]]]:
+        await asyncio.sleep(0.002)
+        return await super().getmany(timeout_ms, 1)
+
+
+async def test_at_a_steady_trickle_rounds_start_at_least_the_spacing_apart() -> None:
+    # Given records that come one by one, a round's worth (100) never waiting at once
+    processor = _Instant()
+    running, stop = _running(_Trickle(available=10_000, partitions=2), processor, batch_size=50)
+
+    # When the loop has started ten rounds
+    await eventually(lambda: _true(len(processor.started) >= 10), timeout=10, interval=0.01)
+    stop.set()
+    await asyncio.wait_for(running, timeout=5)
+
+    # Then each started at least 20 ms after the one before (less a little for the tasks' own start), and took
+    # what came meanwhile: without the spacing, a round started for about every fetch
+    starts = [at for at, _ in processor.started[:10]]
+    assert all(later - earlier >= 0.015 for earlier, later in zip(starts, starts[1:], strict=False)), starts
+    assert all(size < 100 for _, size in processor.started[:10])
+
+
+async def test_behind_a_backlog_full_rounds_start_at_once() -> None:
+    # Given a backlog of many rounds' worth
+    processor = _Instant()
+    running, stop = _running(_Consumer(available=5_000, partitions=2), processor, batch_size=50)
+
+    # When the loop has started ten rounds
+    await eventually(lambda: _true(len(processor.started) >= 10), timeout=10, interval=0.01)
+    stop.set()
+    await asyncio.wait_for(running, timeout=5)
+
+    # Then they were full, and none waited for the spacing: ten spaced rounds take 180 ms at least
+    assert [size for _, size in processor.started[:10]] == [100] * 10
+    assert processor.started[9][0] - processor.started[0][0] < 0.1
