@@ -6,6 +6,7 @@ holds each round until the test releases it; the fake client serves records and 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any
 
@@ -274,7 +275,7 @@ async def test_at_a_steady_trickle_rounds_start_at_least_the_spacing_apart() -> 
     # Then each started at least 20 ms after the one before (less a little for the tasks' own start), and took
     # what came meanwhile: without the spacing, a round started for about every fetch
     starts = [at for at, _ in processor.started[:10]]
-    assert all(later - earlier >= 0.015 for earlier, later in zip(starts, starts[1:], strict=False)), starts
+    assert all(later - earlier >= 0.015 for earlier, later in itertools.pairwise(starts)), starts
     assert all(size < 100 for _, size in processor.started[:10])
 
 
