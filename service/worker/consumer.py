@@ -3,8 +3,9 @@
 Each assigned partition is a lane (service/worker/lanes.py): its fetched records wait in order in memory. A
 lane whose head is not due (a blocking retry, a backpressure pause, a retry-tier record held until its due
 time) pauses its partition in the Kafka client, so nothing more is fetched for it, while every other partition
-keeps flowing. The poll loop itself never sleeps longer than the next due time. An offset is committed only
-after its record left the processor (its transaction committed).
+keeps flowing. The poll loop itself never sleeps longer than the next due time, or at a steady rate the rounds'
+spacing (a round that would not be full starts at least `_ROUND_SPACING_SECONDS` after the one before). An offset
+is committed only after its record left the processor (its transaction committed).
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ _MAX_WAIT_SECONDS = 0.5
 _FETCH_WAIT_MS = 500
 _ROUND_BATCHES = 2  # a round attempts up to this many fetch batches
 _ROUNDS_IN_FLIGHT = 2  # one round plans while the other's transaction runs
-# A round that would not be full starts at least this long after the one before. At a steady rate the loop otherwise
-# starts a round for each fetch (a hundred a second at 2,000 records/s), and each round costs the same transaction,
-# offset commit and bookkeeping whatever it holds: spaced, the rounds are half as many and twice as large, and the
-# consumer and PostgreSQL spend about a quarter of a core less at 2,000/s, for about 10 ms more per record
-# (docs/performance.md). A record after a quiet spell, and a backlog's full rounds, start at once.
+# While the lanes hold less than a round's worth that no round has taken, the next round starts at least this long
+# after the one before. At a steady rate the loop otherwise starts a round for each fetch (a hundred a second at
+# 2,000 records/s), and each round costs the same transaction, offset commit and bookkeeping whatever it holds:
+# spaced, the rounds are half as many and twice as large, and the consumer and PostgreSQL spend about a quarter of a
+# core less at 2,000/s, for about 10 ms more per record (docs/performance.md). A record after a quiet spell, and a
+# backlog's full rounds, start at once. (Records held for a later retry count as held: behind a retry tier of a
+# round's worth or more, rounds start unspaced, as they did before.)
 _ROUND_SPACING_SECONDS = 0.02
 # Records fetched and not terminal, in rounds: the two in flight and the next one, decoded while they write. With
 # only the two, both rounds tended to finish together and leave nothing to start until the fetcher had

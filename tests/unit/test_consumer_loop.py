@@ -10,12 +10,14 @@ import itertools
 import time
 from typing import Any
 
+import pytest
 from aiokafka import ConsumerRecord, TopicPartition
 
 from service.metrics import Metrics
 from service.orders.messages import decode
 from service.policy.delivery import Delivery, RetryState
 from service.policy.records import SourceRecord
+from service.worker import consumer as consumer_module
 from service.worker.consumer import ConsumerLoop
 from service.worker.processor import Attempted
 from tests.support import eventually
@@ -243,14 +245,14 @@ async def _true(value: bool) -> bool:
 
 
 class _Instant(_Processor):
-    """Reports every round terminal at once, and when each started (loop time) with how many records."""
+    """Reports every round terminal at once, with how many records each took."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.started: list[tuple[float, int]] = []
+        self.sizes: list[int] = []
 
     async def attempt_round(self, due: dict[Delivery, RetryState], stop: asyncio.Event) -> Attempted:
-        self.started.append((asyncio.get_running_loop().time(), len(due)))
+        self.sizes.append(len(due))
         return Attempted(frozenset(due), {})
 
 
@@ -262,33 +264,53 @@ class _Trickle(_Consumer):
         return await super().getmany(timeout_ms, 1)
 
 
-async def test_at_a_steady_trickle_rounds_start_at_least_the_spacing_apart() -> None:
-    # Given records that come one by one, a round's worth (100) never waiting at once
+class _Timed(ConsumerLoop):
+    """The loop, noting when (the loop time it decided at) it starts each round."""
+
+    started: list[float]
+
+    def _start_round(self, *args: Any) -> None:
+        self.started.append(self._round_started)
+        super()._start_round(*args)
+
+
+def _timed(
+    consumer: _Consumer, processor: _Processor, batch_size: int
+) -> tuple[_Timed, asyncio.Task[None], asyncio.Event]:
+    loop = _Timed(processor, Metrics(), lambda: consumer, [TOPIC], batch_size)  # type: ignore[arg-type]
+    loop.started = []
+    stop = asyncio.Event()
+    return loop, asyncio.create_task(loop.run(stop)), stop
+
+
+async def test_at_a_steady_trickle_rounds_start_at_least_the_spacing_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given records that come one by one, a round's worth (100) never waiting at once, and rounds spaced 30 ms
+    monkeypatch.setattr(consumer_module, "_ROUND_SPACING_SECONDS", 0.03)
     processor = _Instant()
-    running, stop = _running(_Trickle(available=10_000, partitions=2), processor, batch_size=50)
+    loop, running, stop = _timed(_Trickle(available=10_000, partitions=2), processor, batch_size=50)
 
     # When the loop has started ten rounds
-    await eventually(lambda: _true(len(processor.started) >= 10), timeout=10, interval=0.01)
+    await eventually(lambda: _true(len(loop.started) >= 10), timeout=10, interval=0.01)
     stop.set()
     await asyncio.wait_for(running, timeout=5)
 
-    # Then each started at least 20 ms after the one before (less a little for the tasks' own start), and took
-    # what came meanwhile: without the spacing, a round started for about every fetch
-    starts = [at for at, _ in processor.started[:10]]
-    assert all(later - earlier >= 0.015 for earlier, later in itertools.pairwise(starts)), starts
-    assert all(size < 100 for _, size in processor.started[:10])
+    # Then it started each at least the spacing after the one before, with what came meanwhile: without the spacing,
+    # a round started for about every fetch
+    gaps = [later - earlier for earlier, later in itertools.pairwise(loop.started[:10])]
+    assert all(gap >= 0.03 - 1e-9 for gap in gaps), gaps
+    assert all(size < 100 for size in processor.sizes[:10])
 
 
-async def test_behind_a_backlog_full_rounds_start_at_once() -> None:
-    # Given a backlog of many rounds' worth
+async def test_behind_a_backlog_full_rounds_start_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a backlog of many rounds' worth, and a spacing longer than the test's deadline
+    monkeypatch.setattr(consumer_module, "_ROUND_SPACING_SECONDS", 60.0)
     processor = _Instant()
-    running, stop = _running(_Consumer(available=5_000, partitions=2), processor, batch_size=50)
+    loop, running, stop = _timed(_Consumer(available=5_000, partitions=2), processor, batch_size=50)
 
-    # When the loop has started ten rounds
-    await eventually(lambda: _true(len(processor.started) >= 10), timeout=10, interval=0.01)
+    # When the loop has started ten rounds (it could not have, had any waited for the spacing)
+    await eventually(lambda: _true(len(loop.started) >= 10), timeout=10, interval=0.01)
     stop.set()
     await asyncio.wait_for(running, timeout=5)
 
-    # Then they were full, and none waited for the spacing: ten spaced rounds take 180 ms at least
-    assert [size for _, size in processor.started[:10]] == [100] * 10
-    assert processor.started[9][0] - processor.started[0][0] < 0.1
+    # Then they were full
+    assert processor.sizes[:10] == [100] * 10
