@@ -86,10 +86,9 @@ _SLOT_OF_KEY = f"abs(hashtext(key) % {SLOTS})"
 #
 # `held` reads the index range the claim walked once more: every unpublished row up to the last one taken that was
 # not taken (held by another transaction, or of a key in flight or of another relay's slot), the first of each key,
-# joined to the claimed rows by hash. Its cost follows the claim's own walk. A look-up per claimed row (NOT EXISTS an
-# earlier unpublished row of its key) left the planner to choose, per row, the index by key or the index by id: with
-# statistics taken while the relay kept up both look empty, and behind a backlog it walked every earlier row of any
-# key for each row claimed, 0.8 s for a claim of 1,000 (docs/performance.md, "Seventh session").
+# joined to the claimed rows by hash, so its cost follows the claim's own walk. A look-up per claimed row left the
+# planner a choice of index per row: with statistics taken while the relay kept up, both partial indexes look empty,
+# and behind a backlog it walked every earlier row of any key for each row claimed (docs/performance.md).
 _CLAIM = text(
     f"""
     WITH claimed AS (

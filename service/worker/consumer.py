@@ -34,12 +34,10 @@ _FETCH_WAIT_MS = 500
 _ROUND_BATCHES = 2  # a round attempts up to this many fetch batches
 _ROUNDS_IN_FLIGHT = 2  # one round plans while the other's transaction runs
 # While the lanes hold less than a round's worth that no round has taken, the next round starts at least this long
-# after the one before. At a steady rate the loop otherwise starts a round for each fetch (a hundred a second at
-# 2,000 records/s), and each round costs the same transaction, offset commit and bookkeeping whatever it holds:
-# spaced, the rounds are half as many and twice as large, and the consumer and PostgreSQL spend about a quarter of a
-# core less at 2,000/s, for about 10 ms more per record (docs/performance.md). A record after a quiet spell, and a
-# backlog's full rounds, start at once. (Records held for a later retry count as held: behind a retry tier of a
-# round's worth or more, rounds start unspaced, as they did before.)
+# after the one before: at a steady rate a round for each fetch pays a transaction and an offset commit for a few
+# records, and fewer, larger rounds leave that CPU to the rest of the pipeline, for a few milliseconds more per
+# record (docs/performance.md). A record after a quiet spell, and a backlog's full rounds, start at once. Records
+# held for a later retry count as held: behind a round's worth of them, rounds start unspaced, as before.
 _ROUND_SPACING_SECONDS = 0.02
 # Records fetched and not terminal, in rounds: the two in flight and the next one, decoded while they write. With
 # only the two, both rounds tended to finish together and leave nothing to start until the fetcher had
