@@ -33,11 +33,12 @@ _MAX_WAIT_SECONDS = 0.5
 _FETCH_WAIT_MS = 500
 _ROUND_BATCHES = 2  # a round attempts up to this many fetch batches
 _ROUNDS_IN_FLIGHT = 2  # one round plans while the other's transaction runs
-# While the lanes hold less than a round's worth that no round has taken, the next round starts at least this long
-# after the one before: at a steady rate a round for each fetch pays a transaction and an offset commit for a few
-# records, and fewer, larger rounds leave that CPU to the rest of the pipeline, for a few milliseconds more per
-# record (docs/performance.md). A record after a quiet spell, and a backlog's full rounds, start at once. Records
-# held for a later retry count as held: behind a round's worth of them, rounds start unspaced, as before.
+# While the lanes hold less than a round's worth that no round has taken, and the broker held less than that beyond
+# what was fetched, the next round starts at least this long after the one before: at a steady rate a round for each
+# fetch pays a transaction and an offset commit for a few records, and fewer, larger rounds leave that CPU to the rest
+# of the pipeline, for a few milliseconds more per record (docs/performance.md). A record after a quiet spell, and
+# every round behind a backlog, start at once: spaced, a drain's rounds started behind the decoding of the next
+# records. Records held for a later retry count as held: behind a round's worth of them, rounds start unspaced.
 _ROUND_SPACING_SECONDS = 0.02
 # Records fetched and not terminal, in rounds: the two in flight and the next one, decoded while they write. With
 # only the two, both rounds tended to finish together and leave nothing to start until the fetcher had
@@ -105,7 +106,7 @@ class ConsumerLoop:
                 await self._release_parked(loop.time())
                 now = loop.time()
                 spaced_until = self._round_started + _ROUND_SPACING_SECONDS
-                may_start = now >= spaced_until or self._lanes.waiting() >= self._round_size
+                may_start = now >= spaced_until or self._lanes.waiting() + self._unfetched(consumer) >= self._round_size
                 if len(self._rounds) < _ROUNDS_IN_FLIGHT and may_start:
                     due = self._lanes.take(now, list(self._rounds.values()))
                     if due:
@@ -300,6 +301,16 @@ class ConsumerLoop:
         if resume:
             consumer.resume(*resume)
         self._paused = wanted
+
+    def _unfetched(self, consumer: AIOKafkaConsumer) -> int:
+        """Records the broker held, at the last fetch, beyond what this loop has fetched (no request is made)."""
+        behind = 0
+        for partition in consumer.assignment():  # (the client asserts that a partition asked about is assigned)
+            fetched_to = self._fetched_to.get(partition)
+            high = consumer.highwater(partition) if fetched_to is not None else None
+            if high is not None and fetched_to is not None and high > fetched_to:
+                behind += high - fetched_to
+        return behind
 
     def _report_lag(self, consumer: AIOKafkaConsumer, now: float) -> None:
         """Lag per partition: the broker's high watermark minus our committed offset (once a second)."""

@@ -314,3 +314,26 @@ async def test_behind_a_backlog_full_rounds_start_at_once(monkeypatch: pytest.Mo
 
     # Then they were full
     assert processor.sizes[:10] == [100] * 10
+
+
+class _Behind(_Trickle):
+    """A trickle of decoded records from partitions the broker holds far more of: a backlog not fetched yet."""
+
+    def highwater(self, partition: TopicPartition) -> int | None:
+        return self.fetched + 10_000
+
+
+async def test_behind_a_backlog_not_fetched_yet_rounds_start_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given records decoded one by one while the broker holds a backlog beyond them, and a spacing longer than the
+    # test's deadline
+    monkeypatch.setattr(consumer_module, "_ROUND_SPACING_SECONDS", 60.0)
+    processor = _Instant()
+    loop, running, stop = _timed(_Behind(available=10_000, partitions=2), processor, batch_size=50)
+
+    # When the loop has started ten rounds (it could not have, had any waited for the spacing)
+    await eventually(lambda: _true(len(loop.started) >= 10), timeout=10, interval=0.01)
+    stop.set()
+    await asyncio.wait_for(running, timeout=5)
+
+    # Then they were not full: each took what was decoded, as a drain's rounds do
+    assert all(size < 100 for size in processor.sizes[:10])
