@@ -274,46 +274,43 @@ class _Timed(ConsumerLoop):
         super()._start_round(*args)
 
 
-def _timed(
-    consumer: _Consumer, processor: _Processor, batch_size: int
-) -> tuple[_Timed, asyncio.Task[None], asyncio.Event]:
-    loop = _Timed(processor, Metrics(), lambda: consumer, [TOPIC], batch_size)  # type: ignore[arg-type]
+async def _ten_rounds(consumer: _Consumer) -> tuple[list[float], list[int]]:
+    """Run the loop (rounds of 100) on `consumer` until it has started ten rounds: when it decided to start each
+    (loop time), and how many records each took."""
+    processor = _Instant()
+    loop = _Timed(processor, Metrics(), lambda: consumer, [TOPIC], 50)  # type: ignore[arg-type]
     loop.started = []
     stop = asyncio.Event()
-    return loop, asyncio.create_task(loop.run(stop)), stop
+    running = asyncio.create_task(loop.run(stop))
+    await eventually(lambda: _true(len(loop.started) >= 10), timeout=10, interval=0.01)
+    stop.set()
+    await asyncio.wait_for(running, timeout=5)
+    return loop.started[:10], processor.sizes[:10]
 
 
 async def test_at_a_steady_trickle_rounds_start_at_least_the_spacing_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given records that come one by one, a round's worth (100) never waiting at once, and rounds spaced 30 ms
     monkeypatch.setattr(consumer_module, "_ROUND_SPACING_SECONDS", 0.03)
-    processor = _Instant()
-    loop, running, stop = _timed(_Trickle(available=10_000, partitions=2), processor, batch_size=50)
 
     # When the loop has started ten rounds
-    await eventually(lambda: _true(len(loop.started) >= 10), timeout=10, interval=0.01)
-    stop.set()
-    await asyncio.wait_for(running, timeout=5)
+    started, sizes = await _ten_rounds(_Trickle(available=10_000, partitions=2))
 
     # Then it started each at least the spacing after the one before, with what came meanwhile: without the spacing,
     # a round started for about every fetch
-    gaps = [later - earlier for earlier, later in itertools.pairwise(loop.started[:10])]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(started)]
     assert all(gap >= 0.03 - 1e-9 for gap in gaps), gaps
-    assert all(size < 100 for size in processor.sizes[:10])
+    assert all(size < 100 for size in sizes)
 
 
 async def test_behind_a_backlog_full_rounds_start_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given a backlog of many rounds' worth, and a spacing longer than the test's deadline
     monkeypatch.setattr(consumer_module, "_ROUND_SPACING_SECONDS", 60.0)
-    processor = _Instant()
-    loop, running, stop = _timed(_Consumer(available=5_000, partitions=2), processor, batch_size=50)
 
     # When the loop has started ten rounds (it could not have, had any waited for the spacing)
-    await eventually(lambda: _true(len(loop.started) >= 10), timeout=10, interval=0.01)
-    stop.set()
-    await asyncio.wait_for(running, timeout=5)
+    _, sizes = await _ten_rounds(_Consumer(available=5_000, partitions=2))
 
     # Then they were full
-    assert processor.sizes[:10] == [100] * 10
+    assert sizes == [100] * 10
 
 
 class _Behind(_Trickle):
@@ -327,13 +324,9 @@ async def test_behind_a_backlog_not_fetched_yet_rounds_start_at_once(monkeypatch
     # Given records decoded one by one while the broker holds a backlog beyond them, and a spacing longer than the
     # test's deadline
     monkeypatch.setattr(consumer_module, "_ROUND_SPACING_SECONDS", 60.0)
-    processor = _Instant()
-    loop, running, stop = _timed(_Behind(available=10_000, partitions=2), processor, batch_size=50)
 
     # When the loop has started ten rounds (it could not have, had any waited for the spacing)
-    await eventually(lambda: _true(len(loop.started) >= 10), timeout=10, interval=0.01)
-    stop.set()
-    await asyncio.wait_for(running, timeout=5)
+    _, sizes = await _ten_rounds(_Behind(available=10_000, partitions=2))
 
     # Then they were not full: each took what was decoded, as a drain's rounds do
-    assert all(size < 100 for size in processor.sizes[:10])
+    assert all(size < 100 for size in sizes)
