@@ -320,7 +320,25 @@ async def steady_stage(bench: Bench, provider: Provider) -> tuple[tuple[float, f
             """,
             WARMUP,
         )
+        hops = await pipeline.connection.fetch(
+            """
+            SELECT hop, percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50,
+                   percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99
+            FROM (SELECT i.aggregate_id,
+                         extract(epoch FROM i.processed_at - i.received_at) * 1000 AS consumed,
+                         extract(epoch FROM o.created_at - i.processed_at) * 1000 AS captured,
+                         extract(epoch FROM o.published_at - o.created_at) * 1000 AS published
+                  FROM inbox i JOIN outbox o ON o.key = i.aggregate_id AND o.headers->>'event-type' = 'payment.captured'
+                  WHERE i.aggregate_id <> $1) AS each,
+                 LATERAL (VALUES ('consumed', consumed), ('captured', captured), ('published', published)) AS h(hop, ms)
+            GROUP BY hop ORDER BY array_position(ARRAY['consumed', 'captured', 'published'], hop)
+            """,
+            WARMUP,
+        )
     progress(f"to payment.captured published at {rate:,} orders/s ({cpu}): p50 {p50:.0f} ms, p99 {p99:.0f} ms")
+    progress(
+        "each hop (p50 / p99 ms): " + ", ".join(f"{hop['hop']} {hop['p50']:.0f} / {hop['p99']:.0f}" for hop in hops)
+    )
     return (float(p50), float(p99)), done
 
 

@@ -26,6 +26,7 @@ from service.policy.delivery import Delivery, RetryState
 from service.stopping import wait_unless_stopped
 from service.worker.lanes import Lanes
 from service.worker.processor import Processor
+from service.worker.spacing import SPACING_SECONDS
 
 log = structlog.get_logger("order_service.consumer")
 
@@ -39,7 +40,7 @@ _ROUNDS_IN_FLIGHT = 2  # one round plans while the other's transaction runs
 # of the pipeline, for a few milliseconds more per record (docs/performance.md). A record after a quiet spell, and
 # every round behind a backlog, start at once: spaced, a drain's rounds started behind the decoding of the next
 # records. Records held for a later retry count as held: behind a round's worth of them, rounds start unspaced.
-_ROUND_SPACING_SECONDS = 0.02
+_ROUND_SPACING_SECONDS = SPACING_SECONDS
 # Records fetched and not terminal, in rounds: the two in flight and the next one, decoded while they write. With
 # only the two, both rounds tended to finish together and leave nothing to start until the fetcher had
 # decoded the next records, with PostgreSQL idle meanwhile.

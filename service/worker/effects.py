@@ -8,7 +8,8 @@ about 200 ms at the provider's recent pace (`claim_size`): the two commits are p
 
 Each kind of effect has lanes of its own (two, so that one claims and records while the other's calls are out)
 and at most `ORDERS_EFFECT_CONCURRENCY` calls in flight: a provider that is slow, rate limits or fails holds
-back only its own effects, never another provider's.
+back only its own effects, never another provider's. A kind's lanes take turns to claim: after a claim that was not
+full, the next starts at least 20 ms later (service/worker/spacing.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from service.store import effects, wakeups
 from service.store.effects import EffectRow, Settlement
 from service.store.uow import UnitOfWork, one_statement
 from service.worker.effect_kinds import EffectRegistry, Settled
+from service.worker.spacing import Spacing
 
 log = structlog.get_logger("order_service.effects")
 
@@ -143,15 +145,19 @@ class EffectWorker:
         # poll is for effects that become due otherwise (a retry's time) and for a notification that never came.
         async with wakeups.Wakeups(self._engine, wakeups.EFFECTS) as woken, asyncio.TaskGroup() as lanes:
             for kind in self._enabled:
+                spacing = Spacing()  # the kind's lanes take turns to claim
                 for _ in range(_LANES_PER_KIND):
-                    lanes.create_task(self._lane(kind, stop, woken.waiter(kind)))
+                    lanes.create_task(self._lane(kind, stop, woken.waiter(kind), spacing))
 
-    async def _lane(self, kind: str, stop: asyncio.Event, waiter: wakeups.Waiter) -> None:
+    async def _lane(self, kind: str, stop: asyncio.Event, waiter: wakeups.Waiter, spacing: Spacing) -> None:
         """Claim, call and record effects of one kind until `stop` is set."""
         delay = 1.0
         while not stop.is_set():
+            await spacing.turn(stop)
+            if stop.is_set():
+                break
             try:
-                done = await self.work_once(kind)
+                done = await self.work_once(kind, spacing)
                 delay = 1.0
             except InfrastructureUnavailable:
                 log.warning("database_unavailable", retry_in_seconds=delay)
@@ -163,9 +169,11 @@ class EffectWorker:
             if done == 0:
                 await waiter.wait(stop, _IDLE_POLL_SECONDS)
 
-    async def work_once(self, kind: str) -> int:
-        """Claim one batch of one kind, execute it, record the outcomes; return how many effects were attempted."""
+    async def work_once(self, kind: str, spacing: Spacing | None = None) -> int:
+        """Claim one batch of one kind, execute it, record the outcomes; return how many effects were attempted.
+        A full claim tells the kind's `spacing`, so that the other lane claims the next batch during these calls."""
         pace = self._pace.get(kind)
+        size = claim_size(self._concurrency, pace, self._rounds_in_lease)
         # The lease is only as good as the clock, and it started when the claim's transaction did: no call may
         # start unless it can end, and its outcome be written, before the lease ends.
         lease_ends = time.monotonic() + self._settings.effect_lease.total_seconds() - self._record_margin
@@ -174,12 +182,14 @@ class EffectWorker:
                 connection,
                 self._owner,
                 self._settings.effect_lease,
-                claim_size(self._concurrency, pace, self._rounds_in_lease),
+                size,
                 kind,
                 self._waits,
             )
         if not claimed:
             return 0
+        if spacing is not None and len(claimed) == size:
+            spacing.full()
         outcomes = await self._execute_all(claimed, lease_ends)
         decisions = [
             # None: not attempted, its lease would have run out mid-call; handed back untouched.

@@ -35,6 +35,7 @@ from service.stopping import sleep_unless_stopped
 from service.store import outbox, wakeups
 from service.store.outbox import ClaimedRow
 from service.store.uow import UnitOfWork
+from service.worker.spacing import Spacing
 
 log = structlog.get_logger("order_service.relay")
 T = TypeVar("T")
@@ -117,12 +118,17 @@ class Relay:
         """Publish batch after batch until `stop` is set or the producer is spoiled, a few at a time: behind a
         backlog (a claim came back full) the next batch is claimed and sent while the last ones' acknowledgements
         are awaited, so that the database and the broker work at once. A batch takes none of the keys of the
-        batches in flight, and batches settle in claim order."""
+        batches in flight, and batches settle in claim order. After a claim that was not full, the next starts at
+        least 20 ms after it (service/worker/spacing.py)."""
         started: list[asyncio.Task[int]] = []
         in_flight: deque[tuple[asyncio.Task[int], frozenset[str]]] = deque()
         rebalance_at = time.monotonic() + _REBALANCE_SECONDS
+        spacing = Spacing()
         try:
             while not stop.is_set() and not self.spoiled:
+                await spacing.turn(stop)
+                if stop.is_set():
+                    break
                 if time.monotonic() >= rebalance_at:
                     # Nothing in flight while slots change hands: a slot given back holds no claimed row.
                     await _settle(in_flight)
@@ -138,6 +144,8 @@ class Relay:
                 if not claimed.done():  # the claim failed
                     batch.result()
                 rows = claimed.result()
+                if len(rows) == self._settings.relay_batch_size:
+                    spacing.full()
                 in_flight.append((batch, frozenset(row.key for row in rows if row.key is not None)))
                 if not rows and not busy:  # the outbox is drained, for now
                     await _settle(in_flight)
