@@ -38,11 +38,11 @@ def to_source(record: ConsumerRecord[bytes, bytes]) -> SourceRecord:
 # broker at a time, and only for the partitions it holds no unread records of: while the records of the source's
 # partitions wait in its buffer, the fetch it sends asks only for the empty retry tiers, and the broker holds it
 # this long while the source's partitions run dry behind it (aiokafka's default, 500 ms, stalled drains).
-# At a steady rate a fetch returned as soon as one record had come: as often as the producers send (every 10 ms
-# from the bench's), each fetch paid for in the consumer and the broker, for rounds that start at most every
-# 20 ms anyway (service/worker/spacing.py). Now a fetch waits for a round's worth of bytes or this long, whichever
-# comes first: a backlog is fetched at once, a steady rate in one fetch per round. An idle consumer fetches fifty
-# times a second (about 3 % of a core more than at 100 ms); docs/performance.md has the figures.
+# At a steady rate a fetch that returned as soon as one record had come was made as often as the producers send,
+# each paid for in the consumer and the broker, for rounds that start at most every 20 ms anyway
+# (service/worker/spacing.py). A fetch waits for FETCH_MIN_BYTES or this long, whichever comes first: a backlog is
+# fetched at once, a steady rate in about one fetch per round. The price is an idle consumer's fifty empty fetches
+# a second; docs/performance.md has both sides' figures.
 FETCH_MAX_WAIT_MS = 20
 FETCH_MIN_BYTES = 512 * 1024
 

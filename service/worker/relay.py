@@ -35,7 +35,7 @@ from service.stopping import sleep_unless_stopped
 from service.store import outbox, wakeups
 from service.store.outbox import ClaimedRow
 from service.store.uow import UnitOfWork
-from service.worker.spacing import Spacing
+from service.worker.spacing import SPACING_SECONDS, Spacing
 
 log = structlog.get_logger("order_service.relay")
 T = TypeVar("T")
@@ -123,7 +123,7 @@ class Relay:
         started: list[asyncio.Task[int]] = []
         in_flight: deque[tuple[asyncio.Task[int], frozenset[str]]] = deque()
         rebalance_at = time.monotonic() + _REBALANCE_SECONDS
-        spacing = Spacing()
+        spacing = Spacing(SPACING_SECONDS)
         try:
             while not stop.is_set() and not self.spoiled:
                 await spacing.turn(stop)

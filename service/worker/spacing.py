@@ -19,7 +19,8 @@ SPACING_SECONDS = 0.02
 
 class Spacing:
     """The turns of the claims of one kind in one process: whichever lane (task) claims next waits for its turn,
-    and takes it before it claims, so that of two idle lanes woken by the same insert only one claims."""
+    and takes it before it claims: of two idle lanes woken by the same insert, one claims at once and the other a
+    spacing later, taking what came meanwhile."""
 
     def __init__(self, seconds: float = SPACING_SECONDS) -> None:
         self._seconds = seconds
