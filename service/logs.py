@@ -110,7 +110,7 @@ def configure(level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(numeric)
     # Client libraries retry on their own and would log every reconnect: keep their errors, not their chatter.
-    for noisy in ("aiokafka", "kafka", "sqlalchemy", "aiohttp", "asyncio"):
+    for noisy in ("aiokafka", "kafka", "sqlalchemy", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if debug else logging.ERROR)
     if not debug:
         handler.addFilter(_KafkaChatter())

@@ -1,9 +1,9 @@
 """HTTP to downstreams, and what an answer means to the core's failure state machine, for any domain's clients.
 
-One `HttpClient` per process (aiohttp, keep-alive connections) serves every downstream. It hands back an `Answer`
-(status, headers, body) or raises a `TransportError` that says how far the exchange got: `ConnectFailed` (the
-request never left: nothing can have happened), `TimedOut` or `Cut` (it may have been acted on). The driver's own
-exceptions stop here.
+One `HttpClient` per process (keep-alive connections, service/adapters/http1.py) serves every downstream. It hands
+back an `Answer` (status, headers, body) or raises a `TransportError` that says how far the exchange got:
+`ConnectFailed` (the request never left: nothing can have happened), `TimedOut` or `Cut` (it may have been acted
+on). The connections' own exceptions stop here.
 
 Two kinds of call reach a downstream. A look-up before the transaction (a record's outside context) fails
 transiently as a `DownstreamError`, retried like any record failure. An effect's call ends as a `CallOutcome`
@@ -14,110 +14,105 @@ rest to these functions, so that every domain reads 429, 5xx, 401/403, 409 and t
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
-from urllib.parse import quote
+from typing import Any, Final
+from urllib.parse import quote, urlencode, urlsplit
 
-import aiohttp
 import orjson
-from yarl import URL
 
+from service.adapters.http1 import Answer, ConnectFailed, Cut, Origin, Pool, TimedOut, TransportError
 from service.domain.codes import ErrorCode
 from service.errors import DownstreamError
 from service.policy.effects import CallOutcome, LookupFailed, NotSent, Refused, Unknown
 
+__all__ = ["Answer", "ConnectFailed", "Cut", "Downstream", "HttpClient", "TimedOut", "TransportError"]
+
 MAX_RETRY_AFTER = timedelta(minutes=10)  # a longer Retry-After would park a record or an effect for too long
+# Shorter than the few seconds after which many providers close an idle connection: a POST on a connection the
+# provider has just closed would end Unknown (it may have been read) for nothing.
+KEEPALIVE_SECONDS: Final = 4.0
 _LONGEST = int(MAX_RETRY_AFTER.total_seconds())
 _SECONDS = re.compile(r"[0-9]+", re.ASCII)
-_JSON = {"Content-Type": "application/json"}
-_BOM = b"\xef\xbb\xbf"
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """A downstream's whole answer: its status, headers (case-insensitive) and body."""
-
-    status_code: int
-    headers: Mapping[str, str]
-    content: bytes
-
-    def json(self) -> Any:
-        """The body as JSON; ValueError when it is not. A leading UTF-8 byte order mark is skipped, as JSON
-        readers may (RFC 8259 §8.1) and httpx did: orjson refuses it."""
-        return orjson.loads(self.content.removeprefix(_BOM))
-
-
-class TransportError(Exception):
-    """No answer came: the connection failed, timed out or was cut."""
-
-
-class ConnectFailed(TransportError):
-    """The request never left: no connection could be had (refused, unresolvable, or none free in time)."""
-
-    def __init__(self, message: str, *, timed_out: bool) -> None:
-        super().__init__(message)
-        self.timed_out = timed_out
-
-
-class TimedOut(TransportError):
-    """The request was sent and no answer came in time: the downstream may have acted on it."""
-
-
-class Cut(TransportError):
-    """The connection broke after the request was sent, or the answer could not be read: it may have acted."""
+# What a request line's target and a header may hold: visible ASCII, and for a header's value spaces and tabs too.
+_TARGET = re.compile(r"[!-~]+", re.ASCII)
+_UNSAFE_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 
 
 class HttpClient:
     """The process's one HTTP client: keep-alive connections, the same timeout for connecting and each read."""
 
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self._session = session
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
 
     @staticmethod
     def open(timeout: timedelta, connections: int) -> HttpClient:
-        """A client with at most `connections` open at once (call inside the event loop; `close` it)."""
-        seconds = timeout.total_seconds()
-        return HttpClient(
-            aiohttp.ClientSession(
-                # `connect` also bounds the wait for a free connection, so a full pool ends as ConnectFailed.
-                timeout=aiohttp.ClientTimeout(total=None, connect=seconds, sock_connect=seconds, sock_read=seconds),
-                # Shorter than the few seconds after which many providers close an idle connection: a POST on a
-                # connection the provider has just closed would end Unknown (it may have been read) for nothing.
-                connector=aiohttp.TCPConnector(limit=connections, limit_per_host=0, keepalive_timeout=4),
-            )
-        )
+        """A client with at most `connections` exchanges at once (call inside the event loop; `close` it). A full
+        pool's wait is bounded by the timeout too, and ends as ConnectFailed."""
+        return HttpClient(Pool(timeout.total_seconds(), connections, KEEPALIVE_SECONDS))
 
     async def close(self) -> None:
         """Close every connection."""
-        await self._session.close()
+        await self._pool.close()
 
     async def get(self, url: str, *, params: Mapping[str, str] | None = None) -> Answer:
         """GET `url` (already percent-encoded) with these query parameters."""
-        return await self._request("GET", url, params=params)
+        if params:
+            url = f"{url}{'&' if '?' in url else '?'}{urlencode(params, quote_via=quote, safe='')}"
+        return await self._request("GET", url, b"", {})
 
     async def post(self, url: str, *, json: Any, headers: Mapping[str, str] | None = None) -> Answer:
         """POST a JSON body to `url` (already percent-encoded)."""
-        return await self._request("POST", url, data=orjson.dumps(json), headers={**_JSON, **(headers or {})})
+        return await self._request("POST", url, orjson.dumps(json), headers or {})
 
-    async def _request(self, method: str, url: str, **options: Any) -> Answer:
+    async def _request(self, method: str, url: str, body: bytes, headers: Mapping[str, str]) -> Answer:
+        # A request that cannot be written (a line break in an id) fails before a byte leaves.
         try:
-            # encoded=True: the caller quoted each path segment; requoting would turn %2F back into a slash.
-            async with self._session.request(method, URL(url, encoded=True), allow_redirects=False, **options) as got:
-                return Answer(got.status, got.headers, await got.read())
-        except aiohttp.ConnectionTimeoutError as error:
-            raise ConnectFailed(type(error).__name__, timed_out=True) from error
-        except aiohttp.ClientConnectorError as error:
-            raise ConnectFailed(type(error).__name__, timed_out=False) from error
-        except (aiohttp.ServerTimeoutError, TimeoutError) as error:
-            raise TimedOut(type(error).__name__) from error
-        except aiohttp.ClientError as error:
-            raise Cut(type(error).__name__) from error
+            origin, host, target = _split(url)
+            request = _request_bytes(method, host, target, body, headers)
         except ValueError as error:
-            # aiohttp refuses to write a header or URL it cannot send (a line break in an id) before a byte leaves.
-            raise ConnectFailed(type(error).__name__, timed_out=False) from error
+            raise ConnectFailed(f"{type(error).__name__}: {error}", timed_out=False) from error
+        return await self._pool.exchange(origin, request)
+
+
+def _request_bytes(method: str, host: str, target: str, body: bytes, headers: Mapping[str, str]) -> bytes:
+    if not _TARGET.fullmatch(target):
+        raise ValueError(f"the request target {target[:100]!r} is not percent-encoded")
+    lines = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nAccept: */*\r\nAccept-Encoding: identity\r\n"]
+    if method == "POST":
+        lines.append(f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n")
+    for name, value in headers.items():
+        if not _TARGET.fullmatch(name) or ":" in name or _UNSAFE_VALUE.search(value):
+            raise ValueError(f"the header {name[:100]!r} cannot be written")
+        lines.append(f"{name}: {value}\r\n")
+    lines.append("\r\n")
+    return "".join(lines).encode() + body
+
+
+def _split(url: str) -> tuple[Origin, str, str]:
+    """The origin, the Host header and the request target of an absolute http(s) URL."""
+    authority_end = url.find("/", url.find("//") + 2) if "//" in url else -1
+    if authority_end < 0:
+        origin, host = _origin(url)
+        return origin, host, "/"
+    origin, host = _origin(url[:authority_end])
+    target = url[authority_end:]
+    hash_at = target.find("#")
+    return origin, host, target if hash_at < 0 else target[:hash_at]
+
+
+@functools.lru_cache(maxsize=64)  # the downstreams' base URLs come from settings: a handful
+def _origin(prefix: str) -> tuple[Origin, str]:
+    parts = urlsplit(prefix)
+    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname or parts.username or parts.password:
+        raise ValueError(f"{prefix!r} is not an http(s) URL without credentials")
+    port = parts.port or _DEFAULT_PORTS[parts.scheme]  # ValueError when it is not a port
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    header = host if port == _DEFAULT_PORTS[parts.scheme] else f"{host}:{port}"
+    return Origin(parts.scheme == "https", parts.hostname, port), header
 
 
 class Downstream:

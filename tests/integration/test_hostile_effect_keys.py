@@ -27,8 +27,7 @@ async def test_a_capture_whose_key_holds_a_line_break_does_not_take_the_batchs_o
             lambda: scalar(engine, "SELECT count(*) = 1 FROM quarantine WHERE error_code = 'INVALID_FIELD'")
         )
     # And yet a capture whose key holds one, from a store written otherwise (an older version that took such ids):
-    # its Idempotency-Key header cannot be written (aiohttp raises ValueError; httpx raised a TransportError,
-    # LocalProtocolError, which the client turned into an outcome)
+    # its Idempotency-Key header cannot be written (the client refuses it before a byte leaves, as ConnectFailed)
     async with engine.begin() as connection:
         await connection.execute(text("UPDATE orders SET order_id = 'R' || chr(10) || '2' WHERE order_id = 'R-2'"))
         await connection.execute(

@@ -1,0 +1,344 @@
+"""HTTP/1.1 exchanges over asyncio's transports, under the process's one HTTP client (service/adapters/http.py).
+
+Why not aiohttp: a capture's call is the largest cost per order the effect worker has, and aiohttp's request path
+took 106–161 µs of the client's CPU a call against the fake provider; this one takes 55–70 µs
+(docs/performance.md, ninth session). The answer is parsed by httptools (llhttp, uvicorn's parser): what is written
+here is only the pool and the framing a downstream call needs. One request at a time per connection, kept alive
+while the downstream keeps it; plain or TLS (certificates checked). Left out, because no downstream call needs them:
+redirects (the answer is handed back as it is), proxies, cookies, compression (`Accept-Encoding: identity`),
+HTTP/2.
+
+Errors say how far an exchange got: `ConnectFailed` (no byte of the request left), `TimedOut` (sent, no answer in
+time) and `Cut` (sent, and the connection broke or the answer could not be read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple
+
+import httptools
+import orjson
+from multidict import CIMultiDict
+
+# A longer answer is not one a downstream call expects; reading it would hold the worker's memory hostage.
+MAX_ANSWER_BYTES: Final = 8 * 1024 * 1024
+_BOM: Final = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A downstream's whole answer: its status, headers (case-insensitive) and body."""
+
+    status_code: int
+    headers: Mapping[str, str]
+    content: bytes
+
+    def json(self) -> Any:
+        """The body as JSON; ValueError when it is not. A leading UTF-8 byte order mark is skipped, as JSON
+        readers may (RFC 8259 §8.1) and httpx did: orjson refuses it."""
+        return orjson.loads(self.content.removeprefix(_BOM))
+
+
+class TransportError(Exception):
+    """No answer came: the connection failed, timed out or was cut."""
+
+
+class ConnectFailed(TransportError):
+    """The request never left: no connection could be had (refused, unresolvable, or none free in time), or the
+    request could not be written (a line break in a header)."""
+
+    def __init__(self, message: str, *, timed_out: bool) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class TimedOut(TransportError):
+    """The request was sent and no answer came in time: the downstream may have acted on it."""
+
+
+class Cut(TransportError):
+    """The connection broke after the request was sent, or the answer could not be read: it may have acted."""
+
+
+class Origin(NamedTuple):
+    """Where connections go: one pool of them per origin."""
+
+    tls: bool
+    host: str
+    port: int
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection, one exchange at a time: it feeds what comes to the parser and settles `waiter`."""
+
+    def __init__(self, pool: Pool, origin: Origin) -> None:
+        self._pool = pool
+        self.origin = origin
+        self._loop = pool.loop
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[Answer] | None = None
+        self._reads = 0  # data_received calls: the pool's sweep tells a silent exchange by it
+        self._seen_reads = 0
+        self._silent_since = 0.0
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._body: list[bytes] = []
+        self._size = 0
+        self._headers_done = False
+        self.reusable = False
+        self.lost = False
+        self.idle_since = 0.0
+
+    # asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            # Bytes nobody asked for: what comes next on this connection could not be told apart from them.
+            self.close()
+            return
+        self._reads += 1
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(Cut("the downstream switched protocols"))
+        except httptools.HttpParserError as error:
+            self._fail(Cut(f"the answer could not be read: {error}"))
+        if self._size > MAX_ANSWER_BYTES:
+            self._fail(Cut(f"the answer is longer than {MAX_ANSWER_BYTES} bytes"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self._pool.forget(self)
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        if self._headers_done and self._unframed():
+            # An answer without a length ends with its connection (RFC 9112 §6.3).
+            self._finish(keep=False)
+        else:
+            self._fail(Cut("the connection closed before the whole answer came"))
+
+    # httptools' callbacks
+
+    def on_message_begin(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and waiter.done():
+            # A second answer to one request: the connection is out of step with its requests.
+            self.reusable = False
+            self.close()
+        self._headers = []
+        self._body = []
+        self._headers_done = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size <= MAX_ANSWER_BYTES:
+            self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._size > MAX_ANSWER_BYTES:
+            return  # data_received ends it as Cut
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            # An interim answer (100 Continue, 103 Early Hints): the final one follows on the same connection.
+            self._headers_done = False
+            return
+        self._finish(keep=self._parser.should_keep_alive())
+
+    # the exchange
+
+    def send(self, request: bytes, now: float) -> asyncio.Future[Answer]:
+        """Write `request`; the future settles with the answer, or with a TransportError."""
+        assert self._transport is not None
+        self._waiter = waiter = self._loop.create_future()
+        self._size = 0
+        self._headers_done = False
+        self.reusable = False
+        self._seen_reads = self._reads
+        self._silent_since = now
+        self._transport.write(request)
+        return waiter
+
+    def check(self, now: float, timeout: float) -> None:
+        """Called by the pool's sweep while an exchange is under way: end it TimedOut when nothing has come for
+        `timeout` seconds (as seen by the sweeps)."""
+        if self._reads != self._seen_reads:
+            self._seen_reads = self._reads
+            self._silent_since = now
+        elif now - self._silent_since >= timeout:
+            self._fail(TimedOut(f"no answer within {timeout:g} s"))
+
+    @property
+    def usable(self) -> bool:
+        """Neither lost nor closing."""
+        return not self.lost and self._transport is not None and not self._transport.is_closing()
+
+    def close(self) -> None:
+        """Close the connection; an exchange under way ends as Cut when its waiter is still waiting."""
+        if self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> None:
+        """Drop the connection at once (an exchange given up on: its answer must not reach the next one)."""
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _unframed(self) -> bool:
+        """The answer's end is its connection's: no Content-Length, no chunks, and a status that has a body."""
+        status = self._parser.get_status_code()
+        return (
+            status >= 200
+            and status not in (204, 304)
+            and all(name.lower() not in (b"content-length", b"transfer-encoding") for name, _ in self._headers)
+        )
+
+    def _finish(self, *, keep: bool) -> None:
+        waiter = self._waiter
+        assert waiter is not None
+        self.reusable = keep and not self.lost
+        if not waiter.done():
+            headers = CIMultiDict([(name.decode("latin-1"), value.decode("latin-1")) for name, value in self._headers])
+            waiter.set_result(Answer(self._parser.get_status_code(), headers, b"".join(self._body)))
+
+    def _fail(self, error: TransportError) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+        self.abort()
+
+
+class Pool:
+    """Keep-alive connections per origin, at most `limit` exchanges at once across them."""
+
+    def __init__(self, timeout: float, limit: int, keepalive: float) -> None:
+        """`timeout` bounds connecting, the wait for a free slot and each read; an idle connection is not used
+        again after `keepalive` seconds. Call inside the event loop."""
+        self.loop = asyncio.get_running_loop()
+        self._timeout = timeout
+        self._keepalive = keepalive
+        self._slots = asyncio.Semaphore(limit)
+        self._idle: dict[Origin, dict[_Connection, None]] = {}
+        self._open: set[_Connection] = set()
+        self._busy: set[_Connection] = set()  # exchanges under way, which the sweep times
+        self._sweep_every = timeout / 10
+        self._sweep: asyncio.TimerHandle | None = None
+        self._tls: ssl.SSLContext | None = None
+        self._closed = False
+
+    async def exchange(self, origin: Origin, request: bytes) -> Answer:
+        """Send `request` to `origin` on a kept-alive connection or a new one, and read the answer."""
+        if self._closed:
+            raise RuntimeError("the HTTP client is closed")
+        slots = self._slots
+        if slots.locked():
+            try:
+                async with asyncio.timeout(self._timeout):
+                    await slots.acquire()
+            except TimeoutError as error:
+                raise ConnectFailed("no connection free in time", timed_out=True) from error
+        else:
+            await slots.acquire()  # free: it returns without waiting
+        try:
+            connection = self._kept(origin) or await self._connect(origin)
+            self._busy.add(connection)
+            if self._sweep is None:
+                self._sweep = self.loop.call_later(self._sweep_every, self._time_out_silent)
+            try:
+                answer = await connection.send(request, self.loop.time())
+            except BaseException:
+                connection.abort()
+                raise
+            finally:
+                self._busy.discard(connection)
+            if connection.reusable:
+                connection.idle_since = self.loop.time()
+                self._idle.setdefault(origin, {})[connection] = None
+            else:
+                connection.close()
+            return answer
+        finally:
+            slots.release()
+
+    def _time_out_silent(self) -> None:
+        # One sweep a tenth of the timeout while exchanges are under way, rather than a timer per exchange: asyncio
+        # keeps timers in a heap ordered by Python-level comparisons, and a timer set and cancelled on each call cost
+        # a fifth of the client's CPU. An exchange times out 1 to 1.2 timeouts after its last byte came.
+        now = self.loop.time()
+        for connection in list(self._busy):
+            connection.check(now, self._timeout)
+        self._sweep = self.loop.call_later(self._sweep_every, self._time_out_silent) if self._busy else None
+
+    def forget(self, connection: _Connection) -> None:
+        """A connection closed: it is neither open nor idle any more."""
+        self._open.discard(connection)
+        idle = self._idle.get(connection.origin)
+        if idle is not None:
+            idle.pop(connection, None)
+
+    async def close(self) -> None:
+        """Close every connection; later exchanges raise RuntimeError."""
+        self._closed = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        for connection in list(self._open):
+            connection.close()
+        self._open.clear()
+        self._idle.clear()
+        # Let the transports run their connection_lost before the loop may end.
+        await asyncio.sleep(0)
+
+    def _kept(self, origin: Origin) -> _Connection | None:
+        idle = self._idle.get(origin)
+        if not idle:
+            return None
+        now = self.loop.time()
+        while idle:
+            connection, _ = idle.popitem()  # the most recently used: the least likely to have been closed by now
+            if not connection.usable:
+                continue
+            if now - connection.idle_since < self._keepalive:
+                return connection
+            # Past the keep-alive, the downstream may be closing it just as a request arrives: a POST on it would end
+            # Cut (it may have been read) for nothing. The rest were idle longer still.
+            for stale in [connection, *idle]:
+                stale.close()
+            idle.clear()
+        return None
+
+    async def _connect(self, origin: Origin) -> _Connection:
+        tls = self._context() if origin.tls else None
+        try:
+            async with asyncio.timeout(self._timeout):
+                _, connection = await self.loop.create_connection(
+                    lambda: _Connection(self, origin), origin.host, origin.port, ssl=tls
+                )
+        except TimeoutError as error:
+            raise ConnectFailed("connecting timed out", timed_out=True) from error
+        except OSError as error:  # refused, unresolvable, unreachable, a certificate refused (ssl.SSLError)
+            raise ConnectFailed(f"{type(error).__name__}: {error}", timed_out=False) from error
+        if self._closed:
+            connection.close()
+            raise RuntimeError("the HTTP client is closed")
+        self._open.add(connection)
+        return connection
+
+    def _context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
