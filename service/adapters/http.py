@@ -40,6 +40,8 @@ _SECONDS = re.compile(r"[0-9]+", re.ASCII)
 _TARGET = re.compile(r"[!-~]+", re.ASCII)
 _UNSAFE_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+# An absolute URL's scheme and authority: up to the first "/", "?" or "#" after "//" (RFC 3986 §3.2).
+_AUTHORITY = re.compile(r"[^:/?#]+://[^/?#]*")
 
 
 class HttpClient:
@@ -60,18 +62,21 @@ class HttpClient:
 
     async def get(self, url: str, *, params: Mapping[str, str] | None = None) -> Answer:
         """GET `url` (already percent-encoded) with these query parameters."""
-        if params:
-            url = f"{url}{'&' if '?' in url else '?'}{urlencode(params, quote_via=quote, safe='')}"
-        return await self._request("GET", url, b"", {})
+        return await self._request("GET", url, params, b"", {})
 
     async def post(self, url: str, *, json: Any, headers: Mapping[str, str] | None = None) -> Answer:
         """POST a JSON body to `url` (already percent-encoded)."""
-        return await self._request("POST", url, orjson.dumps(json), headers or {})
+        return await self._request("POST", url, None, orjson.dumps(json), headers or {})
 
-    async def _request(self, method: str, url: str, body: bytes, headers: Mapping[str, str]) -> Answer:
-        # A request that cannot be written (a line break in an id) fails before a byte leaves.
+    async def _request(
+        self, method: str, url: str, params: Mapping[str, str] | None, body: bytes, headers: Mapping[str, str]
+    ) -> Answer:
+        # A request that cannot be written (a line break in an id, a lone surrogate in a parameter) fails before a
+        # byte leaves.
         try:
             origin, host, target = _split(url)
+            if params:
+                target = f"{target}{'&' if '?' in target else '?'}{urlencode(params, quote_via=quote, safe='')}"
             request = _request_bytes(method, host, target, body, headers)
         except ValueError as error:
             raise ConnectFailed(f"{type(error).__name__}: {error}", timed_out=False) from error
@@ -93,15 +98,14 @@ def _request_bytes(method: str, host: str, target: str, body: bytes, headers: Ma
 
 
 def _split(url: str) -> tuple[Origin, str, str]:
-    """The origin, the Host header and the request target of an absolute http(s) URL."""
-    authority_end = url.find("/", url.find("//") + 2) if "//" in url else -1
-    if authority_end < 0:
-        origin, host = _origin(url)
-        return origin, host, "/"
-    origin, host = _origin(url[:authority_end])
-    target = url[authority_end:]
-    hash_at = target.find("#")
-    return origin, host, target if hash_at < 0 else target[:hash_at]
+    """The origin, the Host header and the request target of an absolute http(s) URL (without its fragment)."""
+    url = url.partition("#")[0]
+    match = _AUTHORITY.match(url)
+    if match is None:
+        raise ValueError(f"{url[:100]!r} is not an absolute URL")
+    origin, host = _origin(match.group())
+    target = url[match.end() :]
+    return origin, host, target if target.startswith("/") else f"/{target}"
 
 
 @functools.lru_cache(maxsize=64)  # the downstreams' base URLs come from settings: a handful

@@ -24,8 +24,11 @@ import httptools
 import orjson
 from multidict import CIMultiDict
 
-# A longer answer is not one a downstream call expects; reading it would hold the worker's memory hostage.
+# A longer answer is not one a downstream call expects; reading it would hold the worker's memory hostage. The
+# head (status line, headers and any interim answers) is bounded on its own, as aiohttp and browsers do: llhttp
+# keeps a header that has not ended yet in memory whole.
 MAX_ANSWER_BYTES: Final = 8 * 1024 * 1024
+MAX_HEAD_BYTES: Final = 64 * 1024
 _BOM: Final = b"\xef\xbb\xbf"
 
 
@@ -86,12 +89,14 @@ class _Connection(asyncio.Protocol):
         self._seen_reads = 0
         self._silent_since = 0.0
         self._headers: list[tuple[bytes, bytes]] = []
-        self._body: list[bytes] = []
-        self._size = 0
+        self._body = bytearray()
+        self._head_size = 0  # bytes received before the final answer's headers ended
+        self._size = 0  # the body's bytes
         self._headers_done = False
         self.reusable = False
         self.lost = False
         self.idle_since = 0.0
+        self.keep_for = pool.keepalive  # how long it may stay idle and still be used
 
     # asyncio.Protocol
 
@@ -106,14 +111,26 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         self._reads += 1
+        if not self._headers_done:
+            # Counted before the parser sees them: it holds an unfinished header whole.
+            self._head_size += len(data)
+            if self._head_size > MAX_HEAD_BYTES:
+                self.fail(Cut(f"the answer's head is longer than {MAX_HEAD_BYTES} bytes"))
+                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(Cut("the downstream switched protocols"))
+            self.fail(Cut("the downstream switched protocols"))
         except httptools.HttpParserError as error:
-            self._fail(Cut(f"the answer could not be read: {error}"))
+            self.fail(Cut(f"the answer could not be read: {error}"))
         if self._size > MAX_ANSWER_BYTES:
-            self._fail(Cut(f"the answer is longer than {MAX_ANSWER_BYTES} bytes"))
+            self.fail(Cut(f"the answer is longer than {MAX_ANSWER_BYTES} bytes"))
+
+    def eof_received(self) -> bool:
+        # The downstream ended its side. Over TLS without a close_notify the transport closes only a loop turn or two
+        # later: until then it must not be handed out, or a request would be written into a closing connection.
+        self.lost = True
+        return False  # close
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
@@ -121,11 +138,11 @@ class _Connection(asyncio.Protocol):
         waiter = self._waiter
         if waiter is None or waiter.done():
             return
-        if self._headers_done and self._unframed():
-            # An answer without a length ends with its connection (RFC 9112 §6.3).
+        if exc is None and self._headers_done and self._unframed():
+            # An answer without a length ends with its connection (RFC 9112 §6.3); a reset is not an end.
             self._finish(keep=False)
         else:
-            self._fail(Cut("the connection closed before the whole answer came"))
+            self.fail(Cut("the connection closed before the whole answer came"))
 
     # httptools' callbacks
 
@@ -136,11 +153,12 @@ class _Connection(asyncio.Protocol):
             self.reusable = False
             self.close()
         self._headers = []
-        self._body = []
+        self._body = bytearray()
         self._headers_done = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.append((name, value))
+        if not self._headers_done:  # after them, a chunked answer's trailers: not the answer's headers
+            self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._headers_done = True
@@ -148,15 +166,17 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self._size += len(body)
         if self._size <= MAX_ANSWER_BYTES:
-            self._body.append(body)
+            self._body += body
 
     def on_message_complete(self) -> None:
         if self._size > MAX_ANSWER_BYTES:
             return  # data_received ends it as Cut
         status = self._parser.get_status_code()
         if 100 <= status < 200:
-            # An interim answer (100 Continue, 103 Early Hints): the final one follows on the same connection.
+            # An interim answer (100 Continue, 103 Early Hints): the final one follows on the same connection. It is
+            # not progress for the sweep, or a downstream sending one a second would hold the call for ever.
             self._headers_done = False
+            self._seen_reads = self._reads
             return
         self._finish(keep=self._parser.should_keep_alive())
 
@@ -166,6 +186,7 @@ class _Connection(asyncio.Protocol):
         """Write `request`; the future settles with the answer, or with a TransportError."""
         assert self._transport is not None
         self._waiter = waiter = self._loop.create_future()
+        self._head_size = 0
         self._size = 0
         self._headers_done = False
         self.reusable = False
@@ -181,7 +202,7 @@ class _Connection(asyncio.Protocol):
             self._seen_reads = self._reads
             self._silent_since = now
         elif now - self._silent_since >= timeout:
-            self._fail(TimedOut(f"no answer within {timeout:g} s"))
+            self.fail(TimedOut(f"no answer within {timeout:g} s"))
 
     @property
     def usable(self) -> bool:
@@ -199,27 +220,46 @@ class _Connection(asyncio.Protocol):
             self._transport.abort()
 
     def _unframed(self) -> bool:
-        """The answer's end is its connection's: no Content-Length, no chunks, and a status that has a body."""
+        """The answer's end is its connection's (RFC 9112 §6.3, as llhttp reads it): a status that has a body, and
+        neither chunks (the last transfer coding) nor, without a transfer coding, a Content-Length."""
         status = self._parser.get_status_code()
-        return (
-            status >= 200
-            and status not in (204, 304)
-            and all(name.lower() not in (b"content-length", b"transfer-encoding") for name, _ in self._headers)
-        )
+        if status < 200 or status in (204, 304):
+            return False
+        codings = [value for name, value in self._headers if name.lower() == b"transfer-encoding"]
+        if codings:
+            return codings[-1].rsplit(b",", 1)[-1].strip().lower() != b"chunked"
+        return all(name.lower() != b"content-length" for name, _ in self._headers)
 
     def _finish(self, *, keep: bool) -> None:
         waiter = self._waiter
         assert waiter is not None
-        self.reusable = keep and not self.lost
+        transport = self._transport
+        # Not while part of the request is still unsent (the downstream answered before reading it all): the next
+        # request would queue behind bytes it may never read.
+        self.reusable = keep and not self.lost and transport is not None and not transport.get_write_buffer_size()
         if not waiter.done():
             headers = CIMultiDict([(name.decode("latin-1"), value.decode("latin-1")) for name, value in self._headers])
-            waiter.set_result(Answer(self._parser.get_status_code(), headers, b"".join(self._body)))
+            if self.reusable and "keep-alive" in headers:
+                self.keep_for = _kept_for(headers["keep-alive"], self.keep_for)
+            waiter.set_result(Answer(self._parser.get_status_code(), headers, bytes(self._body)))
 
-    def _fail(self, error: TransportError) -> None:
+    def fail(self, error: TransportError) -> None:
+        """End the exchange under way with `error`, and drop the connection."""
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(error)
         self.abort()
+
+
+def _kept_for(keep_alive: str, longest: float) -> float:
+    """How long an idle connection may be used under a `Keep-Alive: timeout=N` header: half of N (the downstream
+    closes it at N, perhaps as a request arrives), within `longest`."""
+    for parameter in keep_alive.split(","):
+        name, _, value = parameter.partition("=")
+        value = value.strip()
+        if name.strip().lower() == "timeout" and value.isascii() and value.isdigit():
+            return min(longest, int(value[:6]) / 2)
+    return longest
 
 
 class Pool:
@@ -230,7 +270,7 @@ class Pool:
         again after `keepalive` seconds. Call inside the event loop."""
         self.loop = asyncio.get_running_loop()
         self._timeout = timeout
-        self._keepalive = keepalive
+        self.keepalive = keepalive
         self._slots = asyncio.Semaphore(limit)
         self._idle: dict[Origin, dict[_Connection, None]] = {}
         self._open: set[_Connection] = set()
@@ -254,6 +294,8 @@ class Pool:
         else:
             await slots.acquire()  # free: it returns without waiting
         try:
+            if self._closed:  # while it waited for a slot
+                raise ConnectFailed("the HTTP client closed", timed_out=False)
             connection = self._kept(origin) or await self._connect(origin)
             self._busy.add(connection)
             if self._sweep is None:
@@ -291,13 +333,18 @@ class Pool:
             idle.pop(connection, None)
 
     async def close(self) -> None:
-        """Close every connection; later exchanges raise RuntimeError."""
+        """Drop every connection: exchanges under way end as Cut, those waiting for one as ConnectFailed, later
+        ones raise RuntimeError."""
         self._closed = True
         if self._sweep is not None:
             self._sweep.cancel()
             self._sweep = None
+        # Aborted rather than closed: a close waits for unsent bytes to leave, and over TLS for the downstream's
+        # close_notify (up to 30 s), so a call under way would outlive its client.
+        for connection in list(self._busy):
+            connection.fail(Cut("the HTTP client closed"))
         for connection in list(self._open):
-            connection.close()
+            connection.abort()
         self._open.clear()
         self._idle.clear()
         # Let the transports run their connection_lost before the loop may end.
@@ -312,7 +359,7 @@ class Pool:
             connection, _ = idle.popitem()  # the most recently used: the least likely to have been closed by now
             if not connection.usable:
                 continue
-            if now - connection.idle_since < self._keepalive:
+            if now - connection.idle_since < connection.keep_for:
                 return connection
             # Past the keep-alive, the downstream may be closing it just as a request arrives: a POST on it would end
             # Cut (it may have been read) for nothing. The rest were idle longer still.
@@ -330,11 +377,13 @@ class Pool:
                 )
         except TimeoutError as error:
             raise ConnectFailed("connecting timed out", timed_out=True) from error
-        except OSError as error:  # refused, unresolvable, unreachable, a certificate refused (ssl.SSLError)
+        # OSError: refused, unresolvable, unreachable, a certificate refused (ssl.SSLError); ValueError: a host name
+        # IDNA cannot encode (UnicodeError).
+        except (OSError, ValueError) as error:
             raise ConnectFailed(f"{type(error).__name__}: {error}", timed_out=False) from error
-        if self._closed:
-            connection.close()
-            raise RuntimeError("the HTTP client is closed")
+        if self._closed or not connection.usable:
+            connection.abort()
+            raise ConnectFailed("the connection closed as it opened", timed_out=False)
         self._open.add(connection)
         return connection
 

@@ -4,9 +4,15 @@ be framed, and every way an exchange can end short, each as the error that says 
 from __future__ import annotations
 
 import asyncio
+import socket
+import ssl
+import struct
+import subprocess
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -34,15 +40,19 @@ class Received:
 
 @dataclass
 class Server:
-    """Reads requests on each connection and plays `script` for each; counts connections and requests."""
+    """Reads requests on each connection and plays `script` for each; counts connections and requests. With
+    `read_body` false it answers before reading a request's body (and never reads it)."""
 
     script: Script
+    read_body: bool = True
     connections: int = 0
     requests: list[Received] = field(default_factory=list)
     port: int = 0
+    writers: list[asyncio.StreamWriter] = field(default_factory=list)
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        self.writers.append(writer)
         try:
             while True:
                 try:
@@ -53,7 +63,7 @@ class Server:
                 length = next(
                     (int(line.split(":")[1]) for line in head if line.lower().startswith("content-length")), 0
                 )
-                received = Received(head, await reader.readexactly(length))
+                received = Received(head, await reader.readexactly(length) if self.read_body else b"")
                 self.requests.append(received)
                 await self.script(received, writer)
                 if writer.is_closing():
@@ -73,18 +83,20 @@ class Server:
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Script], Awaitable[Server]]]:
-    servers: list[asyncio.Server] = []
+async def serve() -> AsyncIterator[Callable[..., Awaitable[Server]]]:
+    servers: list[tuple[asyncio.Server, Server]] = []
 
-    async def start(script: Script) -> Server:
-        server = Server(script)
-        listening = await asyncio.start_server(server.serve, "127.0.0.1", 0)
+    async def start(script: Script, *, tls: ssl.SSLContext | None = None, read_body: bool = True) -> Server:
+        server = Server(script, read_body)
+        listening = await asyncio.start_server(server.serve, "127.0.0.1", 0, ssl=tls)
         server.port = listening.sockets[0].getsockname()[1]
-        servers.append(listening)
+        servers.append((listening, server))
         return server
 
     yield start
-    for listening in servers:
+    for listening, server in servers:
+        for writer in server.writers:
+            writer.transport.abort()
         listening.close()
 
 
@@ -327,3 +339,276 @@ def test_whatever_a_server_sends_the_call_ends_as_an_answer_or_a_transport_error
 
     # When the call is made, Then it ends within the timeout, as an answer or a TransportError, nothing else
     asyncio.run(asyncio.wait_for(exchange(), 5 * TIMEOUT))
+
+
+# ---------------------------------------------------------------- what a hostile or broken downstream may do
+
+
+async def test_a_head_longer_than_its_limit_is_cut(serve, client: HttpClient) -> None:
+    big = "X-Big: " + "a" * 50_000 + "\r\n"
+    server = await serve(sends(answer(extra=big * 4), then_close=False))
+
+    with pytest.raises(Cut, match="head is longer"):
+        await client.get(f"{server.url}/x")
+
+
+async def test_endless_interim_answers_time_out(serve, client: HttpClient) -> None:
+    async def continues(received: Received, writer: asyncio.StreamWriter) -> None:
+        for _ in range(1000):
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            await asyncio.sleep(TIMEOUT / 5)
+
+    server = await serve(continues)
+
+    with pytest.raises(TimedOut):
+        await asyncio.wait_for(client.post(f"{server.url}/payments", json={}), 5 * TIMEOUT)
+
+
+async def test_an_answer_ended_by_a_reset_is_cut_not_taken_whole(serve, client: HttpClient) -> None:
+    async def resets(received: Received, writer: asyncio.StreamWriter) -> None:
+        writer.write(b'HTTP/1.1 200 OK\r\n\r\n{"payment_id": "p-12')  # its end would be the connection's
+        await writer.drain()
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+        writer.transport.abort()
+
+    server = await serve(resets)
+
+    with pytest.raises(Cut):
+        await client.post(f"{server.url}/payments", json={})
+
+
+async def test_trailers_are_not_taken_for_headers(serve, client: HttpClient) -> None:
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nRetry-After: 600\r\n\r\n"
+    server = await serve(sends(chunked, then_close=False))
+
+    got = await client.get(f"{server.url}/x")
+
+    assert got.content == b"{}"
+    assert "retry-after" not in got.headers
+
+
+async def test_an_answer_with_a_transfer_coding_other_than_chunks_ends_with_its_connection(
+    serve, client: HttpClient
+) -> None:
+    server = await serve(sends(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n\r\nall", then_close=True))
+
+    assert (await client.get(f"{server.url}/x")).content == b"all"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [answer(extra="Connection: close\r\n"), answer().replace(b"HTTP/1.1", b"HTTP/1.0")],
+    ids=["connection-close", "http-1.0"],
+)
+async def test_an_answer_that_ends_keep_alive_is_not_kept(serve, client: HttpClient, data: bytes) -> None:
+    server = await serve(sends(data, then_close=False))  # the server leaves it open: the client must not use it
+
+    for _ in range(2):
+        assert (await client.get(f"{server.url}/x")).status_code == 200
+
+    assert server.connections == 2
+
+
+async def test_a_keep_alive_timeout_shortens_how_long_a_connection_is_kept(serve, client: HttpClient) -> None:
+    server = await serve(sends(answer(extra="Keep-Alive: timeout=2, max=100\r\n"), then_close=False))
+
+    await client.get(f"{server.url}/x")
+
+    (kept,) = [connection for idle in client._pool._idle.values() for connection in idle]
+    assert kept.keep_for == 1.0, "half the downstream's timeout: it may close the connection as a request arrives"
+
+
+async def test_a_query_on_a_url_without_a_path_is_sent(serve, client: HttpClient) -> None:
+    server = await serve(ok)
+
+    await client.get(server.url, params={"ref": "r-1"})
+    await client.get(f"{server.url}?a=//b", params={"ref": "r-1"})
+
+    assert [request.head[0] for request in server.requests] == [
+        "GET /?ref=r-1 HTTP/1.1",
+        "GET /?a=//b&ref=r-1 HTTP/1.1",
+    ]
+
+
+@pytest.mark.parametrize(
+    "url", ["http://a..b/x", "http://h\udc80/x", "ftp://h/x", "http://user:pw@h/x", "nothing"], ids=repr
+)
+async def test_a_url_that_cannot_be_reached_is_connect_failed(client: HttpClient, url: str) -> None:
+    with pytest.raises(ConnectFailed) as failed:
+        await client.get(url, params={"ref": "\udc80"})
+
+    assert failed.value.timed_out is False
+
+
+async def test_a_connection_whose_request_is_still_being_written_is_not_kept(serve) -> None:
+    async def answers_unread(received: Received, writer: asyncio.StreamWriter) -> None:
+        writer.write(answer())
+        await writer.drain()
+        await asyncio.sleep(30)  # and never reads the rest of the body
+
+    server = await serve(answers_unread, read_body=False)
+    one = HttpClient.open(timedelta(seconds=TIMEOUT), connections=1)
+    try:
+        assert (await one.post(f"{server.url}/a", json="x" * 32_000_000)).status_code == 200
+
+        # Then the next call does not queue behind the unsent bytes (TimedOut: "it may have acted", wrongly)
+        server.script = ok
+        assert (await one.post(f"{server.url}/b", json={})).status_code == 201
+        assert server.connections == 2
+    finally:
+        await one.close()
+
+
+# ---------------------------------------------------------------- closing the client
+
+
+async def test_closing_the_client_ends_a_call_whose_request_is_still_being_written(serve) -> None:
+    server = await serve(silent, read_body=False)
+    one = HttpClient.open(timedelta(seconds=TIMEOUT), connections=1)
+    call = asyncio.create_task(one.post(f"{server.url}/payments", json="x" * 32_000_000))
+    await server.received(1)
+
+    await one.close()
+
+    with pytest.raises(Cut):
+        await asyncio.wait_for(call, 6 * TIMEOUT)
+
+
+async def test_a_call_waiting_for_a_free_connection_when_the_client_closes_fails_to_connect(serve) -> None:
+    server = await serve(silent)
+    one = HttpClient.open(timedelta(seconds=5), connections=1)
+    held = asyncio.create_task(one.post(f"{server.url}/a", json={}))
+    await server.received(1)
+    waiting = asyncio.create_task(one.post(f"{server.url}/b", json={}))
+
+    async def queued() -> bool:
+        return one._pool._slots.locked() and bool(one._pool._slots._waiters)
+
+    await eventually(queued, timeout=5, interval=0.01)
+    await one.close()
+
+    with pytest.raises(Cut):
+        await held
+    with pytest.raises(ConnectFailed):
+        await waiting
+    assert server.connections == 1
+
+
+# ---------------------------------------------------------------- TLS
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1, by the openssl command line."""
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture
+def tls(certificate: tuple[Path, Path]) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """The server's context, and a client's that trusts its certificate."""
+    cert, key = certificate
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    return server, ssl.create_default_context(cafile=str(cert))
+
+
+async def test_an_untrusted_certificate_fails_to_connect(serve, client: HttpClient, tls) -> None:
+    server = await serve(ok, tls=tls[0])
+
+    with pytest.raises(ConnectFailed) as failed:
+        await client.get(f"https://127.0.0.1:{server.port}/x")
+
+    assert failed.value.timed_out is False
+    assert server.requests == []
+
+
+async def test_calls_over_tls_share_a_kept_alive_connection(serve, client: HttpClient, tls) -> None:
+    server = await serve(ok, tls=tls[0])
+    client._pool._tls = tls[1]
+
+    for _ in range(3):
+        assert (await client.get(f"https://127.0.0.1:{server.port}/x")).status_code == 201
+
+    assert server.connections == 1
+
+
+@pytest.mark.parametrize("close_notify", [True, False], ids=["close-notify", "dropped"])
+async def test_a_tls_connection_the_server_ended_while_idle_is_not_handed_out(
+    serve, client: HttpClient, tls, monkeypatch, close_notify: bool
+) -> None:
+    async def answers_and_ends(received: Received, writer: asyncio.StreamWriter) -> None:
+        writer.write(answer())
+        await writer.drain()
+        if close_notify:
+            writer.close()
+        else:
+            writer.transport.abort()  # the TCP connection ends without TLS's close_notify
+
+    server = await serve(answers_and_ends, tls=tls[0])
+    client._pool._tls = tls[1]
+    url = f"https://127.0.0.1:{server.port}/x"
+    # The next call starts in the loop turn after the end is seen, before the transport has closed: as any ready
+    # task might.
+    second: list[asyncio.Task[http1.Answer]] = []
+    seen_end = http1._Connection.eof_received
+
+    def eof_received(connection: http1._Connection) -> bool:
+        if not second:
+            second.append(asyncio.ensure_future(client.post(url, json={})))
+        return seen_end(connection)
+
+    monkeypatch.setattr(http1._Connection, "eof_received", eof_received)
+
+    assert (await client.get(url)).status_code == 200
+
+    async def started() -> bool:
+        return bool(second)
+
+    await eventually(started, timeout=5, interval=0.01)
+    assert (await second[0]).status_code == 200, "the ended connection was handed out"
+    assert server.connections == 2
+
+
+async def test_closing_the_client_ends_a_tls_call_at_once(tls) -> None:
+    # A server that takes the request and then neither answers nor reads (a thread: asyncio's server would read)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    release = threading.Event()
+
+    def busy() -> None:
+        connection, _ = listener.accept()
+        with tls[0].wrap_socket(connection, server_side=True) as wrapped:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += wrapped.recv(65536)
+            release.wait(30)
+
+    thread = threading.Thread(target=busy, daemon=True)
+    thread.start()
+    one = HttpClient.open(timedelta(seconds=5), connections=1)
+    one._pool._tls = tls[1]
+    call = asyncio.create_task(one.get(f"https://127.0.0.1:{port}/x"))
+    try:
+
+        async def under_way() -> bool:
+            return bool(one._pool._busy)
+
+        await eventually(under_way, timeout=5, interval=0.01)
+
+        await one.close()
+
+        # Then at once, not after TLS's 30 s wait for the server's close_notify
+        with pytest.raises(Cut):
+            await asyncio.wait_for(call, 2)
+    finally:
+        release.set()
+        listener.close()
