@@ -142,7 +142,9 @@ def create_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
     return create_async_engine(
         url,
         pool_size=pool_size,
-        max_overflow=5,
+        # Up to three times the pool at a peak: `run` shares one engine between the consumer's rounds, the relay's
+        # batches in flight (five), the effect lanes and the listening sessions.
+        max_overflow=2 * pool_size,
         pool_recycle=1800,
         connect_args={"server_settings": {"plan_cache_mode": "force_custom_plan"}},
     )
