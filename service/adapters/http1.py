@@ -1,8 +1,8 @@
 """HTTP/1.1 exchanges over asyncio's transports, under the process's one HTTP client (service/adapters/http.py).
 
 Why not aiohttp: a capture's call is the largest cost per order the effect worker has, and aiohttp's request path
-took 106–161 µs of the client's CPU a call against the fake provider; this one takes 55–70 µs
-(docs/performance.md, ninth session). The answer is parsed by httptools (llhttp, uvicorn's parser): what is written
+(request and response objects, a URL, timers and cookies per call) cost twice this one's CPU (docs/performance.md,
+ninth session). The answer is parsed by httptools (llhttp, uvicorn's parser): what is written
 here is only the pool and the framing a downstream call needs. One request at a time per connection, kept alive
 while the downstream keeps it; plain or TLS (certificates checked). Left out, because no downstream call needs them:
 redirects (the answer is handed back as it is), proxies, cookies, compression (`Accept-Encoding: identity`),
@@ -318,8 +318,9 @@ class Pool:
 
     def _time_out_silent(self) -> None:
         # One sweep a tenth of the timeout while exchanges are under way, rather than a timer per exchange: asyncio
-        # keeps timers in a heap ordered by Python-level comparisons, and a timer set and cancelled on each call cost
-        # a fifth of the client's CPU. An exchange times out 1 to 1.2 timeouts after its last byte came.
+        # keeps timers in a heap ordered by Python-level comparisons, and a timer set and cancelled on each call was
+        # a large share of the client's CPU (docs/performance.md). An exchange times out 1 to 1.2 timeouts after its
+        # last byte came.
         now = self.loop.time()
         for connection in list(self._busy):
             connection.check(now, self._timeout)

@@ -42,7 +42,7 @@ T = TypeVar("T")
 
 _IDLE_POLL_SECONDS = 0.2
 # Batches claimed and sent before the oldest one's acknowledgements are awaited (each holds a transaction open):
-# five published 9 % faster than three behind a backlog, better in six pairs of six (docs/performance.md).
+# while one batch's claim or mark waits for the database, the others keep the broker busy (docs/performance.md).
 _IN_FLIGHT = 5
 # How often a relay counts the relays that are up and takes or gives back key slots (service/store/outbox.py).
 _REBALANCE_SECONDS = 1.0
