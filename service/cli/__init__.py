@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from importlib.metadata import version as package_version
 from typing import Annotated, Any
 
 import typer
@@ -34,7 +33,9 @@ app.command()(console.console)
 
 def _print_version(value: bool) -> None:
     if value:
-        typer.echo(f"{PROGRAM} {package_version(PROGRAM)}")
+        from importlib.metadata import version  # a twentieth of a second, which only --version needs
+
+        typer.echo(f"{PROGRAM} {version(PROGRAM)}")
         raise typer.Exit()
 
 

@@ -8,25 +8,33 @@ of its own (`branch_labels`, `depends_on` a core revision; the example: `example
 function here then takes that location in `extra_locations`: the history has several heads, `upgrade heads`
 brings each to its head, and the schema is current when every head is applied. Without extra locations all of
 this is the core's one linear history, exactly as before.
+
+Every long-running command checks the schema as it starts, and importing Alembic takes about a tenth of a
+second (its package imports every dialect's DDL, and Mako's syntax highlighters with it). So the check first
+reads each revision file's `revision` and `down_revision` without importing it, and asks Alembic only when
+those do not simply match the version table (docs/performance.md).
 """
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from importlib.resources import as_file, files
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.script.revision import RevisionError
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from service.config import PROGRAM
 from service.errors import SchemaNotCurrent
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
 
 MIGRATIONS = "service.migrations"
 
@@ -46,6 +54,9 @@ def alembic_config(database_url: str, extra_locations: Locations = ()) -> Iterat
 def upgrade_to_head(database_url: str, extra_locations: Locations = ()) -> str:
     """Apply every migration not yet applied; returns the head revision the schema is now at (the heads, comma
     separated, when extra locations add branches)."""
+    from alembic import command
+    from alembic.script import ScriptDirectory
+
     with alembic_config(database_url, extra_locations) as config:
         command.upgrade(config, "heads" if extra_locations else "head")
         heads = ScriptDirectory.from_config(config).get_heads()
@@ -55,6 +66,8 @@ def upgrade_to_head(database_url: str, extra_locations: Locations = ()) -> str:
 def head_revision(extra_locations: Locations = ()) -> str:
     """The revision this version of the service needs (the newest migration it carries; with extra locations,
     the head of every branch, comma separated)."""
+    from alembic.script import ScriptDirectory
+
     with _script_config(extra_locations) as config:
         return _listed(ScriptDirectory.from_config(config).get_heads()) or "base"
 
@@ -64,6 +77,10 @@ async def require_head(database_url: str, extra_locations: Locations = ()) -> No
     current = await current_heads(database_url)
     if not current:
         raise SchemaNotCurrent(f"the database is not migrated: run `{PROGRAM} migrate`")
+    if frozenset(current) == _declared_heads(extra_locations):
+        return
+    from alembic.script import ScriptDirectory
+
     with _script_config(extra_locations) as config:
         script = ScriptDirectory.from_config(config)
         heads = script.get_heads()
@@ -86,14 +103,78 @@ async def current_heads(database_url: str) -> tuple[str, ...]:
     engine = create_async_engine(database_url)
     try:
         async with engine.connect() as connection:
-            return await connection.run_sync(lambda sync: MigrationContext.configure(sync).get_current_heads())
+            # Alembic's version table, found as Alembic finds it (unqualified: on the search path).
+            if await connection.scalar(text("SELECT to_regclass('alembic_version')")) is None:
+                return ()
+            return tuple((await connection.scalars(text("SELECT version_num FROM alembic_version"))).all())
     finally:
         await engine.dispose()
+
+
+# The revision files Alembic loads from a version location (`alembic.script.base._only_source_rev_file`).
+_REVISION_FILE = re.compile(r"(?!\.#|__init__)(.*\.py)$")
+
+
+def _declared_heads(extra_locations: Locations) -> frozenset[str] | None:
+    """The heads the revision files declare, read as text: the revisions no other names as its `down_revision`.
+
+    None when a file does not declare both as plain literals: Alembic, which runs the files, then decides.
+    """
+    with as_file(files(MIGRATIONS)) as location:
+        directories = [Path(location) / "versions", *map(Path, extra_locations)]
+        revisions: set[str] = set()
+        below: set[str] = set()
+        for directory in directories:
+            if not directory.is_dir():
+                continue  # as Alembic: a version location that does not exist holds no revisions
+            for path in directory.iterdir():
+                if not _REVISION_FILE.match(path.name) or not path.is_file():
+                    continue
+                declared = _declared(path)
+                if declared is None:
+                    return None
+                revision, down = declared
+                revisions.add(revision)
+                below.update(down)
+    return frozenset(revisions - below)
+
+
+def _declared(path: Path) -> tuple[str, tuple[str, ...]] | None:
+    """A revision file's `revision` and `down_revision` (none, one or several), when both are literals."""
+    values: dict[str, object] = {}
+    try:
+        module = ast.parse(path.read_bytes(), str(path))
+    except (SyntaxError, ValueError):  # Alembic reports it when it runs the file
+        return None
+    for statement in module.body:
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            target, value = statement.targets[0], statement.value
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            target, value = statement.target, statement.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id in ("revision", "down_revision"):
+            try:
+                values[target.id] = ast.literal_eval(value)
+            except ValueError:
+                return None
+    revision, down = values.get("revision"), values.get("down_revision", ...)
+    if not isinstance(revision, str) or down is ...:
+        return None
+    if down is None:
+        return revision, ()
+    if isinstance(down, str):
+        return revision, (down,)
+    if isinstance(down, tuple | list) and all(isinstance(name, str) for name in down):
+        return revision, tuple(down)
+    return None
 
 
 @contextmanager
 def _script_config(extra_locations: Locations) -> Iterator[Config]:
     """A configuration that knows the revisions (no database yet), for the block."""
+    from alembic.config import Config
+
     with as_file(files(MIGRATIONS)) as location:
         config = Config()
         config.set_main_option("script_location", str(location))
@@ -115,6 +196,8 @@ def _applied(script: ScriptDirectory, current: Sequence[str], heads: Sequence[st
     """
     if set(current) == set(heads):
         return True
+    from alembic.script.revision import RevisionError
+
     try:
         applied = {revision.revision for revision in script.iterate_revisions(tuple(current), "base")}
     except RevisionError:  # a revision it does not know: from a newer version, or another branch

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.runtime import collect_garbage
+from service.runtime import collect_garbage, worth_collecting
 from tests.support import eventually
 
 
@@ -52,3 +52,38 @@ async def test_a_cycle_is_collected_on_the_clock_while_the_automatic_collector_i
     stop.set()
     await asyncio.wait_for(collecting, timeout=5)
     assert collecting.done()
+
+
+@pytest.mark.parametrize(
+    ("allocated", "since_last", "expected"),
+    [
+        (0, 0.0, True),  # nothing in flight: a collection is nearly free
+        (50_000, 10.0, True),  # at the bound
+        (50_001, 10.0, False),  # a backlog's records alive: wait for a quieter moment
+        (250_000, 59.9, False),
+        (250_000, 60.0, True),  # but never longer than a minute
+    ],
+)
+def test_the_clock_collects_when_little_is_alive_or_a_minute_has_passed(
+    allocated: int, since_last: float, expected: bool
+) -> None:
+    assert worth_collecting(allocated, since_last, cheap=50_000, at_least_every=60.0) is expected
+
+
+async def test_a_cycle_is_collected_within_the_bound_while_many_objects_are_alive(collector_off: None) -> None:
+    # Given a cycle, and more live objects than a cheap collection allows
+    cycle = _unreachable_cycle()
+    alive = [[n] for n in range(1_000)]
+
+    # When the clock runs with a bound of a few ticks
+    stop = asyncio.Event()
+    collecting = asyncio.create_task(collect_garbage(stop, every=0.01, cheap=100, at_least_every=0.05))
+
+    async def collected() -> bool:
+        return cycle() is None
+
+    # Then the cycle is still freed
+    await eventually(collected, timeout=5, interval=0.01)
+    stop.set()
+    await asyncio.wait_for(collecting, timeout=5)
+    assert len(alive) == 1_000

@@ -1,0 +1,85 @@
+"""A starting command reads the revision files' heads without Alembic: they must be the heads Alembic finds."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from alembic.config import Config
+from alembic.script import ScriptDirectory
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.store import schema
+
+INVENTORY = Path(__file__).resolve().parents[2] / "examples" / "inventory" / "migrations" / "versions"
+
+
+def _alembic_heads(versions: Path) -> frozenset[str]:
+    config = Config()
+    config.set_main_option("script_location", str(versions.parent))
+    return frozenset(ScriptDirectory.from_config(config).get_heads())
+
+
+def _write(versions: Path, name: str, body: str) -> None:
+    (versions / name).write_text(f'"""A revision."""\n{body}\n\ndef upgrade() -> None:\n    pass\n')
+
+
+def test_the_packaged_revisions_declare_the_heads_alembic_finds() -> None:
+    assert schema._declared_heads(()) == frozenset(schema.head_revision().split(", "))
+    assert schema._declared_heads((INVENTORY,)) == frozenset(schema.head_revision((INVENTORY,)).split(", "))
+
+
+@st.composite
+def _histories(draw: st.DrawFn) -> list[tuple[str, tuple[str, ...]]]:
+    """Revisions r0, r1, …, each below none, one or several (a merge) of the ones before it."""
+    history: list[tuple[str, tuple[str, ...]]] = []
+    for number in range(draw(st.integers(min_value=1, max_value=8))):
+        earlier = [revision for revision, _ in history]
+        below = draw(st.lists(st.sampled_from(earlier), max_size=2, unique=True)) if earlier else []
+        history.append((f"r{number}", tuple(below)))
+    return history
+
+
+@settings(max_examples=40, deadline=None)
+@given(_histories(), st.sampled_from(["plain", "annotated"]))
+def test_any_history_declares_the_heads_alembic_finds(history: list[tuple[str, tuple[str, ...]]], style: str) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        versions = Path(directory) / "versions"
+        versions.mkdir()
+        (Path(directory) / "env.py").write_text("")
+        for revision, below in history:
+            down = None if not below else below[0] if len(below) == 1 else below
+            if style == "plain":
+                body = f"revision = {revision!r}\ndown_revision = {down!r}"
+            else:
+                body = f"revision: str = {revision!r}\ndown_revision: str | tuple[str, ...] | None = {down!r}"
+            _write(versions, f"{revision}_step.py", body)
+        (versions / "__init__.py").write_text("revision = 'not a revision'\n")  # Alembic skips it too
+
+        # (the packaged revisions come first, and are a history of their own)
+        assert schema._declared_heads((versions,)) == _core() | _alembic_heads(versions)
+
+
+def _core() -> frozenset[str]:
+    return frozenset(schema.head_revision().split(", "))
+
+
+def test_a_revision_not_written_as_a_literal_leaves_the_decision_to_alembic(tmp_path: Path) -> None:
+    _write(tmp_path, "a.py", 'revision = "a"\ndown_revision = None')
+    _write(tmp_path, "b.py", 'revision = "b"\ndown_revision = "a"')
+    assert schema._declared_heads((tmp_path,)) == _core() | {"b"}
+
+    _write(tmp_path, "c.py", 'PARENT = "b"\nrevision = "c"\ndown_revision = PARENT')
+    assert schema._declared_heads((tmp_path,)) is None
+
+
+def test_a_file_without_a_revision_or_that_does_not_parse_leaves_the_decision_to_alembic(tmp_path: Path) -> None:
+    _write(tmp_path, "a.py", "down_revision = None")
+    assert schema._declared_heads((tmp_path,)) is None
+    (tmp_path / "a.py").write_text("revision = (\n")
+    assert schema._declared_heads((tmp_path,)) is None
+
+
+def test_a_missing_version_location_holds_no_revisions(tmp_path: Path) -> None:
+    assert schema._declared_heads((tmp_path / "absent",)) == _core()
