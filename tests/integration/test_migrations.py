@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.errors import SchemaNotCurrent
 from service.orders import tables as order_tables  # noqa: F401 (the domain's tables join the metadata)
+from service.store import schema
 from service.store.tables import metadata
 from tests.support import rows
 
@@ -91,3 +97,33 @@ def test_records_quarantined_before_0009_get_their_timeline_from_what_their_rows
         ("annotated", None, None, "bob"),
         ("resolved", None, None, "eve"),
     ]
+
+
+def test_a_current_schema_is_checked_without_importing_alembic(database_url: str) -> None:
+    # Given a migrated database, when a fresh interpreter checks it as a starting command does
+    script = (
+        "import asyncio, sys\n"
+        "from service.store import schema\n"
+        "asyncio.run(schema.require_head(sys.argv[1]))\n"
+        "print('alembic' in sys.modules)\n"
+    )
+    checked = subprocess.run(
+        [sys.executable, "-c", script, database_url], capture_output=True, text=True, timeout=120, check=False
+    )
+
+    # Then the schema is current, and Alembic (a tenth of a second of every start) was never imported
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("recorded", ["0013", "9999"], ids=["older", "unknown"])
+async def test_a_version_table_other_than_the_heads_is_not_current(
+    engine: AsyncEngine, database_url: str, recorded: str
+) -> None:
+    # Given a version table that names an older revision, or one this version does not know
+    async with engine.begin() as connection:
+        await connection.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": recorded})
+
+    # Then the check says where it is, what this version needs, and what to run
+    with pytest.raises(SchemaNotCurrent, match=rf"is at {recorded}, this version needs {schema.head_revision()}: run"):
+        await schema.require_head(database_url)
