@@ -83,6 +83,9 @@ class HttpClient:
         return await self._pool.exchange(origin, request)
 
 
+_OWS = " \t"
+
+
 def _request_bytes(method: str, host: str, target: str, body: bytes, headers: Mapping[str, str]) -> bytes:
     if not _TARGET.fullmatch(target):
         raise ValueError(f"the request target {target[:100]!r} is not percent-encoded")
@@ -92,7 +95,9 @@ def _request_bytes(method: str, host: str, target: str, body: bytes, headers: Ma
     for name, value in headers.items():
         if not _TARGET.fullmatch(name) or ":" in name or _UNSAFE_VALUE.search(value):
             raise ValueError(f"the header {name[:100]!r} cannot be written")
-        lines.append(f"{name}: {value}\r\n")
+        # Spaces and tabs around a value are not part of it (RFC 9110, 5.5), and llhttp keeps a trailing tab: what
+        # every server reads is the value without them.
+        lines.append(f"{name}: {value.strip(_OWS)}\r\n")
     lines.append("\r\n")
     return "".join(lines).encode() + body
 

@@ -113,39 +113,58 @@ async def current_heads(database_url: str) -> tuple[str, ...]:
 
 # The revision files Alembic loads from a version location (`alembic.script.base._only_source_rev_file`).
 _REVISION_FILE = re.compile(r"(?!\.#|__init__)(.*\.py)$")
+# What an id may hold for Alembic to accept it (`alembic.script.revision._revision_illegal_chars`, and `:` is
+# its range separator); anything else, and Alembic decides.
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_.]+")
+_NAMES = ("revision", "down_revision")
 
 
 def _declared_heads(extra_locations: Locations) -> frozenset[str] | None:
     """The heads the revision files declare, read as text: the revisions no other names as its `down_revision`.
 
-    None when a file does not declare both as plain literals: Alembic, which runs the files, then decides.
+    None whenever Alembic could see the history otherwise: a file that does not set both names once, at its top
+    level, to literals; a link; an id declared twice, or that Alembic refuses; a `down_revision` naming no
+    declared revision (a branch label, say); a revision no head leads to (a cycle). Alembic then decides. A file
+    that would fail when it runs is found by `migrate`, which runs it, not here.
     """
     with as_file(files(MIGRATIONS)) as location:
         directories = [Path(location) / "versions", *map(Path, extra_locations)]
-        revisions: set[str] = set()
-        below: set[str] = set()
+        history: dict[str, tuple[str, ...]] = {}
         for directory in directories:
             if not directory.is_dir():
                 continue  # as Alembic: a version location that does not exist holds no revisions
             for path in directory.iterdir():
+                if path.is_symlink():
+                    return None  # Alembic resolves links and matches the target's name
                 if not _REVISION_FILE.match(path.name) or not path.is_file():
                     continue
                 declared = _declared(path)
-                if declared is None:
+                if declared is None or declared[0] in history:
                     return None
-                revision, down = declared
-                revisions.add(revision)
-                below.update(down)
-    return frozenset(revisions - below)
+                history[declared[0]] = declared[1]
+    if not all(_PLAIN_ID.fullmatch(name) for name in history):
+        return None
+    if not all(name in history for below in history.values() for name in below):
+        return None
+    heads = history.keys() - {name for below in history.values() for name in below}
+    reached: set[str] = set()
+    stack = list(heads)
+    while stack:
+        name = stack.pop()
+        if name not in reached:
+            reached.add(name)
+            stack.extend(history[name])
+    return frozenset(heads) if len(reached) == len(history) else None
 
 
 def _declared(path: Path) -> tuple[str, tuple[str, ...]] | None:
-    """A revision file's `revision` and `down_revision` (none, one or several), when both are literals."""
-    values: dict[str, object] = {}
+    """A revision file's `revision` and `down_revision` (none, one or several), when each is set once, at the
+    file's top level, to a literal."""
     try:
         module = ast.parse(path.read_bytes(), str(path))
     except (SyntaxError, ValueError):  # Alembic reports it when it runs the file
         return None
+    values: dict[str, object] = {}
     for statement in module.body:
         if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
             target, value = statement.targets[0], statement.value
@@ -153,11 +172,13 @@ def _declared(path: Path) -> tuple[str, tuple[str, ...]] | None:
             target, value = statement.target, statement.value
         else:
             continue
-        if isinstance(target, ast.Name) and target.id in ("revision", "down_revision"):
+        if isinstance(target, ast.Name) and target.id in _NAMES:
             try:
                 values[target.id] = ast.literal_eval(value)
             except ValueError:
                 return None
+    if _bindings(module) != len(values):
+        return None  # set twice, inside a block, by an import, an augmented or a chained assignment …
     revision, down = values.get("revision"), values.get("down_revision", ...)
     if not isinstance(revision, str) or down is ...:
         return None
@@ -168,6 +189,25 @@ def _declared(path: Path) -> tuple[str, tuple[str, ...]] | None:
     if isinstance(down, tuple | list) and all(isinstance(name, str) for name in down):
         return revision, tuple(down)
     return None
+
+
+def _bindings(module: ast.Module) -> int:
+    """How many times anything in the file binds `revision` or `down_revision`, anywhere in it (-1: a star
+    import, which may bind either)."""
+    count = 0
+    for node in ast.walk(module):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound = [node.id]
+        elif isinstance(node, ast.alias):
+            bound = [node.asname or node.name]
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound = [node.name]
+        else:
+            continue
+        if "*" in bound:
+            return -1
+        count += sum(name in _NAMES for name in bound)
+    return count
 
 
 @contextmanager

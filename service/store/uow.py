@@ -54,7 +54,11 @@ def is_unavailable(error: BaseException) -> bool:
     state = sqlstate(error)
     if state is not None and (state.startswith("08") or state in _UNAVAILABLE_STATES):
         return True
-    return isinstance(error, exc.OperationalError | exc.InterfaceError | exc.DisconnectionError | OSError)
+    # A pool that handed out no connection within its timeout: every connection of the process is busy on a
+    # database too slow to give them back. Waiting is the answer, not spending the records' attempts.
+    return isinstance(
+        error, exc.OperationalError | exc.InterfaceError | exc.DisconnectionError | exc.TimeoutError | OSError
+    )
 
 
 @asynccontextmanager

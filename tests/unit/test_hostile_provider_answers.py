@@ -8,7 +8,7 @@ from urllib.parse import unquote
 import httptools
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from service.adapters.http import MAX_RETRY_AFTER, Answer, _request_bytes, call_status, path_segment, retry_after
@@ -81,6 +81,8 @@ class _Parsed:
 
 
 @given(key=st.text(), target=st.text(min_size=1).map(lambda text: "/" + text))
+@example(key="0\t", target="/")  # a server's parser keeps a trailing tab: the writer leaves it out
+@example(key="0\xa0", target="/")  # not whitespace to HTTP
 def test_a_request_is_written_as_asked_or_refused_before_a_byte_leaves(key: str, target: str) -> None:
     # Given an idempotency key and a path from a message: any text at all
     try:
@@ -98,5 +100,7 @@ def test_a_request_is_written_as_asked_or_refused_before_a_byte_leaves(key: str,
     httptools.HttpRequestParser(parsed).feed_data(request)
     assert parsed.complete
     assert parsed.url == target.encode()
-    assert [value for name, value in parsed.headers if name.lower() == b"idempotency-key"] == [key.strip().encode()]
+    assert [value for name, value in parsed.headers if name.lower() == b"idempotency-key"] == [
+        key.strip(" \t").encode()
+    ]
     assert parsed.body == b'{"a":1}'

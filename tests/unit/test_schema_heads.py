@@ -5,6 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import pytest
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from hypothesis import given, settings
@@ -83,3 +84,36 @@ def test_a_file_without_a_revision_or_that_does_not_parse_leaves_the_decision_to
 
 def test_a_missing_version_location_holds_no_revisions(tmp_path: Path) -> None:
     assert schema._declared_heads((tmp_path / "absent",)) == _core()
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        {"b.py": 'revision = "b"\ndown_revision = "a"\nif True:\n    down_revision = None'},  # set again in a block
+        {"b.py": 'revision = "b"\ndown_revision = "a"\ndown_revision += ""'},  # augmented
+        {"b.py": 'revision = other = "b"\ndown_revision = "a"'},  # chained
+        {"b.py": 'from elsewhere import down_revision\nrevision = "b"'},  # imported
+        {"b.py": 'from elsewhere import *\nrevision = "b"\ndown_revision = "a"'},  # maybe imported
+        {"b.py": 'revision = "b"\ndown_revision = "a"\ndef revision():\n    pass'},  # rebound by a definition
+        {"a2.py": 'revision = "a"\ndown_revision = None'},  # one id in two files: Alembic keeps one of them
+        {"b.py": 'revision = "b"\ndown_revision = "c"', "c.py": 'revision = "c"\ndown_revision = "b"'},  # a cycle
+        {"b.py": 'revision = "b"\ndown_revision = "core"'},  # a branch label, not a revision
+        {"b.py": 'revision = "b-1"\ndown_revision = "a"'},  # an id Alembic refuses
+        {"b.py": 'revision = ""\ndown_revision = "a"'},
+    ],
+    ids=["block", "augmented", "chained", "import", "star", "definition", "twice", "cycle", "label", "dash", "empty"],
+)
+def test_a_history_alembic_could_read_otherwise_leaves_the_decision_to_alembic(
+    tmp_path: Path, files: dict[str, str]
+) -> None:
+    _write(tmp_path, "a.py", 'revision = "a"\ndown_revision = None')
+    for name, body in files.items():
+        _write(tmp_path, name, body)
+    assert schema._declared_heads((tmp_path,)) is None
+
+
+def test_a_linked_revision_file_leaves_the_decision_to_alembic(tmp_path: Path) -> None:
+    _write(tmp_path, "a.py", 'revision = "a"\ndown_revision = None')
+    (tmp_path / "b.txt").write_text('revision = "b"\ndown_revision = "a"\n')
+    (tmp_path / "b.py").symlink_to(tmp_path / "b.txt")  # Alembic matches the target's name, and skips it
+    assert schema._declared_heads((tmp_path,)) is None

@@ -38,3 +38,8 @@ def test_a_statement_or_content_error_is_not_unavailable(sqlstate: str) -> None:
 
 def test_a_refused_socket_is_unavailable() -> None:
     assert is_unavailable(ConnectionRefusedError())
+
+
+def test_a_pool_that_hands_out_no_connection_in_time_is_unavailable() -> None:
+    # (SQLAlchemy's QueuePool raises this when every connection stays checked out past `pool_timeout`)
+    assert is_unavailable(exc.TimeoutError("QueuePool limit of size 5 overflow 10 reached, connection timed out"))
