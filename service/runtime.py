@@ -7,9 +7,9 @@ finished tasks), a few hundred objects per 100,000 records. Left to its allocati
 the live records (docs/performance.md), so the long-running commands turn the automatic collector off and
 collect on a clock instead.
 
-A collection walks every object alive that was not frozen at start-up: a few milliseconds when little is in
-flight, a quarter of a second with a backlog's records in the lanes. So the clock collects when few objects are
-alive, and, when many always are, at least once a minute: the few cycles wait that long at most.
+A collection walks every object alive that was not frozen at start-up: next to nothing when little is in flight,
+a long pause with a backlog's records in the lanes. So the clock collects when few objects are alive, and, when
+many always are, at least once a minute: the few cycles wait that long at most (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ async def collect_garbage(
     last = time.monotonic()
     while not stop.is_set():
         await sleep_unless_stopped(stop, every)
-        # Listing them costs a few milliseconds for 300,000 objects; `gc.get_count()` would be free, but it counts
-        # allocations less frees since the last collection, whatever their age, not what is alive.
+        # Listing them is a small part of walking them; `gc.get_count()` would be free, but it counts allocations
+        # less frees since the last collection, whatever their age, not what is alive.
         alive = len(gc.get_objects())
         if worth_collecting(alive, time.monotonic() - last, cheap=cheap, at_least_every=at_least_every):
             gc.collect()

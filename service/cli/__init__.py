@@ -33,7 +33,7 @@ app.command()(console.console)
 
 def _print_version(value: bool) -> None:
     if value:
-        from importlib.metadata import version  # a twentieth of a second, which only --version needs
+        from importlib.metadata import version  # slow to import, and only --version needs it
 
         typer.echo(f"{PROGRAM} {version(PROGRAM)}")
         raise typer.Exit()

@@ -9,8 +9,8 @@ function here then takes that location in `extra_locations`: the history has sev
 brings each to its head, and the schema is current when every head is applied. Without extra locations all of
 this is the core's one linear history, exactly as before.
 
-Every long-running command checks the schema as it starts, and importing Alembic takes about a tenth of a
-second (its package imports every dialect's DDL, and Mako's syntax highlighters with it). So the check first
+Every long-running command checks the schema as it starts, and importing Alembic is a large part of a start (its
+package imports every dialect's DDL, and Mako's syntax highlighters with it). So the check first
 reads each revision file's `revision` and `down_revision` without importing it, and asks Alembic only when
 those do not simply match the version table (docs/performance.md).
 """

@@ -33,8 +33,8 @@ log = structlog.get_logger("order_service.consumer")
 _MAX_WAIT_SECONDS = 0.5
 _FETCH_WAIT_MS = 500
 _ROUND_BATCHES = 2  # a round attempts up to this many fetch batches
-# While one round's statement runs, another plans and a third waits for PostgreSQL: with two, the machine was a
-# quarter idle in a drain, and a third drained 8-12 % faster (docs/performance.md).
+# While one round's statement runs, another plans and a third waits for PostgreSQL: with two, both were often
+# waiting on PostgreSQL at once and the machine sat partly idle in a drain (docs/performance.md).
 _ROUNDS_IN_FLIGHT = 3
 # While the lanes hold less than a round's worth that no round has taken, and the broker held less than that beyond
 # what was fetched, the next round starts at least this long after the one before: at a steady rate a round for each
@@ -46,7 +46,7 @@ _ROUND_SPACING_SECONDS = SPACING_SECONDS
 # Records fetched and not terminal, in rounds. With two rounds in flight and only their records fetched, both
 # tended to finish together and leave nothing to start until the fetcher had decoded the next records, with
 # PostgreSQL idle meanwhile; a third round's worth fixed that. With three in flight they finish one at a time, and a
-# fourth round's worth fetched ahead drained no faster, for 25 MB more.
+# fourth round's worth fetched ahead drained no faster, only in more memory.
 _FETCHED_ROUNDS = 3
 _RELEASE_EVERY_SECONDS = 0.5
 # Unreadable records skipped in one go on one partition (the next fetch goes on); the wait for each probe.

@@ -111,7 +111,7 @@ def test_a_current_schema_is_checked_without_importing_alembic(database_url: str
         [sys.executable, "-c", script, database_url], capture_output=True, text=True, timeout=120, check=False
     )
 
-    # Then the schema is current, and Alembic (a tenth of a second of every start) was never imported
+    # Then the schema is current, and Alembic (slow to import) was never imported
     assert checked.returncode == 0, checked.stderr
     assert checked.stdout.strip() == "False"
 
