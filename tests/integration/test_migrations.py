@@ -51,7 +51,6 @@ def test_records_quarantined_before_0009_get_their_timeline_from_what_their_rows
     import asyncio
 
     from alembic import command
-    from sqlalchemy import text
 
     from service.store.schema import alembic_config, upgrade_to_head
     from tests.support import make_engine

@@ -6,8 +6,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,10 +14,9 @@ from service.store import schema
 INVENTORY = Path(__file__).resolve().parents[2] / "examples" / "inventory" / "migrations" / "versions"
 
 
-def _alembic_heads(versions: Path) -> frozenset[str]:
-    config = Config()
-    config.set_main_option("script_location", str(versions.parent))
-    return frozenset(ScriptDirectory.from_config(config).get_heads())
+def _alembic_heads(extra_locations: tuple[Path, ...] = ()) -> frozenset[str]:
+    """The heads Alembic finds, the packaged revisions' and those of `extra_locations`."""
+    return frozenset(schema.head_revision(extra_locations).split(", "))
 
 
 def _write(versions: Path, name: str, body: str) -> None:
@@ -27,8 +24,8 @@ def _write(versions: Path, name: str, body: str) -> None:
 
 
 def test_the_packaged_revisions_declare_the_heads_alembic_finds() -> None:
-    assert schema._declared_heads(()) == frozenset(schema.head_revision().split(", "))
-    assert schema._declared_heads((INVENTORY,)) == frozenset(schema.head_revision((INVENTORY,)).split(", "))
+    assert schema._declared_heads(()) == _alembic_heads()
+    assert schema._declared_heads((INVENTORY,)) == _alembic_heads((INVENTORY,))
 
 
 @st.composite
@@ -48,7 +45,6 @@ def test_any_history_declares_the_heads_alembic_finds(history: list[tuple[str, t
     with tempfile.TemporaryDirectory() as directory:
         versions = Path(directory) / "versions"
         versions.mkdir()
-        (Path(directory) / "env.py").write_text("")
         for revision, below in history:
             down = None if not below else below[0] if len(below) == 1 else below
             if style == "plain":
@@ -58,18 +54,13 @@ def test_any_history_declares_the_heads_alembic_finds(history: list[tuple[str, t
             _write(versions, f"{revision}_step.py", body)
         (versions / "__init__.py").write_text("revision = 'not a revision'\n")  # Alembic skips it too
 
-        # (the packaged revisions come first, and are a history of their own)
-        assert schema._declared_heads((versions,)) == _core() | _alembic_heads(versions)
-
-
-def _core() -> frozenset[str]:
-    return frozenset(schema.head_revision().split(", "))
+        assert schema._declared_heads((versions,)) == _alembic_heads((versions,))
 
 
 def test_a_revision_not_written_as_a_literal_leaves_the_decision_to_alembic(tmp_path: Path) -> None:
     _write(tmp_path, "a.py", 'revision = "a"\ndown_revision = None')
     _write(tmp_path, "b.py", 'revision = "b"\ndown_revision = "a"')
-    assert schema._declared_heads((tmp_path,)) == _core() | {"b"}
+    assert schema._declared_heads((tmp_path,)) == _alembic_heads() | {"b"}
 
     _write(tmp_path, "c.py", 'PARENT = "b"\nrevision = "c"\ndown_revision = PARENT')
     assert schema._declared_heads((tmp_path,)) is None
@@ -80,10 +71,14 @@ def test_a_file_without_a_revision_or_that_does_not_parse_leaves_the_decision_to
     assert schema._declared_heads((tmp_path,)) is None
     (tmp_path / "a.py").write_text("revision = (\n")
     assert schema._declared_heads((tmp_path,)) is None
+    (tmp_path / "a.py").write_bytes(b'revision = "a"\x00\ndown_revision = None\n')
+    assert schema._declared_heads((tmp_path,)) is None
+    (tmp_path / "a.py").write_bytes(b'revision = "\xff"\ndown_revision = None\n')  # not UTF-8
+    assert schema._declared_heads((tmp_path,)) is None
 
 
 def test_a_missing_version_location_holds_no_revisions(tmp_path: Path) -> None:
-    assert schema._declared_heads((tmp_path / "absent",)) == _core()
+    assert schema._declared_heads((tmp_path / "absent",)) == _alembic_heads()
 
 
 @pytest.mark.parametrize(
