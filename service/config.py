@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     metrics_refresh: Duration = timedelta(seconds=10)
     http_timeout: Duration = timedelta(seconds=2)
     batch_size: int = Field(default=3000, ge=1, le=10_000)
-    relay_batch_size: int = Field(default=1000, ge=1, le=10_000)
+    relay_batch_size: int = Field(default=2000, ge=1, le=10_000)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # The operator console (contract §9): where it listens, who may use it, and for how long a login lasts.
     console_bind: str = "127.0.0.1:8088"

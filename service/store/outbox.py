@@ -89,6 +89,11 @@ _SLOT_OF_KEY = f"abs(hashtext(key) % {SLOTS})"
 # joined to the claimed rows by hash, so its cost follows the claim's own walk. A look-up per claimed row left the
 # planner a choice of index per row: with statistics taken while the relay kept up, both partial indexes look empty,
 # and behind a backlog it walked every earlier row of any key for each row claimed (docs/performance.md).
+#
+# A claim also stops at `max_bytes` of payloads and headers (the first row always goes): the relay holds its batches
+# in flight in memory, and outbox rows run up to the producer's request limit (copies of the records of a topic
+# whose limit is larger are set aside). The rows past it stay locked, unread, until the transaction ends; a cut in
+# id order keeps each key's order, as the `held` rows do.
 _CLAIM = text(
     f"""
     WITH claimed AS (
@@ -100,13 +105,16 @@ _CLAIM = text(
     ),
     held AS (
         SELECT key, min(id) AS first_id FROM outbox
-        WHERE published_at IS NULL AND set_aside_at IS NULL AND key IS NOT NULL
+        WHERE published_at IS NULL AND set_aside_at IS NULL AND key = ANY(ARRAY(SELECT key FROM claimed))
           AND id < (SELECT max(id) FROM claimed) AND id NOT IN (SELECT id FROM claimed)
         GROUP BY key
     )
-    SELECT c.id, c.topic, c.key, c.headers, c.payload, c.kafka_key
-    FROM claimed AS c LEFT JOIN held AS h ON h.key = c.key
-    WHERE h.first_id IS NULL OR c.id < h.first_id
+    SELECT id, topic, key, headers, payload, kafka_key, upto FROM (
+        SELECT c.*, sum(octet_length(c.payload) + octet_length(c.headers)) OVER (ORDER BY c.id) AS upto
+        FROM claimed AS c LEFT JOIN held AS h ON h.key = c.key
+        WHERE h.first_id IS NULL OR c.id < h.first_id
+    ) AS kept
+    WHERE upto - octet_length(payload) - octet_length(headers) < :max_bytes
     """
 )
 
@@ -137,18 +145,36 @@ _PUT_BACK = text(
 )
 
 
+# What one claim's rows may hold, payloads and headers: 5 batches in flight hold at most 80 MiB and five rows.
+CLAIM_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The rows one claim locked and took, and whether it stopped at its limit (more rows may be waiting)."""
+
+    rows: list[ClaimedRow]
+    full: bool
+
+
 async def claim(
-    connection: AsyncConnection, limit: int, slots: Collection[int], busy: Collection[str] = ()
-) -> list[ClaimedRow]:
-    """Lock up to `limit` unpublished rows of keys in `slots` (and rows without a key), skipping rows another
-    transaction holds and the keys in `busy`, and keep per-key order.
+    connection: AsyncConnection,
+    limit: int,
+    slots: Collection[int],
+    busy: Collection[str] = (),
+    max_bytes: int = CLAIM_BYTES,
+) -> Claim:
+    """Lock up to `limit` unpublished rows of keys in `slots` (and rows without a key), and up to `max_bytes` of
+    their payloads and headers (the first row whatever its size), skipping rows another transaction holds and the
+    keys in `busy`, and keep per-key order.
 
     Claiming is by state (`published_at IS NULL`), never by an id cursor: ids commit out of order. `busy` names
     the keys of the caller's batch still in flight, so that a second open transaction does not lock their later
     rows (which it could not publish before the first commits).
     """
     await connection.execute(_INDEX_WALK)
-    parameters = {"limit": limit, "slots": list(slots), "busy": list(busy)}
+    parameters = {"limit": limit, "slots": list(slots), "busy": list(busy), "max_bytes": max_bytes}
+    result = (await connection.execute(_CLAIM, parameters)).all()
     rows = [
         ClaimedRow(
             row_id,
@@ -158,10 +184,12 @@ async def claim(
             payload,
             (unpack_key(kafka_key) if kafka_key is not None else key.encode() if key is not None else None),
         )
-        for row_id, topic, key, headers, payload, kafka_key in await connection.execute(_CLAIM, parameters)
+        for row_id, topic, key, headers, payload, kafka_key, _ in result
     ]
     rows.sort(key=_BY_ID)  # (they come in id order: the statement just does not promise it)
-    return rows
+    # `upto`: the bytes of the rows kept up to each one, in id order; the last row's reaching `max_bytes` means the
+    # rows kept after it (if any) were cut.
+    return Claim(rows, len(rows) == limit or max((upto for *_, upto in result), default=0) >= max_bytes)
 
 
 _BY_ID = attrgetter("id")

@@ -137,22 +137,22 @@ class Relay:
                     rebalance_at = time.monotonic() + _REBALANCE_SECONDS
                 busy = frozenset[str]().union(*(keys for _, keys in in_flight))
                 previous = in_flight[-1][0] if in_flight else None
-                claimed: asyncio.Future[list[ClaimedRow]] = asyncio.get_running_loop().create_future()
+                claimed: asyncio.Future[outbox.Claim] = asyncio.get_running_loop().create_future()
                 batch = asyncio.create_task(self._publish_batch(producer, slots.held, busy, claimed, previous))
                 started = [task for task in started if not task.done()] + [batch]
                 either: set[asyncio.Future[Any]] = {batch, claimed}
                 await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
                 if not claimed.done():  # the claim failed
                     batch.result()
-                rows = claimed.result()
-                if len(rows) == self._settings.relay_batch_size:
+                rows, full = claimed.result().rows, claimed.result().full
+                if full:
                     spacing.full()
                 in_flight.append((batch, frozenset(row.key for row in rows if row.key is not None)))
                 if not rows and not busy:  # the outbox is drained, for now
                     await _settle(in_flight)
                     # New rows wake it (a notification per inserting transaction); the poll is for one that never came.
                     await waiter.wait(stop, _IDLE_POLL_SECONDS)
-                elif len(rows) < self._settings.relay_batch_size:
+                elif not full:
                     # What is left is of keys in flight, or the outbox is drained up to a few rows: the next claim
                     # waits for the oldest batch, and takes what came meanwhile in one batch instead of finding
                     # nothing, or a row or two, each time a batch is sent (at a steady rate, most claims did).
@@ -170,14 +170,15 @@ class Relay:
         producer: AIOKafkaProducer,
         slots: frozenset[int],
         busy: frozenset[str],
-        claimed: asyncio.Future[list[ClaimedRow]],
+        claimed: asyncio.Future[outbox.Claim],
         previous: asyncio.Task[int] | None,
     ) -> int:
         """Claim a batch (then `claimed` has its rows) and send it; once Kafka answered for every row and
         the batch before settled, mark what was published and set aside what was refused; return how many."""
         async with UnitOfWork(self._engine) as uow:
-            rows = await outbox.claim(uow.connection, self._settings.relay_batch_size, slots, busy)
-            claimed.set_result(rows)
+            claim = await outbox.claim(uow.connection, self._settings.relay_batch_size, slots, busy)
+            claimed.set_result(claim)
+            rows = claim.rows
             if not rows:
                 return 0
             outcomes = await _said_while_waiting(_send_all(producer, rows), previous)

@@ -306,6 +306,40 @@ def _rows_handled(plan: dict[str, Any]) -> int:
     return round(per_loop * plan["Actual Loops"]) + sum(_rows_handled(child) for child in plan.get("Plans", []))
 
 
+async def test_a_claim_far_into_a_backlog_reads_none_of_the_rows_published_before_it(engine: AsyncEngine) -> None:
+    # Given a backlog of 30,000 rows whose statistics were taken before the relay began (every row unpublished: a
+    # burst or an outage, then autovacuum's ANALYZE), of which the relay then published the first 24,000
+    async with engine.begin() as connection:
+        await connection.execute(
+            text(
+                "INSERT INTO outbox (topic, key, headers, payload)"
+                " SELECT 't', 'k-' || (n / 2), '{}', 'x' FROM generate_series(0, 29999) AS n"
+            )
+        )
+        await connection.execute(text("ANALYZE outbox"))
+        await connection.execute(
+            text("UPDATE outbox SET published_at = now() WHERE id <= (SELECT min(id) + 23999 FROM outbox)")
+        )
+    first_ids = [row["id"] for row in await rows(engine, "SELECT id FROM outbox WHERE published_at IS NULL")]
+
+    # When a relay holding every slot claims a full batch (the statement as the relay runs it, and its plan)
+    async with UnitOfWork(engine) as uow:
+        claimed = (await outbox.claim(uow.connection, 1_000, range(outbox.SLOTS))).rows
+    async with UnitOfWork(engine) as uow:
+        await uow.connection.execute(outbox._INDEX_WALK)
+        explained = await uow.connection.scalar(
+            text("EXPLAIN (ANALYZE, FORMAT JSON)" + outbox._CLAIM.text),
+            {"limit": 1_000, "slots": list(range(outbox.SLOTS)), "busy": [], "max_bytes": outbox.CLAIM_BYTES},
+        )
+    plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
+
+    # Then it takes the next 1,000 rows, and its plan handles a few rows per row claimed: with these statistics the
+    # primary key and the unpublished rows' index look alike to the planner, and a walk of the primary key up to the
+    # batch read every row published before it (24 a row claimed here; 300 behind a backlog of 300,000)
+    assert [row.id for row in claimed] == sorted(first_ids)[:1_000]
+    assert _rows_handled(plan) <= 20 * 1_000, json.dumps(plan, indent=1)
+
+
 async def test_a_claim_behind_a_backlog_reads_only_each_keys_earlier_rows_whatever_the_statistics_say(
     engine: AsyncEngine,
 ) -> None:
@@ -329,12 +363,12 @@ async def test_a_claim_behind_a_backlog_reads_only_each_keys_earlier_rows_whatev
 
     # When a relay holding every slot claims a full batch (the statement as the relay runs it, and its plan)
     async with UnitOfWork(engine) as uow:
-        claimed = await outbox.claim(uow.connection, 1_000, range(outbox.SLOTS))
+        claimed = (await outbox.claim(uow.connection, 1_000, range(outbox.SLOTS))).rows
     async with UnitOfWork(engine) as uow:
         await uow.connection.execute(outbox._INDEX_WALK)
         explained = await uow.connection.scalar(
             text("EXPLAIN (ANALYZE, FORMAT JSON)" + outbox._CLAIM.text),
-            {"limit": 1_000, "slots": list(range(outbox.SLOTS)), "busy": []},
+            {"limit": 1_000, "slots": list(range(outbox.SLOTS)), "busy": [], "max_bytes": outbox.CLAIM_BYTES},
         )
     plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
 
@@ -363,11 +397,55 @@ async def test_a_claim_takes_a_keys_rows_only_up_to_one_another_transaction_hold
 
         # When a relay holding every slot claims
         async with UnitOfWork(engine) as uow:
-            claimed = [row.id for row in await outbox.claim(uow.connection, 10, range(outbox.SLOTS))]
+            claimed = [row.id for row in (await outbox.claim(uow.connection, 10, range(outbox.SLOTS))).rows]
         await holder.rollback()
 
     # Then it takes L's rows, and K's only up to the held one: a later row would overtake it
     assert claimed == [ids[n] for n in taken]
     # And once the row is let go, the next claim takes every row, in id order
     async with UnitOfWork(engine) as uow:
-        assert [row.id for row in await outbox.claim(uow.connection, 10, range(outbox.SLOTS))] == ids
+        assert [row.id for row in (await outbox.claim(uow.connection, 10, range(outbox.SLOTS))).rows] == ids
+
+
+async def test_a_claim_stops_at_its_bytes_and_the_next_claim_overtakes_no_row_it_left_locked(
+    engine: AsyncEngine,
+) -> None:
+    # Given seven rows of 1,000 bytes (and headers of two: `{}`), of keys K L K L K L M
+    async with UnitOfWork(engine) as uow:
+        ids = await outbox.add(uow.connection, [OutboxMessage("t", key, {}, b"x" * 1_000) for key in "KLKLKLM"])
+        await uow.commit()
+
+    # When a relay claims four rows with room for 2,500 bytes, and another claims while the first is open
+    async with UnitOfWork(engine) as first:
+        taken = await outbox.claim(first.connection, 4, range(outbox.SLOTS), max_bytes=2_500)
+        async with UnitOfWork(engine) as second:
+            more = await outbox.claim(second.connection, 10, range(outbox.SLOTS))
+
+    # Then the first takes rows until it holds 2,500 bytes (the third crosses it), and says it is full: the fourth
+    # stays locked, unread
+    assert [row.id for row in taken.rows] == ids[:3]
+    assert taken.full
+    # And the second takes M's row only: K's and L's later rows would overtake the rows the first holds
+    assert [row.id for row in more.rows] == ids[6:]
+    assert not more.full
+
+
+@pytest.mark.parametrize(
+    ("limit", "max_bytes", "taken", "full"),
+    [(5, 10, 1, True), (5, 3_006, 3, True), (5, 3_007, 4, True), (9, 1_000_000, 7, False), (7, 1_000_000, 7, True)],
+)
+async def test_a_claims_first_row_goes_whatever_its_size_and_full_says_whether_a_limit_stopped_it(
+    engine: AsyncEngine, limit: int, max_bytes: int, taken: int, full: bool
+) -> None:
+    # Given seven rows of 1,002 bytes each (payload and headers)
+    async with UnitOfWork(engine) as uow:
+        ids = await outbox.add(uow.connection, [OutboxMessage("t", f"K{n}", {}, b"x" * 1_000) for n in range(7)])
+        await uow.commit()
+
+    # When a relay claims with these limits
+    async with UnitOfWork(engine) as uow:
+        claimed = await outbox.claim(uow.connection, limit, range(outbox.SLOTS), max_bytes=max_bytes)
+
+    # Then it takes rows in id order while fewer than `max_bytes` came before, at least one
+    assert [row.id for row in claimed.rows] == ids[:taken]
+    assert claimed.full is full

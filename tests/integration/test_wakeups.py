@@ -165,10 +165,10 @@ async def test_at_a_trickle_the_relay_claims_once_for_what_came_and_once_to_find
     claims: list[int] = []
     claim = outbox.claim
 
-    async def counted(*args: Any, **kwargs: Any) -> list[outbox.ClaimedRow]:
-        rows = await claim(*args, **kwargs)
-        claims.append(len(rows))
-        return rows
+    async def counted(*args: Any, **kwargs: Any) -> outbox.Claim:
+        claimed = await claim(*args, **kwargs)
+        claims.append(len(claimed.rows))
+        return claimed
 
     monkeypatch.setattr(outbox, "claim", counted)
     settings = settings_for(database_url, kafka, topics)
