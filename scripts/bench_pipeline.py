@@ -4,7 +4,8 @@ Each stage runs on a fresh database and fresh topics (named, and dropped, as scr
 fake provider of `python -m service.orders.fakes` (HTTP keep-alive, a latency per route):
 
 1. relay: N `order.accepted` outbox rows, as the consumer writes them, published by one `order-service relay`,
-   against a raw idempotent aiokafka producer sending the same messages to another topic;
+   against a raw idempotent aiokafka producer sending the same messages to another topic (each twice, interleaved:
+   the better run of each counts);
 2. effects: N pending `payment.capture` effects (and their orders) executed by one `order-service effects`, with
    0 ms and (full runs only) 100 ms of provider latency;
 3. pipeline: N new orders on a source topic with one `consume`, one `relay` and two `effects` running;
@@ -158,9 +159,13 @@ async def measure_pipeline(bench: Bench, results: PipelineResults) -> None:
     """Every pipeline stage, in order, filling `results` as each ends (a failed stage keeps what came before)."""
     count = bench.sizes.pipeline
     if results.runs("relay"):
-        results.relay, results.raw_produce = await relay_stage(bench, count)
-        progress(f"raw idempotent producer, {count:,} messages", results.raw_produce.rps)
-        progress("order-service relay, 1 process", results.relay.rps)
+        # Each measured twice, interleaved, and the better run counts, as the consume stage's limit and service:
+        # each run is a second or two long, and whatever else runs on the machine at that moment moves it.
+        runs = [await relay_stage(bench, count, suffix) for suffix in ("", "b")]
+        results.relay = best_stage(*(relay for relay, _ in runs))
+        results.raw_produce = best_stage(*(raw for _, raw in runs))
+        progress(f"raw idempotent producer, {count:,} messages (best of two)", results.raw_produce.rps)
+        progress("order-service relay, 1 process (best of two)", results.relay.rps)
     if not any(results.runs(stage) for stage in ("effects", "effects100", "pipeline", "steady")):
         return
     provider = await Provider.start(bench)
@@ -182,11 +187,18 @@ async def measure_pipeline(bench: Bench, results: PipelineResults) -> None:
 # ------------------------------------------------------------------------------------------------ the stages
 
 
-async def relay_stage(bench: Bench, count: int) -> tuple[Stage, Stage]:
-    """One relay publishing `count` outbox rows, then a raw idempotent producer sending the same messages."""
-    topic = await bench.new_topic("relay", derived=False)
-    raw_topic = await bench.new_topic("rawprod", derived=False)
-    dsn, url = await bench.new_database("relay")
+def best_stage(*runs: Stage) -> Stage:
+    """The fastest of several runs of one stage; done only if all were."""
+    return Stage(
+        max(runs, key=lambda run: run.rps).count, min(run.seconds for run in runs), all(run.done for run in runs)
+    )
+
+
+async def relay_stage(bench: Bench, count: int, suffix: str = "") -> tuple[Stage, Stage]:
+    """A raw idempotent producer sending `count` messages, then one relay publishing them from the outbox."""
+    topic = await bench.new_topic(f"relay{suffix}", derived=False)
+    raw_topic = await bench.new_topic(f"rawprod{suffix}", derived=False)
+    dsn, url = await bench.new_database(f"relay{suffix}")
     messages = [accepted(topic, number) for number in range(count)]
     connection = await asyncpg.connect(dsn)
     try:
@@ -198,11 +210,11 @@ async def relay_stage(bench: Bench, count: int) -> tuple[Stage, Stage]:
         env = service_env(
             ORDERS_DATABASE_URL=url,
             ORDERS_KAFKA_BOOTSTRAP_SERVERS=bench.bootstrap,
-            ORDERS_CONSUMER_NAME=f"bench-relay-{bench.stamp}",
+            ORDERS_CONSUMER_NAME=f"bench-relay{suffix}-{bench.stamp}",
             ORDERS_METRICS_PORT="0",
         )
-        process = await bench.spawn("relay", [str(ORDER_SERVICE), "relay"], env)
-        clock = Clock(process, bench.workdir / "relay.log", "relay_started")
+        process = await bench.spawn(f"relay{suffix}", [str(ORDER_SERVICE), "relay"], env)
+        clock = Clock(process, bench.workdir / f"relay{suffix}.log", "relay_started")
         unpublished, ended = count, None
 
         async def published() -> bool:
