@@ -155,11 +155,12 @@ _RENEW = text(
         FOR UPDATE SKIP LOCKED)
     """
 )
-# Keys that nothing holds (no retrying head, no block, no other member's running lease), oldest first.
+# Keys that nothing holds (no retrying head, no block, no other member's running lease), oldest first. The keys in
+# memory are looked up in a hash of them, in a generic plan too (as the relay's claim: service/store/outbox.py).
 _FREE_KEYS = text(
     """
     SELECT p.ordering_key FROM parked p
-    WHERE p.consumer_name = :consumer AND p.ordering_key <> ALL(CAST(:exclude AS text[]))
+    WHERE p.consumer_name = :consumer AND p.ordering_key NOT IN (SELECT unnest(CAST(:exclude AS text[])))
       AND NOT EXISTS (SELECT FROM retries r WHERE r.consumer_name = :consumer AND r.ordering_key = p.ordering_key)
       AND NOT EXISTS (SELECT FROM key_blocks b WHERE b.consumer_name = :consumer AND b.ordering_key = p.ordering_key)
       AND NOT EXISTS (
