@@ -95,8 +95,8 @@ _SLOT_OF_KEY = f"abs(hashtext(key) % {SLOTS})"
 # each row walked with every key in flight (0.65 s a claim behind five batches of 2,000).
 #
 # A claim also stops at `max_bytes` of payloads and headers (the first row always goes): the relay holds its batches
-# in flight in memory, and outbox rows run up to the producer's request limit (copies of the records of a topic
-# whose limit is larger are set aside). The rows past it stay locked, unread, until the transaction ends; a cut in
+# in flight in memory, and an outbox row may hold up to 32 MiB (the copy of a source record the broker took
+# compressed: MAX_UNCOMPRESSED_MESSAGE). The rows past it stay locked, unread, until the transaction ends; a cut in
 # id order keeps each key's order, as the `held` rows do.
 _CLAIM = text(
     f"""
@@ -150,7 +150,7 @@ _PUT_BACK = text(
 )
 
 
-# What one claim's rows may hold, payloads and headers: 5 batches in flight hold at most 80 MiB and five rows.
+# What one claim's rows may hold, payloads and headers: five batches in flight hold at most 80 MiB and five rows.
 CLAIM_BYTES = 16 * 1024 * 1024
 
 
