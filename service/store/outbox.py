@@ -84,20 +84,27 @@ _SLOT_OF_KEY = f"abs(hashtext(key) % {SLOTS})"
 # its session), and a relay without slots (an older version) claims any key. The rows not kept stay locked until the
 # claiming transaction ends. In one statement: no round trip.
 #
-# `held` reads the index range the claim walked once more: every unpublished row up to the last one taken that was
-# not taken (held by another transaction, or of a key in flight or of another relay's slot), the first of each key,
-# joined to the claimed rows by hash, so its cost follows the claim's own walk. A look-up per claimed row left the
-# planner a choice of index per row: with statistics taken while the relay kept up, both partial indexes look empty,
-# and behind a backlog it walked every earlier row of any key for each row claimed (docs/performance.md).
+# `held` reads the claimed keys' unpublished rows below the last one taken that were not taken (held by another
+# transaction, or of a key in flight or of another relay's slot), the first of each key, and is joined to the
+# claimed rows by hash. `key = ANY(ARRAY(…))` lets the (key, id) index serve it: a walk of the id range read, with
+# statistics taken while every row was unpublished, the primary key from the table's start, every row published
+# before the claim. With statistics taken while the relay kept up the planner may still walk the id range of the
+# unpublished rows' index instead; the hashed `NOT (key NOT IN (…))` then rejects the other keys' rows first (a
+# subquery's array is never hashed: each row walked was compared with each claimed key). A look-up per claimed row
+# left the planner a choice of index per row, and behind a backlog it walked every earlier row of any key for each
+# row claimed (docs/performance.md).
 #
 # The keys in flight (`busy`) are looked up in a hash of them (`NOT IN (SELECT unnest(…))`): `key <> ALL(…)` is
 # hashed only in a custom plan, and after five claims a connection's cache may hold the generic one, which compares
-# each row walked with every key in flight (0.65 s a claim behind five batches of 2,000).
+# each row walked with every key in flight (0.65 s a claim behind five batches of 2,000). The hash must fit in
+# `work_mem` (times `hash_mem_multiplier`), else it is not built: `_INDEX_WALK` gives the claim enough for five
+# batches of the largest ORDERS_RELAY_BATCH_SIZE.
 #
-# A claim also stops at `max_bytes` of payloads and headers (the first row always goes): the relay holds its batches
-# in flight in memory, and an outbox row may hold up to 32 MiB (the copy of a source record the broker took
-# compressed: MAX_UNCOMPRESSED_MESSAGE). The rows past it stay locked, unread, until the transaction ends; a cut in
-# id order keeps each key's order, as the `held` rows do.
+# A claim also stops once `max_bytes` of payloads, headers and keys came before a row (the first row always goes,
+# and the row that crosses the bound goes too): the relay holds its batches in flight in memory, and an outbox row
+# may hold up to 32 MiB (the copy of a source record the broker took compressed: MAX_UNCOMPRESSED_MESSAGE). The rows
+# past it stay locked, unread, until the transaction ends; a cut in id order keeps each key's order, as the `held`
+# rows do.
 _CLAIM = text(
     f"""
     WITH claimed AS (
@@ -111,15 +118,18 @@ _CLAIM = text(
     held AS (
         SELECT key, min(id) AS first_id FROM outbox
         WHERE published_at IS NULL AND set_aside_at IS NULL AND key = ANY(ARRAY(SELECT key FROM claimed))
+          AND NOT (key NOT IN (SELECT key FROM claimed WHERE key IS NOT NULL))
           AND id < (SELECT max(id) FROM claimed) AND id NOT IN (SELECT id FROM claimed)
         GROUP BY key
     )
     SELECT id, topic, key, headers, payload, kafka_key, upto FROM (
-        SELECT c.*, sum(octet_length(c.payload) + octet_length(c.headers)) OVER (ORDER BY c.id) AS upto
-        FROM claimed AS c LEFT JOIN held AS h ON h.key = c.key
+        SELECT c.*, sum(c.size) OVER (ORDER BY c.id) AS upto
+        FROM (SELECT claimed.*, octet_length(payload) + octet_length(headers)
+                     + coalesce(octet_length(kafka_key), octet_length(key), 0) AS size FROM claimed) AS c
+        LEFT JOIN held AS h ON h.key = c.key
         WHERE h.first_id IS NULL OR c.id < h.first_id
     ) AS kept
-    WHERE upto - octet_length(payload) - octet_length(headers) < :max_bytes
+    WHERE upto - size < :max_bytes
     """
 )
 
@@ -128,10 +138,12 @@ _CLAIM = text(
 # handful, and sorts them all for every batch; a walk of the partial index in id order stops at the limit whatever
 # the statistics say. For the same reason the claim's `held` rows are read by index and joined by hash, never by a
 # loop over the claimed rows. These plans' cost is past the threshold of JIT compilation, which costs more than the
-# claim: off too. All for the claiming transaction only.
+# claim: off too. And room for the hash of the keys in flight: five batches of 10,000 keys of up to 512 bytes each
+# (the largest ORDERS_RELAY_BATCH_SIZE and ordering key; 4 MB by default). All for the claiming transaction only.
 _INDEX_WALK = text(
     "SELECT set_config('enable_sort', 'off', true), set_config('enable_seqscan', 'off', true),"
-    " set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true)"
+    " set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true),"
+    " set_config('work_mem', '32MB', true)"
 )
 _UNPUBLISHED = text("SELECT id FROM outbox WHERE published_at IS NULL AND id = ANY(CAST(:ids AS bigint[]))")
 _MARK = text("UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:ids AS bigint[]))")
@@ -169,9 +181,9 @@ async def claim(
     busy: Collection[str] = (),
     max_bytes: int = CLAIM_BYTES,
 ) -> Claim:
-    """Lock up to `limit` unpublished rows of keys in `slots` (and rows without a key), and up to `max_bytes` of
-    their payloads and headers (the first row whatever its size), skipping rows another transaction holds and the
-    keys in `busy`, and keep per-key order.
+    """Lock up to `limit` unpublished rows of keys in `slots` (and rows without a key), taking rows while fewer than
+    `max_bytes` of payloads, headers and keys came before them (so at least one), skipping rows another transaction
+    holds and the keys in `busy`, and keep per-key order.
 
     Claiming is by state (`published_at IS NULL`), never by an id cursor: ids commit out of order. `busy` names
     the keys of the caller's batch still in flight, so that a second open transaction does not lock their later

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 from collections import Counter
 from contextlib import AsyncExitStack
@@ -410,7 +411,7 @@ async def test_a_claim_takes_a_keys_rows_only_up_to_one_another_transaction_hold
 async def test_a_claim_stops_at_its_bytes_and_the_next_claim_overtakes_no_row_it_left_locked(
     engine: AsyncEngine,
 ) -> None:
-    # Given seven rows of 1,000 bytes (and headers of two: `{}`), of keys K L K L K L M
+    # Given seven rows of 1,003 bytes (a payload of 1,000, headers `{}` and a key of one), of keys K L K L K L M
     async with UnitOfWork(engine) as uow:
         ids = await outbox.add(uow.connection, [OutboxMessage("t", key, {}, b"x" * 1_000) for key in "KLKLKLM"])
         await uow.commit()
@@ -432,12 +433,12 @@ async def test_a_claim_stops_at_its_bytes_and_the_next_claim_overtakes_no_row_it
 
 @pytest.mark.parametrize(
     ("limit", "max_bytes", "taken", "full"),
-    [(5, 10, 1, True), (5, 3_006, 3, True), (5, 3_007, 4, True), (9, 1_000_000, 7, False), (7, 1_000_000, 7, True)],
+    [(5, 10, 1, True), (5, 3_012, 3, True), (5, 3_013, 4, True), (9, 1_000_000, 7, False), (7, 1_000_000, 7, True)],
 )
 async def test_a_claims_first_row_goes_whatever_its_size_and_full_says_whether_a_limit_stopped_it(
     engine: AsyncEngine, limit: int, max_bytes: int, taken: int, full: bool
 ) -> None:
-    # Given seven rows of 1,002 bytes each (payload and headers)
+    # Given seven rows of 1,004 bytes each (a payload of 1,000, headers `{}` and a key of two)
     async with UnitOfWork(engine) as uow:
         ids = await outbox.add(uow.connection, [OutboxMessage("t", f"K{n}", {}, b"x" * 1_000) for n in range(7)])
         await uow.commit()
@@ -500,3 +501,71 @@ async def test_a_claim_looks_up_the_keys_in_flight_by_hash_in_a_generic_plan_too
 def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     """A plan's nodes, depth first."""
     return [plan, *(node for child in plan.get("Plans", []) for node in _nodes(child))]
+
+
+async def test_a_claim_counts_the_bytes_of_a_copys_original_key(engine: AsyncEngine) -> None:
+    # Given five copies of records with an empty value and a key of 1,000 bytes (kept as it came: a key that long
+    # has its order's id as the ordering key), 1,003 bytes each as stored
+    async with UnitOfWork(engine) as uow:
+        ids = await outbox.add(
+            uow.connection,
+            [OutboxMessage("t", f"O-{n}", {}, b"", kafka_key=pack_key(b"k" * 1_000)) for n in range(5)],
+        )
+        await uow.commit()
+
+    # When a relay claims with room for 2,500 bytes
+    async with UnitOfWork(engine) as uow:
+        claimed = await outbox.claim(uow.connection, 10, range(outbox.SLOTS), max_bytes=2_500)
+
+    # Then the keys count: it takes three rows (2,006 bytes before the third), not all five
+    assert [row.id for row in claimed.rows] == ids[:3]
+    assert claimed.full
+
+
+async def test_with_statistics_of_a_relay_that_kept_up_a_claim_rejects_other_keys_rows_by_hash(
+    engine: AsyncEngine,
+) -> None:
+    # Given statistics taken while the relay kept up (every row published), then a backlog of 6,000 rows of which
+    # the first 2,000 are held by the relay's batches in flight (locked, their keys busy)
+    async with engine.begin() as connection:
+        await connection.execute(
+            text(
+                "INSERT INTO outbox (topic, key, headers, payload, published_at)"
+                " SELECT 't', 'done-' || n, '{}', 'x', now() FROM generate_series(0, 19999) AS n"
+            )
+        )
+        await connection.execute(text("ANALYZE outbox"))
+        await connection.execute(
+            text(
+                "INSERT INTO outbox (topic, key, headers, payload)"
+                " SELECT 't', 'late-' || n, '{}', 'x' FROM generate_series(0, 5999) AS n"
+            )
+        )
+    in_flight = [f"late-{n}" for n in range(2_000)]
+    parameters = {
+        "limit": 2_000,
+        "slots": list(range(outbox.SLOTS)),
+        "busy": in_flight,
+        "max_bytes": outbox.CLAIM_BYTES,
+    }
+    async with engine.connect() as holder:
+        await holder.execute(text("SELECT id FROM outbox WHERE key = ANY(:keys) FOR UPDATE"), {"keys": in_flight})
+
+        # When the relay claims its next batch (the statement as the relay runs it, and its plan)
+        async with UnitOfWork(engine) as uow:
+            claimed = (await outbox.claim(uow.connection, 2_000, range(outbox.SLOTS), in_flight)).rows
+        async with UnitOfWork(engine) as uow:
+            await uow.connection.execute(outbox._INDEX_WALK)
+            explained = await uow.connection.scalar(
+                text("EXPLAIN (ANALYZE, FORMAT JSON)" + outbox._CLAIM.text), parameters
+            )
+        await holder.rollback()
+
+    # Then it takes the next 2,000 rows, and wherever its plan reads the claimed keys' rows by walking ids, a hash of
+    # those keys rejects the other rows before the array of them (never hashed) is compared with each
+    assert [row.key for row in claimed] == [f"late-{n}" for n in range(2_000, 4_000)]
+    plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
+    filters = [node["Filter"] for node in _nodes(plan) if "key = ANY" in node.get("Filter", "")]
+    for walked in filters:
+        # (`NOT (key NOT IN (…))` reads as a hashed look-up of the key; the `NOT (hashed …)` is the claimed ids')
+        assert re.search(r"(?<!NOT )\(hashed SubPlan \d+\).*key = ANY", walked), walked
