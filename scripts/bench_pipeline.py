@@ -220,7 +220,7 @@ async def relay_stage(bench: Bench, count: int, suffix: str = "") -> tuple[Stage
         async def published() -> bool:
             # A hundred rows spread over the ids, looked up by primary key, say how far the relay is; the rows are
             # counted once those are published. A count walks the index entries of every row published so far, on
-            # the cores it measures: 25 ms at 60,000 rows, 110 ms at 300,000, each poll.
+            # the cores it measures, each poll (docs/performance.md).
             nonlocal unpublished, ended
             alive([process], bench.workdir)
             clock.tick()

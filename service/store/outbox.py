@@ -86,19 +86,18 @@ _SLOT_OF_KEY = f"abs(hashtext(key) % {SLOTS})"
 #
 # `held` reads the claimed keys' unpublished rows below the last one taken that were not taken (held by another
 # transaction, or of a key in flight or of another relay's slot), the first of each key, and is joined to the
-# claimed rows by hash. `key = ANY(ARRAY(…))` lets the (key, id) index serve it: a walk of the id range read, with
-# statistics taken while every row was unpublished, the primary key from the table's start, every row published
-# before the claim. With statistics taken while the relay kept up the planner may still walk the id range of the
-# unpublished rows' index instead; the hashed `NOT (key NOT IN (…))` then rejects the other keys' rows first (a
-# subquery's array is never hashed: each row walked was compared with each claimed key). A look-up per claimed row
-# left the planner a choice of index per row, and behind a backlog it walked every earlier row of any key for each
-# row claimed (docs/performance.md).
+# claimed rows by hash. `key = ANY(ARRAY(…))` lets the (key, id) index serve it. Walking the id range instead, the
+# planner could take the primary key (with statistics taken while every row was unpublished it cannot tell it from
+# the unpublished rows' index) and read every row published before the claim. With statistics taken while the relay
+# kept up it may still walk the unpublished rows' index by id; the hashed `NOT (key NOT IN (…))` then rejects the
+# other keys' rows first (an array from a subquery is never hashed: it was compared with each row walked). A look-up
+# per claimed row left the planner a choice of index per row, and behind a backlog it walked every earlier row of
+# any key for each row claimed (docs/performance.md).
 #
 # The keys in flight (`busy`) are looked up in a hash of them (`NOT IN (SELECT unnest(…))`): `key <> ALL(…)` is
 # hashed only in a custom plan, and after five claims a connection's cache may hold the generic one, which compares
-# each row walked with every key in flight (0.65 s a claim behind five batches of 2,000). The hash must fit in
-# `work_mem` (times `hash_mem_multiplier`), else it is not built: `_INDEX_WALK` gives the claim enough for five
-# batches of the largest ORDERS_RELAY_BATCH_SIZE.
+# each row walked with every key in flight (docs/performance.md). The hash is built only if it fits in `work_mem`
+# (times `hash_mem_multiplier`): `_INDEX_WALK` gives the claim room for five batches of the largest batch size.
 #
 # A claim also stops once `max_bytes` of payloads, headers and keys came before a row (the first row always goes,
 # and the row that crosses the bound goes too): the relay holds its batches in flight in memory, and an outbox row
@@ -139,7 +138,7 @@ _CLAIM = text(
 # the statistics say. For the same reason the claim's `held` rows are read by index and joined by hash, never by a
 # loop over the claimed rows. These plans' cost is past the threshold of JIT compilation, which costs more than the
 # claim: off too. And room for the hash of the keys in flight: five batches of 10,000 keys of up to 512 bytes each
-# (the largest ORDERS_RELAY_BATCH_SIZE and ordering key; 4 MB by default). All for the claiming transaction only.
+# (the largest ORDERS_RELAY_BATCH_SIZE and ordering key). All for the claiming transaction only.
 _INDEX_WALK = text(
     "SELECT set_config('enable_sort', 'off', true), set_config('enable_seqscan', 'off', true),"
     " set_config('enable_nestloop', 'off', true), set_config('jit', 'off', true),"
