@@ -7,6 +7,7 @@ import random
 import re
 import subprocess
 from collections import Counter
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -307,6 +308,20 @@ def _rows_handled(plan: dict[str, Any]) -> int:
     return round(per_loop * plan["Actual Loops"]) + sum(_rows_handled(child) for child in plan.get("Plans", []))
 
 
+async def _claim_and_plan(
+    engine: AsyncEngine, limit: int, busy: Sequence[str] = ()
+) -> tuple[list[outbox.ClaimedRow], dict[str, Any]]:
+    """A claim by a relay holding every slot, then the plan of the same statement run again (EXPLAIN ANALYZE)."""
+    async with UnitOfWork(engine) as uow:
+        claimed = (await outbox.claim(uow.connection, limit, range(outbox.SLOTS), busy)).rows
+    slots = list(range(outbox.SLOTS))
+    parameters = {"limit": limit, "slots": slots, "busy": list(busy), "max_bytes": outbox.CLAIM_BYTES}
+    async with UnitOfWork(engine) as uow:
+        await uow.connection.execute(outbox._INDEX_WALK)
+        explained = await uow.connection.scalar(text("EXPLAIN (ANALYZE, FORMAT JSON)" + outbox._CLAIM.text), parameters)
+    return claimed, (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
+
+
 async def test_a_claim_far_into_a_backlog_reads_none_of_the_rows_published_before_it(engine: AsyncEngine) -> None:
     # Given a backlog of 30,000 rows whose statistics were taken before the relay began (every row unpublished: a
     # burst or an outage, then autovacuum's ANALYZE), of which the relay then published the first 24,000
@@ -324,15 +339,7 @@ async def test_a_claim_far_into_a_backlog_reads_none_of_the_rows_published_befor
     first_ids = [row["id"] for row in await rows(engine, "SELECT id FROM outbox WHERE published_at IS NULL")]
 
     # When a relay holding every slot claims a full batch (the statement as the relay runs it, and its plan)
-    async with UnitOfWork(engine) as uow:
-        claimed = (await outbox.claim(uow.connection, 1_000, range(outbox.SLOTS))).rows
-    async with UnitOfWork(engine) as uow:
-        await uow.connection.execute(outbox._INDEX_WALK)
-        explained = await uow.connection.scalar(
-            text("EXPLAIN (ANALYZE, FORMAT JSON)" + outbox._CLAIM.text),
-            {"limit": 1_000, "slots": list(range(outbox.SLOTS)), "busy": [], "max_bytes": outbox.CLAIM_BYTES},
-        )
-    plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
+    claimed, plan = await _claim_and_plan(engine, 1_000)
 
     # Then it takes the next 1,000 rows, and its plan handles a few rows per row claimed: with these statistics the
     # primary key and the unpublished rows' index look alike to the planner, and a walk of the primary key up to the
@@ -363,15 +370,7 @@ async def test_a_claim_behind_a_backlog_reads_only_each_keys_earlier_rows_whatev
     first_ids = [row["id"] for row in await rows(engine, "SELECT id FROM outbox WHERE published_at IS NULL")]
 
     # When a relay holding every slot claims a full batch (the statement as the relay runs it, and its plan)
-    async with UnitOfWork(engine) as uow:
-        claimed = (await outbox.claim(uow.connection, 1_000, range(outbox.SLOTS))).rows
-    async with UnitOfWork(engine) as uow:
-        await uow.connection.execute(outbox._INDEX_WALK)
-        explained = await uow.connection.scalar(
-            text("EXPLAIN (ANALYZE, FORMAT JSON)" + outbox._CLAIM.text),
-            {"limit": 1_000, "slots": list(range(outbox.SLOTS)), "busy": [], "max_bytes": outbox.CLAIM_BYTES},
-        )
-    plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
+    claimed, plan = await _claim_and_plan(engine, 1_000)
 
     # Then it takes the backlog's first 1,000 rows, in id order, and its plan handles a few rows per row claimed
     # (about eight): a look-up per claimed row of the earlier unpublished rows of its key walked, with these
@@ -542,29 +541,16 @@ async def test_with_statistics_of_a_relay_that_kept_up_a_claim_rejects_other_key
             )
         )
     in_flight = [f"late-{n}" for n in range(2_000)]
-    parameters = {
-        "limit": 2_000,
-        "slots": list(range(outbox.SLOTS)),
-        "busy": in_flight,
-        "max_bytes": outbox.CLAIM_BYTES,
-    }
     async with engine.connect() as holder:
         await holder.execute(text("SELECT id FROM outbox WHERE key = ANY(:keys) FOR UPDATE"), {"keys": in_flight})
 
         # When the relay claims its next batch (the statement as the relay runs it, and its plan)
-        async with UnitOfWork(engine) as uow:
-            claimed = (await outbox.claim(uow.connection, 2_000, range(outbox.SLOTS), in_flight)).rows
-        async with UnitOfWork(engine) as uow:
-            await uow.connection.execute(outbox._INDEX_WALK)
-            explained = await uow.connection.scalar(
-                text("EXPLAIN (ANALYZE, FORMAT JSON)" + outbox._CLAIM.text), parameters
-            )
+        claimed, plan = await _claim_and_plan(engine, 2_000, in_flight)
         await holder.rollback()
 
     # Then it takes the next 2,000 rows, and wherever its plan reads the claimed keys' rows by walking ids, a hash of
     # those keys rejects the other rows before the array of them (never hashed) is compared with each
     assert [row.key for row in claimed] == [f"late-{n}" for n in range(2_000, 4_000)]
-    plan = (json.loads(explained) if isinstance(explained, str) else explained)[0]["Plan"]
     filters = [node["Filter"] for node in _nodes(plan) if "key = ANY" in node.get("Filter", "")]
     for walked in filters:
         # (`NOT (key NOT IN (…))` reads as a hashed look-up of the key; the `NOT (hashed …)` is the claimed ids')
