@@ -308,6 +308,26 @@ def _rows_handled(plan: dict[str, Any]) -> int:
     return round(per_loop * plan["Actual Loops"]) + sum(_rows_handled(child) for child in plan.get("Plans", []))
 
 
+async def _backlog_after_statistics_of_a_relay_that_kept_up(engine: AsyncEngine, *, rows_per_key: int) -> None:
+    """20,000 published rows, ANALYZE, then 6,000 unpublished ones (keys `late-N`), `rows_per_key` of each key."""
+    async with engine.begin() as connection:
+        await connection.execute(
+            text(
+                "INSERT INTO outbox (topic, key, headers, payload, published_at)"
+                " SELECT 't', 'done-' || (n / :per_key), '{}', 'x', now() FROM generate_series(0, 19999) AS n"
+            ),
+            {"per_key": rows_per_key},
+        )
+        await connection.execute(text("ANALYZE outbox"))
+        await connection.execute(
+            text(
+                "INSERT INTO outbox (topic, key, headers, payload)"
+                " SELECT 't', 'late-' || (n / :per_key), '{}', 'x' FROM generate_series(0, 5999) AS n"
+            ),
+            {"per_key": rows_per_key},
+        )
+
+
 async def _claim_and_plan(
     engine: AsyncEngine, limit: int, busy: Sequence[str] = ()
 ) -> tuple[list[outbox.ClaimedRow], dict[str, Any]]:
@@ -353,20 +373,7 @@ async def test_a_claim_behind_a_backlog_reads_only_each_keys_earlier_rows_whatev
 ) -> None:
     # Given an outbox whose statistics were taken while the relay kept up (every row published), then a backlog
     # (a broker outage, a burst): 6,000 unpublished rows, two of each key, as an order's two events
-    async with engine.begin() as connection:
-        await connection.execute(
-            text(
-                "INSERT INTO outbox (topic, key, headers, payload, published_at)"
-                " SELECT 't', 'done-' || (n / 2), '{}', 'x', now() FROM generate_series(0, 19999) AS n"
-            )
-        )
-        await connection.execute(text("ANALYZE outbox"))
-        await connection.execute(
-            text(
-                "INSERT INTO outbox (topic, key, headers, payload)"
-                " SELECT 't', 'late-' || (n / 2), '{}', 'x' FROM generate_series(0, 5999) AS n"
-            )
-        )
+    await _backlog_after_statistics_of_a_relay_that_kept_up(engine, rows_per_key=2)
     first_ids = [row["id"] for row in await rows(engine, "SELECT id FROM outbox WHERE published_at IS NULL")]
 
     # When a relay holding every slot claims a full batch (the statement as the relay runs it, and its plan)
@@ -526,20 +533,7 @@ async def test_with_statistics_of_a_relay_that_kept_up_a_claim_rejects_other_key
 ) -> None:
     # Given statistics taken while the relay kept up (every row published), then a backlog of 6,000 rows of which
     # the first 2,000 are held by the relay's batches in flight (locked, their keys busy)
-    async with engine.begin() as connection:
-        await connection.execute(
-            text(
-                "INSERT INTO outbox (topic, key, headers, payload, published_at)"
-                " SELECT 't', 'done-' || n, '{}', 'x', now() FROM generate_series(0, 19999) AS n"
-            )
-        )
-        await connection.execute(text("ANALYZE outbox"))
-        await connection.execute(
-            text(
-                "INSERT INTO outbox (topic, key, headers, payload)"
-                " SELECT 't', 'late-' || n, '{}', 'x' FROM generate_series(0, 5999) AS n"
-            )
-        )
+    await _backlog_after_statistics_of_a_relay_that_kept_up(engine, rows_per_key=1)
     in_flight = [f"late-{n}" for n in range(2_000)]
     async with engine.connect() as holder:
         await holder.execute(text("SELECT id FROM outbox WHERE key = ANY(:keys) FOR UPDATE"), {"keys": in_flight})
