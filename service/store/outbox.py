@@ -161,7 +161,7 @@ _PUT_BACK = text(
 )
 
 
-# What one claim's rows may hold, payloads and headers: five batches in flight hold at most 80 MiB and five rows.
+# What one claim's rows may hold, payloads, headers and keys: five batches in flight hold at most 80 MiB and five rows.
 CLAIM_BYTES = 16 * 1024 * 1024
 
 

@@ -144,15 +144,16 @@ class Relay:
                 await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
                 if not claimed.done():  # the claim failed
                     batch.result()
-                rows, full = claimed.result().rows, claimed.result().full
-                if full:
+                taken = claimed.result()
+                rows = taken.rows
+                if taken.full:
                     spacing.full()
                 in_flight.append((batch, frozenset(row.key for row in rows if row.key is not None)))
                 if not rows and not busy:  # the outbox is drained, for now
                     await _settle(in_flight)
                     # New rows wake it (a notification per inserting transaction); the poll is for one that never came.
                     await waiter.wait(stop, _IDLE_POLL_SECONDS)
-                elif not full:
+                elif not taken.full:
                     # What is left is of keys in flight, or the outbox is drained up to a few rows: the next claim
                     # waits for the oldest batch, and takes what came meanwhile in one batch instead of finding
                     # nothing, or a row or two, each time a batch is sent (at a steady rate, most claims did).

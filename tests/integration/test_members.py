@@ -258,3 +258,26 @@ async def test_a_parked_record_delivered_again_is_parked_once(
 
     # Then it is parked once
     assert await rows(engine, "SELECT message_id FROM parked") == [{"message_id": "P.2/cancel"}]
+
+
+async def test_parked_release_looks_up_the_keys_in_memory_by_hash_in_a_generic_plan_too(engine: AsyncEngine) -> None:
+    # Given the free-keys look-up as a prepared statement with its generic plan (the plan a connection's cache holds
+    # after five runs), and 2,000 keys in memory
+    positional = parking._FREE_KEYS.text
+    for n, name in enumerate(("consumer", "exclude", "member", "keys"), start=1):
+        positional = positional.replace(f":{name}", f"${n}")
+    exclude = "ARRAY[" + ",".join(f"'k-{n}'" for n in range(2_000)) + "]"
+    async with engine.connect() as connection:
+        await connection.execute(text("SET plan_cache_mode = force_generic_plan"))
+        await connection.exec_driver_sql(f"PREPARE free_keys (text, text[], text, int) AS {positional}")
+        # When it is explained
+        explained = (
+            await connection.exec_driver_sql(f"EXPLAIN (FORMAT JSON) EXECUTE free_keys ('c', {exclude}, 'm', 50)")
+        ).scalar()
+        await connection.exec_driver_sql("DEALLOCATE free_keys")
+        await connection.execute(text("RESET plan_cache_mode"))
+
+    # Then the parked rows' filter looks each key up in a hash of the keys in memory, never compares it with each
+    plan = json.dumps(json.loads(explained) if isinstance(explained, str) else explained)
+    assert "ALL" not in plan, plan
+    assert "hashed SubPlan" in plan, plan
