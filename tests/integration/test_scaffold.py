@@ -103,7 +103,7 @@ def test_the_copy_carries_the_teams_names(copy: Path) -> None:
     files = texts(copy)
 
     assert project["project"]["name"] == "catalog-service"
-    assert project["project"]["scripts"] == {"catalog-service": "service.cli:main"}
+    assert project["project"]["scripts"] == {"catalog-service": "service.__main__:main"}
     assert "service.catalog" in project["tool"]["setuptools"]["packages"]
     assert 'ENV_PREFIX = "CATALOG_"' in config
     assert 'METRICS_PREFIX = "catalog"' in config

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
+import subprocess
+import sys
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +92,40 @@ async def test_a_cycle_is_collected_within_the_bound_while_many_objects_are_aliv
     stop.set()
     await asyncio.wait_for(collecting, timeout=5)
     assert len(alive) == 1_000
+
+
+_LOAD_THE_CLI = """
+import gc, json, sys
+collections = []
+# A collection once the CLI began to load and before anything is frozen walks its modules while they load.
+loading = lambda: "service.cli" in sys.modules and not gc.get_freeze_count()
+gc.callbacks.append(lambda phase, info: phase == "start" and loading() and collections.append(1))
+sys.argv = ["order-service", "--help"]
+from service.__main__ import main
+try:
+    main()
+except SystemExit:
+    pass
+print(json.dumps({"collections": collections, "enabled": gc.isenabled(), "frozen": gc.get_freeze_count(),
+                  "loaded": "service.cli" in sys.modules}))
+"""
+
+
+def test_the_console_script_loads_the_cli_without_a_collection_and_freezes_what_it_built() -> None:
+    # Given a fresh interpreter, with every collection it starts recorded
+    # When the console script's entry point runs a command
+    result = subprocess.run(
+        [sys.executable, "-c", _LOAD_THE_CLI],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+
+    # Then no collection walked the modules while they loaded, what they built is frozen, and the collector is
+    # back on for the command
+    assert outcome["loaded"] is True
+    assert outcome["collections"] == []
+    assert outcome["frozen"] > 100_000
+    assert outcome["enabled"] is True
