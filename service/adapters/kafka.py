@@ -22,15 +22,17 @@ _M = 0x5BD1E995
 
 def to_source(record: ConsumerRecord[bytes, bytes]) -> SourceRecord:
     """An aiokafka record as a library-neutral SourceRecord."""
+    # By position (topic, partition, offset, timestamp_ms, key, value, headers), as it runs once per record
+    # (docs/performance.md, "Twelfth session"). A header without a value arrives as None; most records carry none.
+    headers = record.headers
     return SourceRecord(
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        timestamp_ms=record.timestamp,
-        key=record.key,
-        value=record.value,
-        # A header without a value arrives as None; most records carry none at all.
-        headers=tuple([(name, value or b"") for name, value in record.headers]) if record.headers else (),
+        record.topic,
+        record.partition,
+        record.offset,
+        record.timestamp,
+        record.key,
+        record.value,
+        tuple([(name, value or b"") for name, value in headers]) if headers else (),
     )
 
 

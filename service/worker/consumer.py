@@ -24,7 +24,7 @@ from service.errors import InfrastructureUnavailable
 from service.metrics import Metrics
 from service.policy.delivery import Delivery, RetryState
 from service.stopping import wait_unless_stopped
-from service.worker.lanes import Lanes
+from service.worker.lanes import Lanes, Taken
 from service.worker.processor import Processor
 from service.worker.spacing import SPACING_SECONDS
 
@@ -89,7 +89,7 @@ class ConsumerLoop:
         self._next_lag_report = 0.0
         self._arrived = asyncio.Event()
         self._room = asyncio.Event()  # set when records leave the lanes: the fetcher may fetch again
-        self._rounds: dict[asyncio.Task[None], set[str | None]] = {}  # round -> message ids, orders and keys
+        self._rounds: dict[asyncio.Task[None], set[str]] = {}  # round -> message ids, orders and keys
         self._error: Exception | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -112,10 +112,10 @@ class ConsumerLoop:
                 spaced_until = self._round_started + _ROUND_SPACING_SECONDS
                 may_start = now >= spaced_until or self._lanes.waiting() + self._unfetched(consumer) >= self._round_size
                 if len(self._rounds) < _ROUNDS_IN_FLIGHT and may_start:
-                    due = self._lanes.take(now, list(self._rounds.values()))
-                    if due:
+                    taken = self._lanes.take(now, list(self._rounds.values()))
+                    if taken.due:
                         self._round_started = now
-                        self._start_round(consumer, stop, due)
+                        self._start_round(consumer, stop, taken)
                         continue
                     if not self._rounds:
                         self._reconcile_pauses(consumer, now)
@@ -260,11 +260,10 @@ class ConsumerLoop:
             self._fetched_to.pop(partition, None)
         self._room.set()
 
-    def _start_round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, due: dict[Delivery, RetryState]) -> None:
-        """Attempt `due` in a task of its own: the next round is planned while this one's transaction runs."""
-        ids = {p.message_id for p in due} | {p.aggregate_id for p in due} | {p.key for p in due}
-        ids.discard(None)
-        self._rounds[asyncio.create_task(self._round(consumer, stop, due))] = ids
+    def _start_round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, taken: Taken) -> None:
+        """Attempt what was taken in a task of its own: the next round is planned while this one's transaction
+        runs."""
+        self._rounds[asyncio.create_task(self._round(consumer, stop, taken.due))] = taken.ids
 
     async def _round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, due: dict[Delivery, RetryState]) -> None:
         left: Collection[Delivery] = ()

@@ -10,10 +10,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import NamedTuple
 
 from service.policy.delivery import FRESH, PARKED_TOPIC, Delivery, RetryState
 
 Lane = tuple[str, int]  # a (topic, partition), or the parked records of one key (partition -1)
+
+
+class Taken(NamedTuple):
+    """What `take` hands a round: its deliveries with their retry states, in lane order, and `round_ids` of them."""
+
+    due: dict[Delivery, RetryState]
+    ids: set[str]
 
 
 class Lanes:
@@ -65,19 +73,30 @@ class Lanes:
         """The keys whose parked records are in memory already."""
         return {lane[0].removeprefix(f"{PARKED_TOPIC}/") for lane in self._lanes if lane[1] < 0}
 
-    def take(self, now: float, busy: Sequence[Collection[str | None]]) -> dict[Delivery, RetryState]:
+    def take(self, now: float, busy: Sequence[Collection[str | None]]) -> Taken:
         """Up to a round's worth of deliveries that may be attempted now, with their retry states, in lane order;
         in flight until `settle`. Due, not in a round already, with no earlier record of their key still waiting,
         and sharing no message id, aggregate or key with a record that a round in flight writes (`busy`: the ids
         of each such round), so two rounds never touch the same rows."""
-        due = self._due(now, busy)
+        # The rounds in flight are compared with a whole round's ids at once (set intersections), not record by
+        # record: the ids found shared are set aside, with the records behind them on their keys, and the round
+        # is taken again, until it shares none (once, nearly always; a second time at a round's boundary that
+        # falls between a record and its duplicate).
+        shared: set[str] = set()
+        while True:
+            due = self._due(now, shared)
+            ids = round_ids(due)
+            found = {id_ for round_ in busy for id_ in ids.intersection(round_)}
+            if not found:
+                break
+            shared |= found
         self._in_flight.update(due)
         states = self._states
         if not states:
-            return dict.fromkeys(due, FRESH)  # the common case: nothing waits for a retry
-        return {delivery: states.get(delivery, FRESH) for delivery in due}
+            return Taken(dict.fromkeys(due, FRESH), ids)  # the common case: nothing waits for a retry
+        return Taken({delivery: states.get(delivery, FRESH) for delivery in due}, ids)
 
-    def _due(self, now: float, busy: Sequence[Collection[str | None]]) -> list[Delivery]:
+    def _due(self, now: float, shared: set[str]) -> list[Delivery]:
         due: list[Delivery] = []
         in_flight, states = self._in_flight, self._states
         for lane, records in self._lanes.items():
@@ -86,9 +105,9 @@ class Lanes:
             waiting: set[tuple[str, int, str]] = set()
             for delivery in records:
                 if delivery in in_flight:
-                    continue  # records behind it that share its key are held by `_shares_ids`
+                    continue  # records behind it that share its key are held by the ids of its round
                 state = states.get(delivery) if states else None
-                if (state is not None and state.due > now) or (busy and _shares_ids(delivery, busy)):
+                if (state is not None and state.due > now) or (shared and _shares(delivery, shared)):
                     waiting.add(delivery.thread)
                 elif not waiting or delivery.thread not in waiting:
                     due.append(delivery)
@@ -199,6 +218,15 @@ class Lanes:
         return len(records) >= self._bound - self._round_size
 
 
-def _shares_ids(delivery: Delivery, busy: Sequence[Collection[str | None]]) -> bool:
-    """Whether a round in flight writes a record with the same message id, aggregate or key."""
-    return any(delivery.message_id in ids or delivery.aggregate_id in ids or delivery.key in ids for ids in busy)
+def round_ids(deliveries: Collection[Delivery]) -> set[str]:
+    """The message ids, aggregates and keys of a round's deliveries: what no other round in flight may write."""
+    ids: set[str | None] = {d.message_id for d in deliveries}
+    ids |= {d.aggregate_id for d in deliveries}
+    ids |= {d.key for d in deliveries}
+    ids.discard(None)
+    return ids  # type: ignore[return-value]
+
+
+def _shares(delivery: Delivery, ids: set[str]) -> bool:
+    """Whether the delivery's message id, aggregate or key is one of `ids`."""
+    return delivery.message_id in ids or delivery.aggregate_id in ids or delivery.key in ids

@@ -24,6 +24,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from operator import itemgetter
 from typing import Any
 
 import structlog
@@ -74,6 +75,7 @@ class Attempted:
 
 
 _NOTHING = Attempted(frozenset(), {})
+_WRITE_AND_CODE = itemgetter(1, 2)  # a plan step's (write, code): what the outcome metrics count
 
 
 class Processor:
@@ -96,6 +98,7 @@ class Processor:
         self._metrics = metrics
         self._clock = clock
         self._topics = settings.topics
+        self._tier_prefix = f"{settings.topics.source}.retry."  # a retry tier's topic name starts so
         self._consumer = settings.consumer_name
         self._rows = RowMaker(settings.topics, self._consumer, parse_owners(settings.quarantine_owners), handler)
         self._failures = Failures(engine, self._consumer, Budgets.of(policy), backpressure, metrics, clock, rng)
@@ -111,7 +114,7 @@ class Processor:
                 coordinates, timestamp_ms = origin
                 return Delivery(record, decoded, coordinates, timestamp_ms, reprocess=True)
             return Delivery(record, decoded, record.coordinates, record.timestamp_ms)
-        copy = redelivery.parse(record) if record.topic.startswith(f"{self._topics.source}.retry.") else None
+        copy = redelivery.parse(record) if record.topic.startswith(self._tier_prefix) else None
         if copy is None:
             return Delivery(record, decoded, record.coordinates, record.timestamp_ms)
         wait = (copy.due_at - self._clock()).total_seconds()
@@ -361,9 +364,8 @@ class Processor:
         """Log each delivery that left other than processed, and count the outcomes once per round."""
         for message_id in plan.orphans:
             log.warning("retry_orphan_removed", message_id=message_id)
-        counts: Counter[tuple[Write, Code | None]] = Counter()
+        counts: Counter[tuple[Write, Code | None]] = Counter(map(_WRITE_AND_CODE, plan.steps))  # counted in C
         for delivery, write, code, _, _ in plan.steps:
-            counts[write, code] += 1
             if write is not Write.APPLY:
                 outcome = write.outcome
                 log.info(

@@ -8,10 +8,13 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from service.orders.messages import decode
-from service.policy.delivery import Delivery, RetryState
+from service.policy.delivery import FRESH, Delivery, RetryState
 from service.policy.records import SourceRecord
-from service.worker.lanes import Lanes
+from service.worker.lanes import Lanes, round_ids
 
 TOPIC = "orders"
 LANE = (TOPIC, 0)
@@ -35,8 +38,8 @@ def test_a_later_round_that_settles_first_commits_nothing_past_the_earlier_one_t
     # Given six records of six keys in one lane, taken by two overlapping rounds of four and two
     lanes = Lanes(round_size=4, bound=12)
     lanes.add(LANE, [_pending(n, f"K{n}") for n in range(6)])
-    first = lanes.take(0.0, [])
-    second = lanes.take(0.0, [_ids(first)])
+    first = lanes.take(0.0, []).due
+    second = lanes.take(0.0, [_ids(first)]).due
     assert (_offsets(first), _offsets(second)) == ([0, 1, 2, 3], [4, 5])
 
     # When the later round settles first, then the earlier one
@@ -52,28 +55,28 @@ def test_a_record_that_is_not_terminal_holds_the_commit_position_and_is_taken_ag
     # Given a round of four records, of which the third did not reach a terminal state
     lanes = Lanes(round_size=4, bound=12)
     lanes.add(LANE, [_pending(n, f"K{n}") for n in range(4)])
-    taken = lanes.take(0.0, [])
+    taken = lanes.take(0.0, []).due
 
     # When the round settles
     position = lanes.settle(taken, {p for p in taken if p.record.offset != 2})
 
     # Then the position stops at that record, which is the only one left and is taken by the next round
     assert position == {LANE: 2}
-    assert _offsets(lanes.take(0.0, [])) == [2]
+    assert _offsets(lanes.take(0.0, []).due) == [2]
 
 
 def test_a_round_that_settles_after_its_partition_was_revoked_and_assigned_again_moves_no_offset() -> None:
     # Given a round of four records in flight, of which the third will not be terminal
     lanes = Lanes(round_size=4, bound=12)
     lanes.add(LANE, [_pending(n, f"K{n}") for n in range(4)])
-    old = lanes.take(0.0, [])
+    old = lanes.take(0.0, []).due
 
     # When the partition is revoked and assigned back, the first two records are fetched again, and the old round
     # settles before a new one takes them
     lanes.forget([LANE])
     lanes.add(LANE, [_pending(n, f"K{n}") for n in range(2)])
     stale = lanes.settle(old, {p for p in old if p.record.offset != 2})
-    new = lanes.take(0.0, [])
+    new = lanes.take(0.0, []).due
     fresh = lanes.settle(new, set(new))
 
     # Then the old round moves nothing, and the new one only past what it applied
@@ -84,13 +87,13 @@ def test_records_of_a_key_that_a_round_in_flight_writes_wait_for_it() -> None:
     # Given a round in flight with the records of keys A and B
     lanes = Lanes(round_size=2, bound=6)
     lanes.add(LANE, [_pending(0, "A"), _pending(1, "B")])
-    first = lanes.take(0.0, [])
+    first = lanes.take(0.0, []).due
 
     # When more records arrive: another of key A, then one of key C, then a second one of key A
     lanes.add(LANE, [_pending(2, "A"), _pending(3, "C"), _pending(4, "A")])
 
     # Then only key C may go into a second round while the first is in flight
-    assert _offsets(lanes.take(0.0, [_ids(first)])) == [3]
+    assert _offsets(lanes.take(0.0, [_ids(first)]).due) == [3]
 
 
 def test_a_record_not_due_yet_holds_back_its_key_but_not_the_other_keys() -> None:
@@ -101,10 +104,10 @@ def test_a_record_not_due_yet_holds_back_its_key_but_not_the_other_keys() -> Non
     lanes.add(LANE, [waiting, _pending(1, "B"), _pending(2, "A")])
 
     # When a round is taken at t=1 and settles, and the next at t=5
-    early = lanes.take(1.0, [])
+    early = lanes.take(1.0, []).due
     lanes.settle(early, set(early))
     next_due = lanes.next_due(1.0)
-    later = lanes.take(5.0, [])
+    later = lanes.take(5.0, []).due
 
     # Then at t=1 only key B goes, the next due time is t=5, and then both of key A go, in order
     assert (_offsets(early), next_due, _offsets(later)) == ([1], 5.0, [0, 2])
@@ -129,7 +132,7 @@ def test_a_record_a_downstream_asked_to_wait_for_stalls_its_partition_until_it_i
     lanes = Lanes(round_size=2, bound=12)
     record = _pending(0, "A")
     lanes.add(LANE, [record])
-    taken = lanes.take(0.0, [])
+    taken = lanes.take(0.0, []).due
 
     # When the round settles without it, with its new retry state
     lanes.settle(taken, set(), {record: RetryState(due=10.0, backpressure=True)})
@@ -144,13 +147,13 @@ def test_a_failed_delivery_keeps_its_retry_state_in_the_lanes_until_it_leaves() 
     lanes = Lanes(round_size=2, bound=6)
     record = _pending(0, "A")
     lanes.add(LANE, [record])
-    first = lanes.take(0.0, [])
+    first = lanes.take(0.0, []).due
     retried = RetryState(due=3.0)
     lanes.settle(first, set(), {record: retried})
 
     # Then the lanes hand it out again only when it is due, with that state; the delivery itself is unchanged
-    assert (first, lanes.take(2.9, []), lanes.next_due(0.0)) == ({record: RetryState()}, {}, 3.0)
-    again = lanes.take(3.0, [])
+    assert (first, lanes.take(2.9, []).due, lanes.next_due(0.0)) == ({record: RetryState()}, {}, 3.0)
+    again = lanes.take(3.0, []).due
     assert again == {record: retried}
 
     # And when it leaves, its state goes with it
@@ -163,7 +166,7 @@ def test_a_round_that_settles_after_its_lane_was_forgotten_keeps_no_retry_state_
     lanes = Lanes(round_size=2, bound=6)
     record = _pending(0, "A")
     lanes.add(LANE, [record])
-    taken = lanes.take(0.0, [])
+    taken = lanes.take(0.0, []).due
     lanes.forget([LANE])
 
     # When the round settles
@@ -171,6 +174,60 @@ def test_a_round_that_settles_after_its_lane_was_forgotten_keeps_no_retry_state_
 
     # Then nothing of it stays: no state, no due time, no stalled partition
     assert (lanes.state(record), lanes.next_due(0.0), lanes.stalled(0.0)) == (RetryState(), None, set())
+
+
+def _waiting(offset: int, key: str, message_id: str, due: float, partition: int) -> Delivery:
+    record = SourceRecord(TOPIC, partition, offset, 0, key.encode(), b"{}", (("message-id", message_id.encode()),))
+    arrival = RetryState(due=due) if due else FRESH
+    return Delivery(record, decode(record.value), record.coordinates, 0, arrival=arrival)
+
+
+def _looked_up_one_by_one(
+    lanes: dict[tuple[str, int], list[Delivery]], in_flight: set[Delivery], now: float, busy: list[set[str]], size: int
+) -> list[Delivery]:
+    """What a round may take, by the rule itself: in lane order, each record not in flight is taken unless it is
+    not due yet, shares an id with a round in flight, or an earlier record of its key in its lane waits."""
+    taken: list[Delivery] = []
+    for records in lanes.values():
+        waiting: set[str | None] = set()
+        for delivery in records:
+            if delivery in in_flight:
+                continue
+            ids = {delivery.message_id, delivery.aggregate_id, delivery.key}
+            if delivery.arrival.due > now or any(ids & round_ for round_ in busy) or delivery.key in waiting:
+                waiting.add(delivery.key)
+                continue
+            taken.append(delivery)
+            if len(taken) == size:
+                return taken
+    return taken
+
+
+@given(data=st.data())
+def test_a_round_takes_what_looking_up_each_record_in_each_round_in_flight_would_take(data: st.DataObject) -> None:
+    # Given two partitions' lanes of records of a few keys and message ids (some of them repeated), some not due
+    # yet, a first round already taken from them, and rounds in flight whose ids overlap the rest at random
+    keys, message_ids = st.sampled_from("ABCDE"), st.sampled_from([f"m{n}" for n in range(8)])
+    size = data.draw(st.integers(1, 6), label="round size")
+    lanes = Lanes(round_size=size, bound=1_000)
+    model: dict[tuple[str, int], list[Delivery]] = {}
+    for partition in (0, 1):
+        rows = data.draw(st.lists(st.tuples(keys, message_ids, st.sampled_from([0.0, 0.0, 5.0])), max_size=12))
+        records = [_waiting(n, key, mid, due, partition) for n, (key, mid, due) in enumerate(rows)]
+        lanes.add((TOPIC, partition), records)
+        model[(TOPIC, partition)] = records
+    in_flight = set(lanes.take(1.0, []).due)
+    everything = sorted(round_ids([d for records in model.values() for d in records]) | {"elsewhere"})
+    busy = data.draw(st.lists(st.sets(st.sampled_from(everything)), max_size=3), label="rounds in flight")
+
+    # When the next round is taken
+    taken = lanes.take(1.0, busy)
+
+    # Then it holds what the record-by-record rule gives, in the same order, and its ids are theirs
+    expected = _looked_up_one_by_one(model, in_flight, 1.0, busy, size)
+    assert list(taken.due) == expected
+    assert taken.ids == round_ids(expected)
+    assert None not in taken.ids
 
 
 def test_importing_the_lanes_loads_neither_the_processor_nor_structlog() -> None:
