@@ -73,30 +73,22 @@ class Lanes:
         """The keys whose parked records are in memory already."""
         return {lane[0].removeprefix(f"{PARKED_TOPIC}/") for lane in self._lanes if lane[1] < 0}
 
-    def take(self, now: float, busy: Sequence[Collection[str | None]]) -> Taken:
+    def take(self, now: float, busy: Sequence[Collection[str]]) -> Taken:
         """Up to a round's worth of deliveries that may be attempted now, with their retry states, in lane order;
         in flight until `settle`. Due, not in a round already, with no earlier record of their key still waiting,
         and sharing no message id, aggregate or key with a record that a round in flight writes (`busy`: the ids
         of each such round), so two rounds never touch the same rows."""
-        # The rounds in flight are compared with a whole round's ids at once (set intersections), not record by
-        # record: the ids found shared are set aside, with the records behind them on their keys, and the round
-        # is taken again, until it shares none (once, nearly always; a second time at a round's boundary that
-        # falls between a record and its duplicate).
-        shared: set[str] = set()
-        while True:
-            due = self._due(now, shared)
-            ids = round_ids(due)
-            found = {id_ for round_ in busy for id_ in ids.intersection(round_)}
-            if not found:
-                break
-            shared |= found
+        # Each id of each record is looked up once, in the union of the rounds' ids (built in C), not in each
+        # round's ids in turn; the round's own ids are built once, here, for the rounds taken after it.
+        due = self._due(now, set().union(*busy))
+        ids = round_ids(due)
         self._in_flight.update(due)
         states = self._states
         if not states:
             return Taken(dict.fromkeys(due, FRESH), ids)  # the common case: nothing waits for a retry
         return Taken({delivery: states.get(delivery, FRESH) for delivery in due}, ids)
 
-    def _due(self, now: float, shared: set[str]) -> list[Delivery]:
+    def _due(self, now: float, in_flight_ids: set[str]) -> list[Delivery]:
         due: list[Delivery] = []
         in_flight, states = self._in_flight, self._states
         for lane, records in self._lanes.items():
@@ -107,7 +99,7 @@ class Lanes:
                 if delivery in in_flight:
                     continue  # records behind it that share its key are held by the ids of its round
                 state = states.get(delivery) if states else None
-                if (state is not None and state.due > now) or (shared and _shares(delivery, shared)):
+                if (state is not None and state.due > now) or (in_flight_ids and _shares(delivery, in_flight_ids)):
                     waiting.add(delivery.thread)
                 elif not waiting or delivery.thread not in waiting:
                     due.append(delivery)

@@ -24,7 +24,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from operator import itemgetter
+from operator import attrgetter
 from typing import Any
 
 import structlog
@@ -75,7 +75,7 @@ class Attempted:
 
 
 _NOTHING = Attempted(frozenset(), {})
-_WRITE_AND_CODE = itemgetter(1, 2)  # a plan step's (write, code): what the outcome metrics count
+_WRITE_AND_CODE = attrgetter("write", "code")  # what the outcome metrics count of a plan's step
 
 
 class Processor:
@@ -364,7 +364,7 @@ class Processor:
         """Log each delivery that left other than processed, and count the outcomes once per round."""
         for message_id in plan.orphans:
             log.warning("retry_orphan_removed", message_id=message_id)
-        counts: Counter[tuple[Write, Code | None]] = Counter(map(_WRITE_AND_CODE, plan.steps))  # counted in C
+        counts: Counter[tuple[Write, Code | None]] = Counter(map(_WRITE_AND_CODE, plan.steps))
         for delivery, write, code, _, _ in plan.steps:
             if write is not Write.APPLY:
                 outcome = write.outcome

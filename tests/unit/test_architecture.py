@@ -13,7 +13,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = REPO_ROOT / "service"
 DRIVERS = ("sqlalchemy", "aiokafka", "httptools", "httpx", "asyncpg")
-ENTRYPOINTS = ("service.worker", "service.cli", "service.containers")
+ENTRYPOINTS = ("service.worker", "service.cli", "service.containers", "service.__main__")
 # What a domain's pure modules (its rules and message schemas) may not import: drivers, logging, the core's I/O.
 IO = (*DRIVERS, "structlog", "service.store", "service.adapters", "service.worker")
 LAYER_RULES = {

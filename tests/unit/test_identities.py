@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 import struct
 from datetime import UTC, datetime
+from typing import Any
 
+from aiokafka import ConsumerRecord
 from hypothesis import given
 from hypothesis import strategies as st
 
+from service.adapters.kafka import to_source
 from service.domain.codes import ErrorCode
 from service.policy.headers import from_json, to_json
 from service.policy.records import BYTES_PREFIX, SourceRecord, id_bytes, message_id_of, pack_key, unpack_key
@@ -126,3 +129,31 @@ def test_a_reprocess_copy_takes_its_key_from_the_envelope_exactly() -> None:
     assert _source_key({"keyBase64": "AAAAAAAAEJI="}) == struct.pack(">q", 4242)
     assert _source_key({"key": "A-1"}) == b"A-1"
     assert _source_key({"key": None}) is None
+
+
+@given(
+    partition=st.integers(0, 2**31 - 1),
+    offset=st.integers(0, 2**63 - 1),
+    timestamp=st.integers(0, 2**63 - 1),
+    key=st.none() | st.binary(max_size=40),
+    value=st.none() | st.binary(max_size=40),
+    headers=st.lists(st.tuples(st.text(max_size=10), st.none() | st.binary(max_size=10)), max_size=3),
+)
+def test_an_aiokafka_record_becomes_a_source_record_field_by_field(
+    partition: int, offset: int, timestamp: int, key: bytes | None, value: bytes | None, headers: list[Any]
+) -> None:
+    # Given a record as aiokafka hands it out (three integer coordinates that must not trade places)
+    record = ConsumerRecord("orders", partition, offset, timestamp, 0, key, value, None, 0, 0, headers)
+
+    # When it is translated
+    source = to_source(record)
+
+    # Then each field lands where it belongs, and a header without a value has empty bytes
+    assert (source.topic, source.partition, source.offset, source.timestamp_ms) == (
+        "orders",
+        partition,
+        offset,
+        timestamp,
+    )
+    assert (source.key, source.value) == (key, value)
+    assert source.headers == tuple((name, header or b"") for name, header in headers)

@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from service.orders.messages import decode
-from service.policy.delivery import FRESH, Delivery, RetryState
+from service.policy.delivery import Delivery, RetryState
 from service.policy.records import SourceRecord
-from service.worker.lanes import Lanes, round_ids
+from service.worker.lanes import Lanes
 
 TOPIC = "orders"
 LANE = (TOPIC, 0)
@@ -25,9 +25,9 @@ def _pending(offset: int, key: str, topic: str = TOPIC) -> Delivery:
     return Delivery(record, decode(record.value), record.coordinates, 0)
 
 
-def _ids(round_: Iterable[Delivery]) -> set[str | None]:
+def _ids(round_: Iterable[Delivery]) -> set[str]:
     """What the consumer loop tells `take` about a round in flight: its message ids, aggregates and keys."""
-    return {p.message_id for p in round_} | {p.key for p in round_}
+    return {i for p in round_ for i in (p.message_id, p.aggregate_id, p.key) if i is not None}
 
 
 def _offsets(records: Iterable[Delivery]) -> list[int]:
@@ -176,26 +176,42 @@ def test_a_round_that_settles_after_its_lane_was_forgotten_keeps_no_retry_state_
     assert (lanes.state(record), lanes.next_due(0.0), lanes.stalled(0.0)) == (RetryState(), None, set())
 
 
-def _waiting(offset: int, key: str, message_id: str, due: float, partition: int) -> Delivery:
-    record = SourceRecord(TOPIC, partition, offset, 0, key.encode(), b"{}", (("message-id", message_id.encode()),))
-    arrival = RetryState(due=due) if due else FRESH
-    return Delivery(record, decode(record.value), record.coordinates, 0, arrival=arrival)
+_SHIPPED = b'{"schema": "order.shipped.v1", "order_id": "%s", "carrier": "c", "tracking_number": "t"}'
+
+
+def _record(partition: int, offset: int, key: str | None, order: str | None, message_id: str) -> Delivery:
+    """A record of `key` (None: none) about `order` (None: a value that does not decode, so no aggregate)."""
+    value = _SHIPPED % order.encode() if order is not None else b"{}"
+    headers = (("message-id", message_id.encode()),)
+    record = SourceRecord(TOPIC, partition, offset, 0, key.encode() if key is not None else None, value, headers)
+    return Delivery(record, decode(record.value), record.coordinates, 0)
 
 
 def _looked_up_one_by_one(
-    lanes: dict[tuple[str, int], list[Delivery]], in_flight: set[Delivery], now: float, busy: list[set[str]], size: int
+    lanes: dict[tuple[str, int], list[Delivery]],
+    left: set[Delivery],
+    in_flight: set[Delivery],
+    states: dict[Delivery, RetryState],
+    frozen: tuple[str, int] | None,
+    now: float,
+    busy: list[set[str]],
+    size: int,
 ) -> list[Delivery]:
-    """What a round may take, by the rule itself: in lane order, each record not in flight is taken unless it is
-    not due yet, shares an id with a round in flight, or an earlier record of its key in its lane waits."""
+    """What a round may take, by the rule itself: in lane order, skipping a frozen lane, each record still in its
+    lane and not in flight is taken unless it is not due yet, one of its message id, aggregate and key is written
+    by a round in flight, or an earlier record of its thread (its key, else itself) in its lane waits."""
     taken: list[Delivery] = []
-    for records in lanes.values():
-        waiting: set[str | None] = set()
+    for lane, records in lanes.items():
+        if lane == frozen:
+            continue
+        waiting: set[tuple[str, int, str]] = set()
         for delivery in records:
-            if delivery in in_flight:
+            if delivery in left or delivery in in_flight:
                 continue
             ids = {delivery.message_id, delivery.aggregate_id, delivery.key}
-            if delivery.arrival.due > now or any(ids & round_ for round_ in busy) or delivery.key in waiting:
-                waiting.add(delivery.key)
+            due = states.get(delivery, RetryState()).due
+            if due > now or any(ids & round_ for round_ in busy) or delivery.thread in waiting:
+                waiting.add(delivery.thread)
                 continue
             taken.append(delivery)
             if len(taken) == size:
@@ -205,29 +221,48 @@ def _looked_up_one_by_one(
 
 @given(data=st.data())
 def test_a_round_takes_what_looking_up_each_record_in_each_round_in_flight_would_take(data: st.DataObject) -> None:
-    # Given two partitions' lanes of records of a few keys and message ids (some of them repeated), some not due
-    # yet, a first round already taken from them, and rounds in flight whose ids overlap the rest at random
-    keys, message_ids = st.sampled_from("ABCDE"), st.sampled_from([f"m{n}" for n in range(8)])
+    # Given two partitions' lanes of records of a few keys (or none), orders (or values that do not decode) and
+    # message ids, some of them repeated; a first round that settled with some records left and others back to
+    # wait with retry states, a second round in flight, perhaps a frozen lane, and rounds in flight whose ids
+    # overlap the records at random
+    keys = st.sampled_from([None, None, "A", "B", "C"])
+    orders = st.sampled_from([None, None, "o1", "o2", "A"])
+    message_ids = st.sampled_from([f"m{n}" for n in range(8)])
     size = data.draw(st.integers(1, 6), label="round size")
     lanes = Lanes(round_size=size, bound=1_000)
     model: dict[tuple[str, int], list[Delivery]] = {}
     for partition in (0, 1):
-        rows = data.draw(st.lists(st.tuples(keys, message_ids, st.sampled_from([0.0, 0.0, 5.0])), max_size=12))
-        records = [_waiting(n, key, mid, due, partition) for n, (key, mid, due) in enumerate(rows)]
+        rows = data.draw(st.lists(st.tuples(keys, orders, message_ids), max_size=12), label=f"partition {partition}")
+        records = [_record(partition, n, key, order, mid) for n, (key, order, mid) in enumerate(rows)]
         lanes.add((TOPIC, partition), records)
         model[(TOPIC, partition)] = records
-    in_flight = set(lanes.take(1.0, []).due)
-    everything = sorted(round_ids([d for records in model.values() for d in records]) | {"elsewhere"})
-    busy = data.draw(st.lists(st.sets(st.sampled_from(everything)), max_size=3), label="rounds in flight")
+    first = list(lanes.take(1.0, []).due)
+    left = set(data.draw(st.lists(st.sampled_from(first), unique=True), label="left")) if first else set()
+    states = {
+        delivery: RetryState(due=data.draw(st.sampled_from([0.5, 5.0]), label="due"))
+        for delivery in first
+        if delivery not in left and data.draw(st.booleans(), label="retried")
+    }
+    lanes.settle(first, left, states)
+    second = list(lanes.take(1.0, []).due)
+    assert second == _looked_up_one_by_one(model, left, set(), states, None, 1.0, [], size)
+    in_flight = set(second)
+    frozen = data.draw(st.sampled_from([None, (TOPIC, 0), (TOPIC, 1)]), label="frozen")
+    if frozen is not None:
+        lanes.freeze([frozen])
+    everything = {i for records in model.values() for d in records for i in (d.message_id, d.aggregate_id, d.key)}
+    pool = sorted((everything - {None}) | {"elsewhere"})
+    busy = data.draw(st.lists(st.sets(st.sampled_from(pool)), max_size=3), label="rounds in flight")
 
     # When the next round is taken
     taken = lanes.take(1.0, busy)
 
-    # Then it holds what the record-by-record rule gives, in the same order, and its ids are theirs
-    expected = _looked_up_one_by_one(model, in_flight, 1.0, busy, size)
+    # Then it holds what the record-by-record rule gives, in the same order, with their retry states, and its ids
+    # are their message ids, aggregates and keys
+    expected = _looked_up_one_by_one(model, left, in_flight, states, frozen, 1.0, busy, size)
     assert list(taken.due) == expected
-    assert taken.ids == round_ids(expected)
-    assert None not in taken.ids
+    assert taken.due == {delivery: states.get(delivery, RetryState()) for delivery in expected}
+    assert taken.ids == {i for d in expected for i in (d.message_id, d.aggregate_id, d.key) if i is not None}
 
 
 def test_importing_the_lanes_loads_neither_the_processor_nor_structlog() -> None:
