@@ -212,11 +212,10 @@ class Lanes:
 
 def round_ids(deliveries: Collection[Delivery]) -> set[str]:
     """The message ids, aggregates and keys of a round's deliveries: what no other round in flight may write."""
-    ids: set[str | None] = {d.message_id for d in deliveries}
-    ids |= {d.aggregate_id for d in deliveries}
-    ids |= {d.key for d in deliveries}
-    ids.discard(None)
-    return ids  # type: ignore[return-value]
+    ids = {d.message_id for d in deliveries}
+    ids |= {d.aggregate_id for d in deliveries if d.aggregate_id is not None}
+    ids |= {d.key for d in deliveries if d.key is not None}
+    return ids
 
 
 def _shares(delivery: Delivery, ids: set[str]) -> bool:
