@@ -184,10 +184,11 @@ class Topics:
         self.reprocess = f"{source}.reprocess"
         self.rejected = f"{source}.rejected"
         self.events = f"{source}.events"
+        self.retry_prefix = f"{source}.retry."  # every retry tier's topic name starts so
 
     def retry(self, delay_label: str) -> str:
         """The retry tier topic for one delay, e.g. `orders.retry.30s`."""
-        return f"{self.source}.retry.{delay_label}"
+        return f"{self.retry_prefix}{delay_label}"
 
 
 class ConfigurationError(Exception):

@@ -98,7 +98,6 @@ class Processor:
         self._metrics = metrics
         self._clock = clock
         self._topics = settings.topics
-        self._tier_prefix = f"{settings.topics.source}.retry."  # a retry tier's topic name starts so
         self._consumer = settings.consumer_name
         self._rows = RowMaker(settings.topics, self._consumer, parse_owners(settings.quarantine_owners), handler)
         self._failures = Failures(engine, self._consumer, Budgets.of(policy), backpressure, metrics, clock, rng)
@@ -114,7 +113,7 @@ class Processor:
                 coordinates, timestamp_ms = origin
                 return Delivery(record, decoded, coordinates, timestamp_ms, reprocess=True)
             return Delivery(record, decoded, record.coordinates, record.timestamp_ms)
-        copy = redelivery.parse(record) if record.topic.startswith(self._tier_prefix) else None
+        copy = redelivery.parse(record) if record.topic.startswith(self._topics.retry_prefix) else None
         if copy is None:
             return Delivery(record, decoded, record.coordinates, record.timestamp_ms)
         wait = (copy.due_at - self._clock()).total_seconds()
