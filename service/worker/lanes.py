@@ -205,7 +205,9 @@ class Lanes:
         state = self.state
         if any(state(delivery).due > now for delivery in self._backpressured.get(lane, ())):
             return True
-        if ".retry." in lane[0] and records and state(records[0]).due > now:
+        # A tier copy at the head that is not due: the records behind it in its tier are due later still. Its
+        # delivery says so, not the topic's name (a source topic may be called `shop.retry.orders`).
+        if records and records[0].in_tier and state(records[0]).due > now:
             return True
         return len(records) >= self._bound - self._round_size
 

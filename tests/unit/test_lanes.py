@@ -142,6 +142,28 @@ def test_a_record_a_downstream_asked_to_wait_for_stalls_its_partition_until_it_i
     assert lanes.next_due(0.0) == 10.0
 
 
+def test_only_a_retry_tier_lane_stalls_behind_a_head_that_is_not_due_whatever_the_topic_names() -> None:
+    # Given a source topic whose name holds ".retry." (a name the lanes once took for a tier's) whose head waits
+    # for a blocking retry at t=10, and a retry tier's lane whose head, a tier copy, is due at t=10 too
+    lanes = Lanes(round_size=2, bound=12)
+    source = ("shop.retry.orders", 0)
+    failing = _pending(0, "A", topic=source[0])
+    lanes.add(source, [failing])
+    lanes.settle(lanes.take(0.0, []).due, set(), {failing: RetryState(due=10.0)})
+    tier = ("orders.retry.30s", 0)
+    record = SourceRecord(tier[0], 0, 0, 0, b"B", b"{}", (("message-id", b"B.0"),))
+    copy = Delivery(record, decode(record.value), record.coordinates, 0, arrival=RetryState(due=10.0), in_tier=True)
+    lanes.add(tier, [copy])
+
+    # When the consumer asks which partitions must not fetch at t=5
+    stalled = lanes.stalled(5.0)
+
+    # Then only the tier's: records behind a tier's head are due later still, while the source partition's next
+    # records (other keys) may be applied meanwhile
+    assert stalled == {tier}
+    assert lanes.stalled(10.0) == set()
+
+
 def test_a_failed_delivery_keeps_its_retry_state_in_the_lanes_until_it_leaves() -> None:
     # Given a round of one record that fails and must wait until t=3
     lanes = Lanes(round_size=2, bound=6)
