@@ -79,7 +79,7 @@ class Delivery:
         self.origin_timestamp_ms: Final = origin_timestamp_ms
         self.parked_id: Final = parked_id  # came out of the parked table
         self.arrival: Final = arrival  # the retry state it came with (a tier copy: its history and due time)
-        self.in_tier: Final = in_tier  # delivered from a retry tier (no blocking retries there)
+        self.in_tier: Final = in_tier  # a retry tier's copy: no blocking retries; its lane waits until it is due
         self.reprocess: Final = reprocess  # a quarantined record sent back by `order-service reprocess`
         self.message_id: Final = record.message_id  # the record's idempotency identity
         failed = isinstance(decoded, DecodeFailure)

@@ -181,10 +181,10 @@ class Lanes:
     def stalled(self, now: float) -> set[Lane]:
         """The partitions that must not fetch now.
 
-        A partition stops fetching while a downstream asked us to slow down (backpressure), while the head of a
-        retry tier is not due (records behind it are due later still), or while its lane is full: it holds all
-        that may be fetched but a round's worth, which is left to the other lanes (a blocked lane must not
-        starve them)."""
+        A partition stops fetching while a downstream asked us to slow down (backpressure), while its head is a
+        retry tier's copy that is not due (records behind it are due later still), or while its lane is full: it
+        holds all that may be fetched but a round's worth, which is left to the other lanes (a blocked lane must
+        not starve them)."""
         return {lane for lane, records in self._lanes.items() if lane[1] >= 0 and self._stalls(lane, records, now)}
 
     def freeze(self, lanes: Iterable[Lane]) -> None:

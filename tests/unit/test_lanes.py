@@ -3,18 +3,28 @@ rounds overlap and finish in any order. No Kafka, no database."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from dependency_injector import providers
 from hypothesis import given
 from hypothesis import strategies as st
 
+from service.config import Topics
+from service.containers import Container
+from service.domain.codes import ErrorCode
 from service.orders.messages import decode
+from service.orders.settings import OrderSettings
 from service.policy.delivery import Delivery, RetryState
 from service.policy.records import SourceRecord
+from service.policy.redelivery import tier_headers
+from service.policy.retry import AttemptHistory
 from service.worker.lanes import Lanes
+from service.worker.processor import Processor
 
 TOPIC = "orders"
 LANE = (TOPIC, 0)
@@ -143,14 +153,14 @@ def test_a_record_a_downstream_asked_to_wait_for_stalls_its_partition_until_it_i
 
 
 def test_only_a_retry_tier_lane_stalls_behind_a_head_that_is_not_due_whatever_the_topic_names() -> None:
-    # Given a source topic whose name holds ".retry." (a name the lanes once took for a tier's) whose head waits
-    # for a blocking retry at t=10, and a retry tier's lane whose head, a tier copy, is due at t=10 too
+    # Given a source topic whose name holds ".retry.", whose head waits for a blocking retry at t=10, and its own
+    # retry tier's lane, whose head (a tier copy) is due at t=10 too
     lanes = Lanes(round_size=2, bound=12)
     source = ("shop.retry.orders", 0)
     failing = _pending(0, "A", topic=source[0])
     lanes.add(source, [failing])
     lanes.settle(lanes.take(0.0, []).due, set(), {failing: RetryState(due=10.0)})
-    tier = ("orders.retry.30s", 0)
+    tier = ("shop.retry.orders.retry.30s", 0)
     record = SourceRecord(tier[0], 0, 0, 0, b"B", b"{}", (("message-id", b"B.0"),))
     copy = Delivery(record, decode(record.value), record.coordinates, 0, arrival=RetryState(due=10.0), in_tier=True)
     lanes.add(tier, [copy])
@@ -162,6 +172,49 @@ def test_only_a_retry_tier_lane_stalls_behind_a_head_that_is_not_due_whatever_th
     # records (other keys) may be applied meanwhile
     assert stalled == {tier}
     assert lanes.stalled(10.0) == set()
+
+
+async def test_a_record_read_from_a_retry_tier_is_a_tier_copy_and_one_from_the_source_is_not() -> None:
+    # Given a processor whose source topic's name holds ".retry.", a record of that topic, and a copy of it on the
+    # topic's 30 s tier, due in an hour
+    processor = _processor("shop.retry.orders")
+    topics = Topics("shop.retry.orders")
+    original = SourceRecord(topics.source, 0, 7, 0, b"A", b"{}", (("message-id", b"A.7"),))
+    now = datetime.now(UTC)
+    headers = tier_headers(
+        original,
+        "A.7",
+        original.coordinates,
+        0,
+        AttemptHistory.first(now),
+        now + timedelta(hours=1),
+        ErrorCode.DOWNSTREAM_TIMEOUT,
+    )
+    copy = SourceRecord(topics.retry("30s"), 0, 0, 0, b"A", b"{}", tuple(headers))
+
+    # When the consumer loop turns both into deliveries, in their lanes
+    delivered, copied = processor.pending(original), processor.pending(copy)
+    lanes = Lanes(round_size=2, bound=12)
+    lanes.add((original.topic, 0), [delivered])
+    lanes.add((copy.topic, 0), [copied])
+
+    # Then only the copy is a tier copy, and only its partition waits for it to be due
+    assert (delivered.in_tier, copied.in_tier) == (False, True)
+    assert lanes.stalled(asyncio.get_running_loop().time()) == {(copy.topic, 0)}
+
+
+def _processor(source_topic: str) -> Processor:
+    """The container's processor, with no database or HTTP client behind it (`pending` needs neither)."""
+    settings = OrderSettings(
+        database_url="postgresql+asyncpg://nobody@127.0.0.1/none",
+        kafka_bootstrap_servers="127.0.0.1:1",
+        source_topic=source_topic,
+    )
+    container = Container(settings=settings)
+    container.engine.override(providers.Object(None))
+    container.http.override(providers.Object(None))
+    processor: Processor = container.processor()
+    return processor
 
 
 def test_a_failed_delivery_keeps_its_retry_state_in_the_lanes_until_it_leaves() -> None:
