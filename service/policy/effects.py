@@ -55,7 +55,8 @@ class Found:
 
 @dataclass(frozen=True)
 class Missing:
-    """The provider's look-up does not know the effect: it never happened."""
+    """The provider's look-up does not know the effect: it has not happened, or not yet (a request it still
+    works on)."""
 
 
 @dataclass(frozen=True)
@@ -90,8 +91,19 @@ class EffectDecision:
     unmade: bool = False
 
 
-def after_call(outcome: CallOutcome, attempts: int, policy: EffectPolicy, rng: random.Random) -> EffectDecision:
-    """Decide an effect's state from the provider's answer to attempt number `attempts`."""
+def after_call(
+    outcome: CallOutcome,
+    attempts: int,
+    policy: EffectPolicy,
+    rng: random.Random,
+    *,
+    settle: timedelta = timedelta(0),
+) -> EffectDecision:
+    """Decide an effect's state from the provider's answer to attempt number `attempts`.
+
+    `settle`: how long the provider may still act on a request it answered with a 5xx (a gateway's answer while
+    the provider works on), for a kind whose resend is decided by a look-up: the retry waits at least that long.
+    """
     if isinstance(outcome, Sent):
         return EffectDecision("sent", reference=outcome.reference)
     if isinstance(outcome, Refused):
@@ -107,13 +119,19 @@ def after_call(outcome: CallOutcome, attempts: int, policy: EffectPolicy, rng: r
     delay = ceiling / 2 + ceiling / 2 * rng.random()
     if outcome.retry_after is not None:
         delay = max(delay, outcome.retry_after)
+    if outcome.code is ErrorCode.DOWNSTREAM_UNAVAILABLE:
+        delay = max(delay, settle)
     return EffectDecision("pending", outcome.code, retry_in=delay)
 
 
-def after_lookup(outcome: LookupOutcome, reconciles: int, policy: EffectPolicy) -> EffectDecision | None:
+def after_lookup(
+    outcome: LookupOutcome, reconciles: int, policy: EffectPolicy, *, settle: timedelta = timedelta(0)
+) -> EffectDecision | None:
     """Decide an uncertain effect's state from a look-up; None leaves it uncertain for the next run.
 
-    `reconciles` counts the times it was already sent back to pending as not found.
+    `reconciles` counts the times it was already sent back to pending as not found. `settle`: how long the
+    provider may still act on the request whose answer we did not get. Not found now is not "never": for a kind
+    whose resend is decided by a look-up (no idempotency), the next attempt, and its look-up, waits that long.
     """
     if isinstance(outcome, Found):
         return EffectDecision("sent", reference=outcome.reference)
@@ -121,7 +139,7 @@ def after_lookup(outcome: LookupOutcome, reconciles: int, policy: EffectPolicy) 
         return None
     if reconciles >= policy.max_reconciles:
         return EffectDecision("failed", ErrorCode.NOT_FOUND_AFTER_RECONCILE)
-    return EffectDecision("pending", ErrorCode.OUTCOME_UNKNOWN, retry_in=timedelta(0))
+    return EffectDecision("pending", ErrorCode.OUTCOME_UNKNOWN, retry_in=settle)
 
 
 # A claim and its outcomes cost two commits whatever their size, so a lane claims what its calls can make within

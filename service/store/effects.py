@@ -115,11 +115,14 @@ async def claim(
 
 @dataclass  # not frozen (slower to build): one per effect on the worker's path
 class Settlement:
-    """An effect's next state, written only if the effect is still `from_state` (and leased to `owner`)."""
+    """An effect's next state, written only if the effect is still `from_state` (and leased to `owner`), at the
+    attempt it was read at: one worker's lanes share its owner, and a claim whose lease ran out may find its
+    effect claimed again by another of them (one more attempt) when its outcome comes."""
 
     key: str
     from_state: str
     owner: str | None
+    attempts: int
     state: str
     reference: str | None
     code: str | None
@@ -128,13 +131,14 @@ class Settlement:
     unmade: int  # 1: the claim counted an attempt in advance and no call was made; it is given back
 
     @staticmethod
-    def of(key: str, decision: EffectDecision, *, from_state: str, owner: str | None) -> Settlement:
-        """The settlement a decision makes of an effect that was `from_state`."""
+    def of(key: str, decision: EffectDecision, *, from_state: str, owner: str | None, attempts: int) -> Settlement:
+        """The settlement a decision makes of an effect that was `from_state` at `attempts`."""
         retry_in = decision.retry_in or timedelta(0)
         return Settlement(
             key,
             from_state,
             owner,
+            attempts,
             decision.state,
             decision.reference,
             decision.code.value if decision.code else None,
@@ -148,6 +152,7 @@ SETTLEMENTS = Columns(
     ("key", "text"),
     ("from_state", "text"),
     ("owner", "text"),
+    ("attempts", "int"),
     ("state", "text"),
     ("reference", "text"),
     ("code", "text"),
@@ -165,6 +170,7 @@ _SETTLE = text(
     mine AS MATERIALIZED (
         SELECT s.* FROM effects e JOIN s ON e.idempotency_key = s.key
         WHERE e.state IS NOT DISTINCT FROM s.from_state AND (s.owner IS NULL OR e.lease_owner = s.owner)
+          AND e.attempts = s.attempts
         ORDER BY e.idempotency_key FOR UPDATE OF e)
     UPDATE effects e
     SET state = mine.state,
@@ -176,7 +182,7 @@ _SETTLE = text(
         lease_owner = NULL, lease_until = NULL, updated_at = now()
     FROM mine
     WHERE e.idempotency_key = mine.key AND e.state IS NOT DISTINCT FROM mine.from_state
-      AND (mine.owner IS NULL OR e.lease_owner = mine.owner)
+      AND (mine.owner IS NULL OR e.lease_owner = mine.owner) AND e.attempts = mine.attempts
     RETURNING e.idempotency_key
     """
 )

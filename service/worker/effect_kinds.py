@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -81,6 +82,13 @@ class EffectRegistry:
     def disabled(self) -> list[EffectSpec]:
         """The kinds whose provider is not configured."""
         return [kind.spec for kind in self._kinds.values() if not kind.enabled]
+
+    def settle(self, name: str, lease: timedelta) -> timedelta:
+        """How long a resend of this kind waits before the look-up that decides it: for a kind without
+        idempotency, the lease, as no call is given longer and its provider may still act on a request it took
+        before we stopped waiting; none for an idempotent kind (a repeat cannot act twice)."""
+        kind = self._kinds.get(name)
+        return timedelta(0) if kind is not None and kind.spec.idempotent else lease
 
     def dependencies(self) -> Sequence[tuple[str, str]]:
         """(kind, the kind it waits for) pairs."""

@@ -73,7 +73,9 @@ async def record_outcomes(
     kept = await effects.settle_all(
         connection,
         [
-            Settlement.of(effect.idempotency_key, decision, from_state=from_state, owner=owner)
+            Settlement.of(
+                effect.idempotency_key, decision, from_state=from_state, owner=owner, attempts=effect.attempts
+            )
             for effect, decision in outcomes
         ],
     )
@@ -193,7 +195,15 @@ class EffectWorker:
         outcomes = await self._execute_all(claimed, lease_ends)
         decisions = [
             # None: not attempted, its lease would have run out mid-call; handed back untouched.
-            _HANDED_BACK if outcome is None else after_call(outcome, effect.attempts, self._policy, self._rng)
+            _HANDED_BACK
+            if outcome is None
+            else after_call(
+                outcome,
+                effect.attempts,
+                self._policy,
+                self._rng,
+                settle=self._kinds.settle(effect.kind, self._settings.effect_lease),
+            )
             for effect, outcome in zip(claimed, outcomes, strict=True)
         ]
         settled = list(zip(claimed, decisions, strict=True))

@@ -125,7 +125,8 @@ class Reconciler:
                 summary.still_uncertain += 1
                 continue
             found = await self._look_up(effect)
-            decision = after_lookup(found, effect.reconcile_count, self._policy)
+            settle = self._kinds.settle(effect.kind, self._settings.effect_lease)
+            decision = after_lookup(found, effect.reconcile_count, self._policy, settle=settle)
             if decision is None:
                 summary.still_uncertain += 1
                 continue

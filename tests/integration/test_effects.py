@@ -157,6 +157,36 @@ async def test_c_an_email_sent_before_a_timeout_is_found_by_its_ref_and_never_se
     assert downstream.calls("emails.get", ref) == 1
 
 
+async def test_c_an_email_the_provider_sends_only_after_our_timeout_is_found_not_sent_again(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # c. The provider takes the email but acts on it only 2 s later, after our timeout (1 s): a look-up right
+    # after the timeout finds nothing. The resend's own look-up must wait for the provider to settle (the 3 s
+    # lease), else it too finds nothing and the ref gets a second email.
+
+    # Given a shipped order whose email request the provider holds 2 s before it sends the email
+    ref = "C-3/email.shipped"
+    downstream.set_latency("emails.post", 2.0)
+    settings = effect_settings(database_url, kafka, topics, downstream)
+    await produce(kafka, topics.source, [("C-3", placed("C-3"), {}), ("C-3", shipped("C-3"), {})], partition=0)
+
+    async with running(settings, "consumer_loop", "effect_worker"):
+        # When the send times out, reconcile runs at once (the provider has not sent it yet), and the provider
+        # is quick again for anything sent after that
+        await eventually(lambda: state_is(engine, ref, "uncertain"))
+        run = await reconcile(settings)
+        downstream.set_latency("emails.post", 0.0)
+        await eventually(lambda: state_is(engine, ref, "sent"))
+
+    # Then reconcile found nothing and sent the effect back; the worker looked it up again once the provider had
+    # settled, found the email, and never posted a second one
+    assert "uncertain effects: 0 sent, 1 back to pending" in run.stdout
+    [email] = downstream.emails(ref)
+    row = await effect(engine, ref)
+    assert (row["state"], row["provider_ref"]) == ("sent", email["email_id"])
+    assert downstream.calls("emails.post", ref) == 1
+
+
 async def test_c_an_email_cut_before_the_provider_sent_it_is_sent_exactly_once_after_reconcile(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
 ) -> None:
@@ -733,3 +763,57 @@ async def table_reads(connection: AsyncConnection) -> dict[str, tuple[int, int]]
 def placed_order(order_id: str) -> Order:
     """An order as the consumer creates it from its `order.placed` record."""
     return Order(order_id, "acme", "C-1", OrderStatus.PLACED, 1_000, "EUR", 1)
+
+
+async def test_the_outcome_of_a_claim_whose_lease_ran_out_does_not_land_on_the_same_workers_next_claim(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a capture claimed by one of a worker's lanes, whose lease ran out before its outcome came; the reconciler
+    # took it back and sent it to pending, and another lane of the same worker (the same owner) claimed it again
+    key = "S-1/payment.capture"
+    settings = effect_settings(database_url, kafka, topics, downstream, payments_url="")
+    await produce(kafka, topics.source, [("S-1", placed("S-1"), {})], partition=0)
+    async with running(settings, "consumer_loop"):
+        await eventually(lambda: state_is(engine, key, "pending"))
+    async with UnitOfWork(engine) as uow:
+        [first] = await effect_store.claim(uow.connection, "worker-1", timedelta(seconds=30), 10, "payment.capture")
+        await uow.commit()
+    async with UnitOfWork(engine) as uow:
+        await uow.connection.execute(
+            text(
+                "UPDATE effects SET state = 'pending', lease_owner = NULL, lease_until = NULL"
+                " WHERE idempotency_key = :k"
+            ),
+            {"k": key},
+        )
+        [second] = await effect_store.claim(uow.connection, "worker-1", timedelta(seconds=30), 10, "payment.capture")
+        await uow.commit()
+    container = Container(settings=settings)
+    await container.init_resources()
+    try:
+        kinds = await container.effect_kinds()
+
+        # When the first claim's outcome comes at last, then the second's
+        outcomes = []
+        for claimed, reference in ((first, "pay-late"), (second, "pay-live")):
+            async with UnitOfWork(engine) as uow:
+                decision = EffectDecision("sent", reference=reference)
+                outcomes.append(
+                    await record_outcomes(
+                        uow.connection,
+                        settings.topics,
+                        kinds,
+                        [(claimed, decision)],
+                        from_state="in_flight",
+                        owner="worker-1",
+                    )
+                )
+                await uow.commit()
+    finally:
+        await container.shutdown_resources()
+
+    # Then the late one is left out: the live claim's outcome is the one written
+    assert (first.attempts, second.attempts) == (1, 2)
+    assert outcomes == [set(), {key}]
+    row = await effect(engine, key)
+    assert (row["state"], row["provider_ref"]) == ("sent", "pay-live")
