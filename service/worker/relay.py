@@ -276,14 +276,13 @@ async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[
 
     The rows go out in record batches built here, one partition each (the producer's batch API, much cheaper per
     record than `send`: docs/performance.md). A row goes to the partition `send` would pick, and a partition's rows
-    are appended and submitted in id order, so each key's rows keep their order. The relay relies on aiokafka's
-    `BatchBuilder` and `DefaultRecordBatchBuilder.estimate_size_in_bytes` as they are in the versions its
-    dependency range allows.
+    are appended in id order and its batches submitted one after the other, so each key's rows keep their order.
+    The relay relies on aiokafka's `BatchBuilder` and `DefaultRecordBatchBuilder.estimate_size_in_bytes` as they
+    are in the versions its dependency range allows.
     """
     outcomes: list[BaseException | None] = [None] * len(rows)
     partitions: dict[str, list[int]] = {}
-    filling: dict[tuple[str, int], tuple[BatchBuilder, list[int]]] = {}
-    sending: list[tuple[asyncio.Future[Any], list[int]]] = []
+    chains: dict[tuple[str, int], list[tuple[BatchBuilder, list[int]]]] = {}
     for index, row in enumerate(rows):
         headers = list(row.headers)
         size = DefaultRecordBatchBuilder.estimate_size_in_bytes(row.kafka_key, row.payload, headers)
@@ -292,24 +291,31 @@ async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[
             outcomes[index] = MessageSizeTooLargeError(f"{row.size} bytes, over the producer's request limit")
             continue
         target = (row.topic, await _partition(producer, row, partitions))
-        builder, indexes = filling.get(target, (None, []))
+        chain = chains.setdefault(target, [])
         if (
-            builder is None
-            or builder.append(timestamp=None, key=row.kafka_key, value=row.payload, headers=headers) is None
+            not chain
+            or chain[-1][0].append(timestamp=None, key=row.kafka_key, value=row.payload, headers=headers) is None
         ):
-            if builder is not None:  # full
-                sending.append((await _submit(producer, builder, target), indexes))
-            builder, indexes = producer.create_batch(), []
+            builder = producer.create_batch()
             builder.append(timestamp=None, key=row.kafka_key, value=row.payload, headers=headers)  # a first always fits
-            filling[target] = builder, indexes
-        indexes.append(index)
-    for target, (builder, indexes) in filling.items():
-        sending.append((await _submit(producer, builder, target), indexes))
-    results = await asyncio.gather(*(future for future, _ in sending), return_exceptions=True)
-    for (_, indexes), result in zip(sending, results, strict=True):
-        if isinstance(result, BaseException):
-            for index in indexes:
-                outcomes[index] = result
+            chain.append((builder, []))
+        chain[-1][1].append(index)
+
+    async def one_partition(target: tuple[str, int], chain: list[tuple[BatchBuilder, list[int]]]) -> None:
+        # A partition's batches one after the other, each once Kafka took the one before: the broker keeps no
+        # sequence for a fresh idempotent producer whose first batch it refused, and would take the next one, whose
+        # rows would overtake the refused batch's rows of the same keys. A refused batch's rows and every later
+        # batch's go to `_one_by_one` unsent, in order.
+        for position, (builder, _) in enumerate(chain):
+            try:
+                await (await _submit(producer, builder, target))
+            except Exception as error:
+                for _, later in chain[position:]:
+                    for index in later:
+                        outcomes[index] = error
+                return
+
+    await asyncio.gather(*(one_partition(target, chain) for target, chain in chains.items()))
     return outcomes
 
 

@@ -264,6 +264,40 @@ async def test_a_row_kafka_refuses_for_its_size_is_set_aside_and_every_other_row
         await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM outbox WHERE set_aside_at IS NOT NULL"))
 
 
+async def test_a_refused_batch_is_not_overtaken_by_the_next_batch_of_its_partition(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics
+) -> None:
+    # Given a topic that takes at most 100 KB a batch, and four rows for it that fill two of the relay's batches:
+    # K1 and J2 (300 KB that does not compress: the broker refuses their batch), then K3 (300 KB that compresses
+    # well) and K4. A fresh idempotent producer whose first batch was refused has no sequence at the broker, which
+    # would take the next batch.
+    small_topic = f"{topics.source}.small"
+    await _create_topic(kafka, NewTopic(small_topic, 1, 1, topic_configs={"max.message.bytes": "100000"}))
+    settings = settings_for(database_url, kafka, topics)
+    await _outbox_rows(
+        settings,
+        [
+            OutboxMessage(small_topic, "K", {"n": "1"}, b"first"),
+            OutboxMessage(small_topic, "J", {"n": "2"}, random.Random(3).randbytes(300_000)),
+            OutboxMessage(small_topic, "K", {"n": "3"}, b"a" * 300_000),
+            OutboxMessage(small_topic, "K", {"n": "4"}, b"last"),
+        ],
+    )
+
+    # When a relay runs
+    async with running(settings, "relay"):
+        await eventually(
+            lambda: scalar(engine, "SELECT count(*) = 3 FROM outbox WHERE published_at IS NOT NULL"), timeout=60
+        )
+        published = await read_topic(kafka, small_topic, expect=3, timeout=10)
+
+    # Then J2 is set aside, and K's rows are on the topic in their order: the second batch waited for the first
+    assert [dict(record.headers)["n"] for record in published] == [b"1", b"3", b"4"]
+    assert await scalar(engine, "SELECT set_aside_code FROM outbox WHERE set_aside_at IS NOT NULL") == (
+        "MESSAGE_TOO_LARGE"
+    )
+
+
 async def test_the_relay_puts_each_row_on_the_partition_kafkas_own_partitioner_picks(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics
 ) -> None:
