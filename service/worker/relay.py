@@ -79,6 +79,7 @@ class Relay:
         self._make_producer = make_producer
         self._make_one_by_one_producer = make_one_by_one_producer
         self.spoiled = False  # the producer must be replaced (a refused record broke its sequence numbers)
+        self._batches = 0  # batches committed with rows published: a restart that published resets the backoff
 
     async def run(self, stop: asyncio.Event) -> None:
         """Publish until `stop` is set; a broker or database outage is waited out, never a crash."""
@@ -89,7 +90,7 @@ class Relay:
             if not await start_with_backoff(producer.start, stop, "relay"):
                 await stop_quietly(producer)
                 return
-            replaced = False
+            replaced, batches = False, self._batches
             try:
                 async with outbox.Slots(self._engine) as slots, wakeups.Wakeups(self._engine, wakeups.OUTBOX) as woken:
                     log.info("relay_started", slots=len(slots.held))
@@ -99,12 +100,14 @@ class Relay:
                     self.spoiled, replaced = False, True
                     log.info("relay_producer_replaced", reason="a record was refused for its size")
             except InfrastructureUnavailable:
+                delay = self._backoff(delay, batches)
                 log.warning("database_unavailable", retry_in_seconds=delay)
             except ConcurrentWrite:
                 log.info("relay_batch_redone", reason="deadlock or serialization failure")
                 continue
             except KafkaError as error:
                 # A fresh producer after a broker outage: the old one's idempotence state may be stale.
+                delay = self._backoff(delay, batches)
                 log.warning("kafka_publish_failed", error=type(error).__name__, retry_in_seconds=delay)
             finally:
                 await producer.stop()
@@ -112,6 +115,11 @@ class Relay:
                 continue
             await sleep_unless_stopped(stop, delay)
             delay = min(delay * 2, 30.0)
+
+    def _backoff(self, delay: float, batches: int) -> float:
+        """The wait before the next start: the next step of the backoff, or its first when this start published
+        (`batches` then: a new outage, not the same one again)."""
+        return 1.0 if self._batches > batches else delay
 
     async def _publish(
         self, producer: AIOKafkaProducer, slots: outbox.Slots, stop: asyncio.Event, waiter: wakeups.Waiter
@@ -204,6 +212,7 @@ class Relay:
             for code in sorted({code for _, code in refused}):
                 await outbox.set_aside(uow.connection, [row.id for row, kept in refused if kept == code], code)
             await uow.commit()
+        self._batches += bool(published)
         self._metrics.published.inc(len(published))
         if error is not None:
             raise error
