@@ -7,7 +7,9 @@ Only one pass runs at a time: a PostgreSQL advisory lock; a second concurrent ru
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 
@@ -28,6 +30,9 @@ log = structlog.get_logger("order_service.reconciler")
 
 _PURGE_BATCH = 1000
 _LOOKUP_BATCH = 100
+# Look-ups of one kind that may fail in a row before a pass leaves that kind's other uncertain effects for the next
+# pass: a provider that is down or slow must not spend the pass's budget, which the other kinds and the purge need.
+_FAILED_LOOKUPS_PER_KIND = 3
 
 
 @dataclass
@@ -72,6 +77,8 @@ class Reconciler:
         self._kinds = kinds
         self._policy = policy
         self._metrics = metrics
+        # One look-up's longest wait, as the effect worker allows a call: twice the HTTP client's timeout.
+        self._lookup_budget = 2 * settings.http_timeout.total_seconds()
 
     async def run_once(self, max_seconds: float) -> Summary | None:
         """Run one pass within `max_seconds`, or return None at once if another pass is running."""
@@ -119,12 +126,20 @@ class Reconciler:
     async def _resolve(self, summary: Summary, deadline: float) -> None:
         async with UnitOfWork(self._engine) as uow:
             pending = await effects.uncertain(uow.connection, _LOOKUP_BATCH * 10, self._kinds.dependencies())
+        failing: Counter[str] = Counter()  # per kind, look-ups that failed in a row
         for effect in pending:
-            if time.monotonic() > deadline:
-                summary.complete = False
+            left = deadline - time.monotonic()
+            if left <= 0 or failing[effect.kind] >= _FAILED_LOOKUPS_PER_KIND:
+                summary.complete = summary.complete and left > 0
                 summary.still_uncertain += 1
                 continue
-            found = await self._look_up(effect)
+            found = await self._look_up(effect, min(left, self._lookup_budget))
+            if isinstance(found, LookupFailed):
+                failing[effect.kind] += 1
+                if failing[effect.kind] == _FAILED_LOOKUPS_PER_KIND:
+                    log.warning("effect_lookups_failing", kind=effect.kind, error_code=found.code.value)
+            else:
+                failing[effect.kind] = 0
             settle = self._kinds.settle(effect.kind, self._settings.effect_lease)
             decision = after_lookup(found, effect.reconcile_count, self._policy, settle=settle)
             if decision is None:
@@ -145,14 +160,20 @@ class Reconciler:
                     summary.failed += 1
                 log.info("effect_reconciled", effect=effect.idempotency_key, state=decision.state)
 
-    async def _look_up(self, effect: EffectRow) -> LookupOutcome:
+    async def _look_up(self, effect: EffectRow, within: float) -> LookupOutcome:
         kind = self._kinds.get(effect.kind)
         if kind is None:
             log.warning("effect_kind_unknown", effect=effect.idempotency_key, kind=effect.kind)
             return LookupFailed(ErrorCode.UNEXPECTED_ERROR)  # left uncertain: visible in `effects list`
         if not kind.enabled:
             return LookupFailed(ErrorCode.DOWNSTREAM_UNREACHABLE)  # calls disabled: cannot tell
-        return await kind.look_up(effect)
+        try:
+            # The HTTP client's timeout restarts with every byte: an answer that drips would hold the pass, and the
+            # lock every later pass needs, for as long as it drips.
+            async with asyncio.timeout(within):
+                return await kind.look_up(effect)
+        except TimeoutError:
+            return LookupFailed(ErrorCode.DOWNSTREAM_TIMEOUT)
 
     async def _purge(self, summary: Summary, deadline: float) -> None:
         """Delete expired rows in small batches, each its own short transaction (no long locks)."""

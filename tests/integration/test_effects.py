@@ -7,6 +7,7 @@ calls) as well as on the effect rows, the events and the counts. Outcomes are aw
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import timedelta
 from pathlib import Path
@@ -817,3 +818,96 @@ async def test_the_outcome_of_a_claim_whose_lease_ran_out_does_not_land_on_the_s
     assert outcomes == [set(), {key}]
     row = await effect(engine, key)
     assert (row["state"], row["provider_ref"]) == ("sent", "pay-live")
+
+
+async def _dripping_provider(interval: float) -> tuple[asyncio.AbstractServer, str]:
+    """An HTTP server whose every answer promises 100 KB and sends one byte every `interval` seconds."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+            while True:
+                writer.write(b" ")
+                await writer.drain()
+                await asyncio.sleep(interval)
+        except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def test_a_look_up_whose_answer_drips_ends_with_the_pass_and_leaves_the_effect_uncertain(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given an uncertain capture, and a payments provider whose look-up answer drips a byte every 0.3 s (the HTTP
+    # client's timeout, 1 s, restarts with every byte)
+    key = "D-1/payment.capture"
+    settings = effect_settings(database_url, kafka, topics, downstream, payments_url="")
+    await produce(kafka, topics.source, [("D-1", placed("D-1"), {})], partition=0)
+    async with running(settings, "consumer_loop"):
+        await eventually(lambda: state_is(engine, key, "pending"))
+    async with UnitOfWork(engine) as uow:
+        await uow.connection.execute(
+            text("UPDATE effects SET state = 'uncertain' WHERE idempotency_key = :k"), {"k": key}
+        )
+        await uow.commit()
+    server, url = await _dripping_provider(0.3)
+    container = Container(settings=effect_settings(database_url, kafka, topics, downstream, payments_url=url))
+    await container.init_resources()
+    try:
+        reconciler = await container.reconciler()
+
+        # When a reconcile pass with a budget of 2 s runs
+        summary = await asyncio.wait_for(reconciler.run_once(2), timeout=10)
+    finally:
+        await container.shutdown_resources()
+        server.close()
+
+    # Then it ended within its budget and left the effect uncertain for the next pass (and released the lock)
+    assert summary is not None
+    assert summary.still_uncertain == 1
+    assert summary.seconds < 5
+    assert (await effect(engine, key))["state"] == "uncertain"
+
+
+async def test_a_provider_whose_look_ups_fail_does_not_hold_back_the_other_providers_uncertain_effects(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given four old uncertain captures whose look-ups time out (payments takes 3 s to answer, the timeout is 1 s),
+    # and a newer uncertain email, whose provider answers at once
+    orders = [f"H-{number}" for number in range(4)]
+    settings = effect_settings(database_url, kafka, topics, downstream, payments_url="", emails_url="")
+    records = [(order, placed(order), {}) for order in orders] + [
+        ("H-E", placed("H-E"), {}),
+        ("H-E", shipped("H-E"), {}),
+    ]
+    await produce(kafka, topics.source, records, partition=0)
+    async with running(settings, "consumer_loop"):
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 6 FROM effects"))
+    async with UnitOfWork(engine) as uow:
+        await uow.connection.execute(
+            text(
+                "UPDATE effects SET state = 'uncertain', updated_at = now() - interval '1 hour'"
+                " WHERE kind = 'payment.capture' AND aggregate_id <> 'H-E'"
+            )
+        )
+        await uow.connection.execute(text("UPDATE effects SET state = 'uncertain' WHERE kind = 'email.shipped'"))
+        await uow.commit()
+    downstream.set_latency("payments.get", 3.0)
+    container = Container(settings=effect_settings(database_url, kafka, topics, downstream))
+    await container.init_resources()
+    try:
+        reconciler = await container.reconciler()
+
+        # When one reconcile pass runs with a budget of 10 s
+        summary = await reconciler.run_once(10)
+    finally:
+        await container.shutdown_resources()
+
+    # Then it gave the captures' provider three failed look-ups, and looked the email up too
+    assert summary is not None
+    assert downstream.calls("payments.get") == 3
+    assert downstream.calls("emails.get") == 1
+    assert summary.still_uncertain == 4
