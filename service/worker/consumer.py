@@ -49,6 +49,8 @@ _ROUND_SPACING_SECONDS = SPACING_SECONDS
 # fourth round's worth fetched ahead drained no faster, only in more memory.
 _FETCHED_ROUNDS = 3
 _RELEASE_EVERY_SECONDS = 0.5
+_RELEASE_KEYS = 50  # parked keys released at most at once
+_RELEASE_PER_KEY = 100  # ... and records of each
 # Unreadable records skipped in one go on one partition (the next fetch goes on); the wait for each probe.
 _MAX_UNREADABLE = 10_000
 _PROBE_WAIT_MS = 1_000
@@ -337,8 +339,14 @@ class ConsumerLoop:
         if now < self._next_release:
             return
         self._next_release = now + _RELEASE_EVERY_SECONDS
+        # Only what the lanes' bound has room for (at least one key's records, so that parked keys move on behind a
+        # backlog too): the lanes bound the consumer's memory whatever is parked.
+        room = self._lanes.room()
+        if room <= 0:
+            return
+        keys = max(1, min(_RELEASE_KEYS, room // _RELEASE_PER_KEY))
         try:
-            released = await self._processor.releasable(self._lanes.parked_keys())
+            released = await self._processor.releasable(self._lanes.parked_keys(), keys, _RELEASE_PER_KEY)
         except InfrastructureUnavailable:
             return
         except DBAPIError as error:  # a deadlock or a timeout of this cycle's claim: the next cycle claims again

@@ -43,7 +43,7 @@ class _Processor:
     async def let_go(self) -> None:
         pass
 
-    async def releasable(self, busy: set[str]) -> list[Delivery]:
+    async def releasable(self, busy: set[str], keys: int = 50, per_key: int = 100) -> list[Delivery]:
         return []
 
 
@@ -330,3 +330,54 @@ async def test_behind_a_backlog_not_fetched_yet_rounds_start_at_once(monkeypatch
 
     # Then they were not full: each took what was decoded, as a drain's rounds do
     assert all(size < 100 for size in sizes)
+
+
+class _ParkedFlood(_Processor):
+    """A parked table that always has as many free keys as asked for, each with as many records as asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = 0
+
+    async def releasable(self, busy: set[str], keys: int = 50, per_key: int = 100) -> list[Delivery]:
+        deliveries = []
+        for _ in range(keys):
+            key = f"P{self.released}"
+            self.released += 1
+            for n in range(per_key):
+                record = SourceRecord(TOPIC, 0, n, 0, key.encode(), b"{}", (("message-id", f"{key}.{n}".encode()),))
+                deliveries.append(Delivery(record, decode(record.value), record.coordinates, 0, parked_id=n + 1))
+        return deliveries
+
+
+async def test_parked_records_are_released_only_into_the_room_the_lanes_bound_leaves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a consumer whose lanes hold at most 300 records (batches of 50), 100 records to fetch, rounds that do
+    # not finish, and a parked table with thousands of records of free keys, released every 10 ms
+    monkeypatch.setattr(consumer_module, "_RELEASE_EVERY_SECONDS", 0.01)
+    processor = _ParkedFlood()
+    consumer = _Consumer(available=100, partitions=1)
+    loop = ConsumerLoop(processor, Metrics(), lambda: consumer, [TOPIC], 50)  # type: ignore[arg-type]
+    ticks = 0
+    release_parked = loop._release_parked
+
+    async def counted(now: float) -> None:
+        nonlocal ticks
+        ticks += 1
+        await release_parked(now)
+
+    loop._release_parked = counted  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    running = asyncio.create_task(loop.run(stop))
+
+    # When the loop has come round to releasing parked records several times
+    await eventually(lambda: _true(ticks >= 5), timeout=10, interval=0.01)
+
+    # Then the lanes hold their bound's worth of fetched and released records, and no more
+    assert loop._lanes.held() == 300
+    assert consumer.fetched + 100 * processor.released == 300
+    stop.set()
+    for _, release in processor.rounds:
+        release.set()
+    await asyncio.wait_for(running, timeout=10)
