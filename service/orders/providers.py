@@ -24,14 +24,24 @@ from service.policy.effects import (
 )
 
 
+def _reference(document: Any, field: str) -> str | None:
+    """The provider's id for what it did: a non-empty text or a number in `document[field]`; None otherwise (a
+    null, an empty text, a list: an answer we cannot record as a reference)."""
+    value = document.get(field) if isinstance(document, dict) else None
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        return None
+    return str(value)
+
+
 def _answer(response: Answer, reference_field: str) -> CallOutcome:
     status = response.status_code
     if status in (200, 201, 202):
         try:
-            return Sent(str(response.json()[reference_field]))
-        except (ValueError, KeyError, TypeError):
-            # It did something, but we cannot tell what: let a look-up decide.
-            return Unknown(ErrorCode.UNEXPECTED_ERROR)
+            reference = _reference(response.json(), reference_field)
+        except ValueError:
+            reference = None
+        # Without its id it did something, but we cannot tell what: let a look-up decide.
+        return Sent(reference) if reference is not None else Unknown(ErrorCode.UNEXPECTED_ERROR)
     if status == 402:
         return Refused(OrderCode.PAYMENT_DECLINED)
     return call_status(response)
@@ -61,9 +71,10 @@ class PaymentsClient(Downstream):
         if response.status_code != 200:
             return lookup_status(response)
         try:
-            return Found(str(response.json()["payment_id"]))
-        except (ValueError, KeyError, TypeError):
-            return LookupFailed(ErrorCode.UNEXPECTED_ERROR)
+            reference = _reference(response.json(), "payment_id")
+        except ValueError:
+            reference = None
+        return Found(reference) if reference is not None else LookupFailed(ErrorCode.UNEXPECTED_ERROR)
 
 
 class EmailsClient(Downstream):
@@ -87,6 +98,13 @@ class EmailsClient(Downstream):
             return lookup_status(response)
         try:
             sent = response.json()
-            return Found(str(sent[0]["email_id"])) if sent else Missing()
-        except (ValueError, KeyError, TypeError, IndexError):
+        except ValueError:
+            sent = None
+        # Only a list says what was sent: an empty one that nothing was. Anything else (null, `{}`, `false`: a proxy's
+        # or a broken provider's answer) cannot tell, and taking it for "nothing" would send the email again.
+        if not isinstance(sent, list):
             return LookupFailed(ErrorCode.UNEXPECTED_ERROR)
+        if not sent:
+            return Missing()
+        reference = _reference(sent[0], "email_id")
+        return Found(reference) if reference is not None else LookupFailed(ErrorCode.UNEXPECTED_ERROR)

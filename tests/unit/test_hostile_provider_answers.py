@@ -12,6 +12,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from service.adapters.http import MAX_RETRY_AFTER, Answer, _request_bytes, call_status, path_segment, retry_after
+from service.domain.codes import ErrorCode
+from service.orders.providers import EmailsClient, _answer
+from service.policy.effects import Found, LookupFailed, Missing, Unknown
 
 
 @pytest.mark.parametrize("value", ["99999999999999", "9" * 5000, "\u00b2"])
@@ -104,3 +107,52 @@ def test_a_request_is_written_as_asked_or_refused_before_a_byte_leaves(key: str,
         key.strip(" \t").encode()
     ]
     assert parsed.body == b'{"a":1}'
+
+
+class _Answering:
+    """An HTTP client whose every GET is answered 200 with one JSON body."""
+
+    def __init__(self, body: object) -> None:
+        self._body = orjson.dumps(body)
+
+    async def get(self, url: str, params: object = None) -> Answer:
+        return Answer(200, {}, self._body)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(["email_id", "x"]), inner, max_size=2),
+    max_leaves=6,
+)
+
+
+@given(_JSON)
+@example(None)
+@example({})
+@example([])
+@example([{"email_id": None}])
+@example([{"email_id": "em-1"}])
+async def test_an_email_look_up_says_nothing_was_sent_only_for_an_empty_list(body: object) -> None:
+    # Given any JSON a provider (or a proxy in front of it) answers a look-up by ref with, status 200
+    emails = EmailsClient(_Answering(body), "http://emails.test")  # type: ignore[arg-type]
+
+    # When the look-up reads it
+    outcome = await emails.find("A-1/email.shipped")
+
+    # Then only an empty list is "not sent" (which lets the email be sent again), only a list whose first email has
+    # an id is "sent", and anything else is a failed look-up that leaves the effect for later
+    first = body[0] if isinstance(body, list) and body else None
+    reference = first.get("email_id") if isinstance(first, dict) else None
+    if body == [] and isinstance(body, list):
+        assert outcome == Missing()
+    elif isinstance(reference, str | int) and not isinstance(reference, bool) and reference != "":
+        assert outcome == Found(str(reference))
+    else:
+        assert isinstance(outcome, LookupFailed)
+
+
+@pytest.mark.parametrize("body", [{"payment_id": None}, {"payment_id": ""}, {"payment_id": {}}, {"payment_id": True}])
+def test_a_capture_answered_without_a_usable_payment_id_is_left_to_a_look_up(body: object) -> None:
+    # Given a 201 whose payment id is null, empty, an object or a boolean
+    # When the call's outcome is read, Then it is not recorded as sent with that id: a look-up decides
+    assert _answer(Answer(201, {}, orjson.dumps(body)), "payment_id") == Unknown(ErrorCode.UNEXPECTED_ERROR)
