@@ -208,6 +208,9 @@ class ConsumerLoop:
                 try:
                     batches = await consumer.getmany(partition, timeout_ms=_PROBE_WAIT_MS, max_records=1)
                 except UnicodeDecodeError:
+                    # Where the client stands now: a rebalance during the probe may have given the partition back
+                    # from its committed offset, before the records this probe already found unreadable.
+                    position = await consumer.position(partition)
                     self._lanes.add(
                         (partition.topic, partition.partition),
                         [self._processor.unreadable(partition.topic, partition.partition, position)],
