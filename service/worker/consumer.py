@@ -342,14 +342,14 @@ class ConsumerLoop:
         if now < self._next_release:
             return
         self._next_release = now + _RELEASE_EVERY_SECONDS
-        # Only what the lanes' bound has room for (at least one key's records, so that parked keys move on behind a
-        # backlog too): the lanes bound the consumer's memory whatever is parked.
+        # Only what the lanes' bound has room for: the lanes bound the consumer's memory whatever is parked. With no
+        # room, one key while none is in memory (parked keys move on behind a backlog too), else none: the call still
+        # renews this member's claims on the parked records it holds, which another member would take at their end.
+        busy = self._lanes.parked_keys()
         room = self._lanes.room()
-        if room <= 0:
-            return
-        keys = max(1, min(_RELEASE_KEYS, room // _RELEASE_PER_KEY))
+        keys = max(1, min(_RELEASE_KEYS, room // _RELEASE_PER_KEY)) if room > 0 else 0 if busy else 1
         try:
-            released = await self._processor.releasable(self._lanes.parked_keys(), keys, _RELEASE_PER_KEY)
+            released = await self._processor.releasable(busy, keys, _RELEASE_PER_KEY)
         except InfrastructureUnavailable:
             return
         except DBAPIError as error:  # a deadlock or a timeout of this cycle's claim: the next cycle claims again

@@ -338,8 +338,10 @@ class _ParkedFlood(_Processor):
     def __init__(self) -> None:
         super().__init__()
         self.released = 0
+        self.asked: list[int] = []  # how many keys each call asked for (0: only renew the claims held)
 
     async def releasable(self, busy: set[str], keys: int = 50, per_key: int = 100) -> list[Delivery]:
+        self.asked.append(keys)
         deliveries = []
         for _ in range(keys):
             key = f"P{self.released}"
@@ -372,11 +374,13 @@ async def test_parked_records_are_released_only_into_the_room_the_lanes_bound_le
     running = asyncio.create_task(loop.run(stop))
 
     # When the loop has come round to releasing parked records several times
-    await eventually(lambda: _true(ticks >= 5), timeout=10, interval=0.01)
+    await eventually(lambda: _true(ticks >= 5 and len(processor.asked) >= 4), timeout=10, interval=0.01)
 
-    # Then the lanes hold their bound's worth of fetched and released records, and no more
+    # Then the lanes hold their bound's worth of fetched and released records, and no more; and the loop kept
+    # asking, for no key, so that the claims on the parked records it holds are renewed
     assert loop._lanes.held() == 300
     assert consumer.fetched + 100 * processor.released == 300
+    assert processor.asked[-3:] == [0, 0, 0]
     stop.set()
     for _, release in processor.rounds:
         release.set()
