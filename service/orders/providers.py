@@ -106,5 +106,6 @@ class EmailsClient(Downstream):
             return LookupFailed(ErrorCode.UNEXPECTED_ERROR)
         if not sent:
             return Missing()
-        reference = _reference(sent[0], "email_id")
+        # Any email listed was sent; the first with an id we can record is the effect's reference.
+        reference = next(filter(None, (_reference(email, "email_id") for email in sent)), None)
         return Found(reference) if reference is not None else LookupFailed(ErrorCode.UNEXPECTED_ERROR)

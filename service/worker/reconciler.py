@@ -23,7 +23,7 @@ from service.policy.effects import EffectPolicy, LookupFailed, LookupOutcome, af
 from service.store import effects, inbox, outbox, reconcile_runs, retries
 from service.store.effects import EffectRow
 from service.store.uow import UnitOfWork, translated_errors
-from service.worker.effect_kinds import EffectRegistry
+from service.worker.effect_kinds import EffectKind, EffectRegistry
 from service.worker.effects import record_outcomes
 
 log = structlog.get_logger("order_service.reconciler")
@@ -126,47 +126,64 @@ class Reconciler:
     async def _resolve(self, summary: Summary, deadline: float) -> None:
         async with UnitOfWork(self._engine) as uow:
             pending = await effects.uncertain(uow.connection, _LOOKUP_BATCH * 10, self._kinds.dependencies())
+        # A kind whose look-ups fail in a row has its other effects looked up after every other kind's, once more up
+        # to as many failures: its oldest effects may be the only ones its provider cannot answer for.
+        later = await self._resolve_some(pending, summary, deadline)
+        summary.still_uncertain += len(await self._resolve_some(later, summary, deadline))
+
+    async def _resolve_some(self, pending: list[EffectRow], summary: Summary, deadline: float) -> list[EffectRow]:
+        """Look these effects up and settle what the answers decide; return those left because their kind's
+        look-ups kept failing."""
         failing: Counter[str] = Counter()  # per kind, look-ups that failed in a row
+        left_over: list[EffectRow] = []
         for effect in pending:
             left = deadline - time.monotonic()
-            if left <= 0 or failing[effect.kind] >= _FAILED_LOOKUPS_PER_KIND:
-                summary.complete = summary.complete and left > 0
+            if left <= 0:
+                summary.complete = False
                 summary.still_uncertain += 1
                 continue
-            found = await self._look_up(effect, min(left, self._lookup_budget))
+            if failing[effect.kind] >= _FAILED_LOOKUPS_PER_KIND:
+                left_over.append(effect)
+                continue
+            kind = self._kinds.get(effect.kind)
+            if kind is None or not kind.enabled:
+                # Nobody to ask: left uncertain (visible in `effects list`), not counted as its provider failing.
+                if kind is None:
+                    log.warning("effect_kind_unknown", effect=effect.idempotency_key, kind=effect.kind)
+                summary.still_uncertain += 1
+                continue
+            found = await self._look_up(kind, effect, min(left, self._lookup_budget))
             if isinstance(found, LookupFailed):
                 failing[effect.kind] += 1
                 if failing[effect.kind] == _FAILED_LOOKUPS_PER_KIND:
                     log.warning("effect_lookups_failing", kind=effect.kind, error_code=found.code.value)
             else:
                 failing[effect.kind] = 0
-            settle = self._kinds.settle(effect.kind, self._settings.effect_lease)
-            decision = after_lookup(found, effect.reconcile_count, self._policy, settle=settle)
-            if decision is None:
-                summary.still_uncertain += 1
-                continue
-            async with UnitOfWork(self._engine) as uow:
-                kept = effect.idempotency_key in await record_outcomes(
-                    uow.connection, self._settings.topics, self._kinds, [(effect, decision)], from_state="uncertain"
-                )
-                await uow.commit()
-            if kept:
-                self._metrics.effect(decision.state)
-                if decision.state == "sent":
-                    summary.resolved_sent += 1
-                elif decision.state == "pending":
-                    summary.sent_back_to_pending += 1
-                else:
-                    summary.failed += 1
-                log.info("effect_reconciled", effect=effect.idempotency_key, state=decision.state)
+            await self._settle(effect, found, summary)
+        return left_over
 
-    async def _look_up(self, effect: EffectRow, within: float) -> LookupOutcome:
-        kind = self._kinds.get(effect.kind)
-        if kind is None:
-            log.warning("effect_kind_unknown", effect=effect.idempotency_key, kind=effect.kind)
-            return LookupFailed(ErrorCode.UNEXPECTED_ERROR)  # left uncertain: visible in `effects list`
-        if not kind.enabled:
-            return LookupFailed(ErrorCode.DOWNSTREAM_UNREACHABLE)  # calls disabled: cannot tell
+    async def _settle(self, effect: EffectRow, found: LookupOutcome, summary: Summary) -> None:
+        settle = self._kinds.settle(effect.kind, self._settings.effect_lease)
+        decision = after_lookup(found, effect.reconcile_count, self._policy, settle=settle)
+        if decision is None:
+            summary.still_uncertain += 1
+            return
+        async with UnitOfWork(self._engine) as uow:
+            kept = effect.idempotency_key in await record_outcomes(
+                uow.connection, self._settings.topics, self._kinds, [(effect, decision)], from_state="uncertain"
+            )
+            await uow.commit()
+        if kept:
+            self._metrics.effect(decision.state)
+            if decision.state == "sent":
+                summary.resolved_sent += 1
+            elif decision.state == "pending":
+                summary.sent_back_to_pending += 1
+            else:
+                summary.failed += 1
+            log.info("effect_reconciled", effect=effect.idempotency_key, state=decision.state)
+
+    async def _look_up(self, kind: EffectKind, effect: EffectRow, within: float) -> LookupOutcome:
         try:
             # The HTTP client's timeout restarts with every byte: an answer that drips would hold the pass, and the
             # lock every later pass needs, for as long as it drips.

@@ -875,9 +875,9 @@ async def test_a_look_up_whose_answer_drips_ends_with_the_pass_and_leaves_the_ef
 async def test_a_provider_whose_look_ups_fail_does_not_hold_back_the_other_providers_uncertain_effects(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
 ) -> None:
-    # Given four old uncertain captures whose look-ups time out (payments takes 3 s to answer, the timeout is 1 s),
-    # and a newer uncertain email, whose provider answers at once
-    orders = [f"H-{number}" for number in range(4)]
+    # Given five uncertain captures: the payments provider answers 503 to the look-ups of the three oldest and knows
+    # nothing of the two newer ones; and a newer uncertain email, whose provider knows nothing of it either
+    orders = [f"H-{number}" for number in range(5)]
     settings = effect_settings(database_url, kafka, topics, downstream, payments_url="", emails_url="")
     records = [(order, placed(order), {}) for order in orders] + [
         ("H-E", placed("H-E"), {}),
@@ -885,29 +885,74 @@ async def test_a_provider_whose_look_ups_fail_does_not_hold_back_the_other_provi
     ]
     await produce(kafka, topics.source, records, partition=0)
     async with running(settings, "consumer_loop"):
-        await eventually(lambda: scalar(engine, "SELECT count(*) = 6 FROM effects"))
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 7 FROM effects"))
     async with UnitOfWork(engine) as uow:
-        await uow.connection.execute(
-            text(
-                "UPDATE effects SET state = 'uncertain', updated_at = now() - interval '1 hour'"
-                " WHERE kind = 'payment.capture' AND aggregate_id <> 'H-E'"
+        for order, age in (("H-0", 3), ("H-1", 3), ("H-2", 3), ("H-3", 2), ("H-4", 2), ("H-E", 1)):
+            await uow.connection.execute(
+                text(
+                    "UPDATE effects SET state = 'uncertain', updated_at = now() - make_interval(hours => :age)"
+                    " WHERE aggregate_id = :order AND kind IN ('payment.capture', 'email.shipped')"
+                    " AND (aggregate_id <> 'H-E' OR kind = 'email.shipped')"
+                ),
+                {"order": order, "age": age},
             )
-        )
-        await uow.connection.execute(text("UPDATE effects SET state = 'uncertain' WHERE kind = 'email.shipped'"))
         await uow.commit()
-    downstream.set_latency("payments.get", 3.0)
+    for order in orders[:3]:
+        downstream.fail_next("payments.get", status=503, key=f"{order}/payment.capture")
     container = Container(settings=effect_settings(database_url, kafka, topics, downstream))
     await container.init_resources()
     try:
         reconciler = await container.reconciler()
 
-        # When one reconcile pass runs with a budget of 10 s
-        summary = await reconciler.run_once(10)
+        # When one reconcile pass runs
+        summary = await reconciler.run_once(30)
     finally:
         await container.shutdown_resources()
 
-    # Then it gave the captures' provider three failed look-ups, and looked the email up too
+    # Then after the three failures in a row the email was looked up, and then the newer captures: those the
+    # providers answered for went back to pending, and only the three the provider failed on are still uncertain
     assert summary is not None
-    assert downstream.calls("payments.get") == 3
+    assert (summary.sent_back_to_pending, summary.still_uncertain) == (3, 3)
+    assert (downstream.calls("payments.get"), downstream.calls("emails.get")) == (5, 1)
+    assert await scalar(engine, "SELECT count(*) FROM effects WHERE state = 'uncertain'") == 3
+
+
+async def test_a_provider_whose_look_ups_time_out_does_not_spend_the_pass_the_other_providers_need(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given six old uncertain captures whose look-ups time out (the provider holds each 3 s, the timeout is 1 s),
+    # and a newer uncertain email, whose provider answers at once
+    orders = [f"T-{number}" for number in range(6)]
+    settings = effect_settings(database_url, kafka, topics, downstream, payments_url="", emails_url="")
+    records = [(order, placed(order), {}) for order in orders] + [
+        ("T-E", placed("T-E"), {}),
+        ("T-E", shipped("T-E"), {}),
+    ]
+    await produce(kafka, topics.source, records, partition=0)
+    async with running(settings, "consumer_loop"):
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 8 FROM effects"))
+    async with UnitOfWork(engine) as uow:
+        await uow.connection.execute(
+            text(
+                "UPDATE effects SET state = 'uncertain', updated_at = now() - interval '1 hour'"
+                " WHERE kind = 'payment.capture' AND aggregate_id <> 'T-E'"
+            )
+        )
+        await uow.connection.execute(text("UPDATE effects SET state = 'uncertain' WHERE kind = 'email.shipped'"))
+        await uow.commit()
+    for order in orders:
+        downstream.delay_next("payments.get", seconds=3, key=f"{order}/payment.capture")
+    container = Container(settings=effect_settings(database_url, kafka, topics, downstream))
+    await container.init_resources()
+    try:
+        reconciler = await container.reconciler()
+
+        # When one reconcile pass runs with a budget of 5 s (five look-ups that time out)
+        summary = await reconciler.run_once(5)
+    finally:
+        await container.shutdown_resources()
+
+    # Then the email was looked up after the third capture's look-up failed, within the budget
+    assert summary is not None
     assert downstream.calls("emails.get") == 1
-    assert summary.still_uncertain == 4
+    assert summary.sent_back_to_pending == 1
