@@ -183,7 +183,8 @@ def call_status(response: Answer) -> CallOutcome:
     """An effect call's answer that is neither the domain's success nor its own refusal.
 
     401/403: our credentials, the effect waits (no attempt spent); 409: the provider is still working on the same
-    idempotency key, a look-up decides; 429 and 5xx: not sent, try again; any other status: refused.
+    idempotency key, a look-up decides; 429, 5xx, and 408 and 425 (the provider did not take the request, or not
+    yet): not sent, try again; any other status: refused.
     """
     status = response.status_code
     if status in (401, 403):
@@ -192,7 +193,7 @@ def call_status(response: Answer) -> CallOutcome:
         return Unknown(ErrorCode.PROVIDER_IN_PROGRESS)
     if status == 429:
         return NotSent(ErrorCode.RATE_LIMITED, retry_after(response))
-    if status >= 500:
+    if status >= 500 or status in (408, 425):
         return NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)
     return Refused(ErrorCode.PROVIDER_REJECTED)
 

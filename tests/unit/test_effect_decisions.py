@@ -55,6 +55,9 @@ def answered(status: int, body: object = None, headers: dict[str, str] | None = 
         (429, NotSent(ErrorCode.RATE_LIMITED)),
         (500, NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)),
         (503, NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)),
+        (408, NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)),  # the provider timed out waiting for our request
+        (425, NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)),  # too early: send it again
+        (404, Refused(ErrorCode.PROVIDER_REJECTED)),
     ],
 )
 def test_each_provider_status_means_one_documented_outcome(status: int, expected: object) -> None:
