@@ -30,8 +30,8 @@ log = structlog.get_logger("order_service.reconciler")
 
 _PURGE_BATCH = 1000
 _LOOKUP_BATCH = 100
-# Look-ups of one kind that may fail in a row before a pass leaves that kind's other uncertain effects for the next
-# pass: a provider that is down or slow must not spend the pass's budget, which the other kinds and the purge need.
+# Look-ups of one kind that may fail in a row before a pass looks that kind's other uncertain effects up only after
+# every other kind's: a provider that is down or slow must not spend the pass the other kinds and the purge need.
 _FAILED_LOOKUPS_PER_KIND = 3
 
 
