@@ -33,13 +33,18 @@ def _reference(document: Any, field: str) -> str | None:
     return str(value)
 
 
+def _json(response: Answer) -> Any:
+    """The answer's JSON body, or None when it is not JSON."""
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
 def _answer(response: Answer, reference_field: str) -> CallOutcome:
     status = response.status_code
     if status in (200, 201, 202):
-        try:
-            reference = _reference(response.json(), reference_field)
-        except ValueError:
-            reference = None
+        reference = _reference(_json(response), reference_field)
         # Without its id it did something, but we cannot tell what: let a look-up decide.
         return Sent(reference) if reference is not None else Unknown(ErrorCode.UNEXPECTED_ERROR)
     if status == 402:
@@ -70,10 +75,7 @@ class PaymentsClient(Downstream):
             return Missing()
         if response.status_code != 200:
             return lookup_status(response)
-        try:
-            reference = _reference(response.json(), "payment_id")
-        except ValueError:
-            reference = None
+        reference = _reference(_json(response), "payment_id")
         return Found(reference) if reference is not None else LookupFailed(ErrorCode.UNEXPECTED_ERROR)
 
 
@@ -96,10 +98,7 @@ class EmailsClient(Downstream):
             return LookupFailed(ErrorCode.DOWNSTREAM_UNREACHABLE)
         if response.status_code != 200:
             return lookup_status(response)
-        try:
-            sent = response.json()
-        except ValueError:
-            sent = None
+        sent = _json(response)
         # Only a list says what was sent: an empty one that nothing was. Anything else (null, `{}`, `false`: a proxy's
         # or a broken provider's answer) cannot tell, and taking it for "nothing" would send the email again.
         if not isinstance(sent, list):

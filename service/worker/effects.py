@@ -57,6 +57,11 @@ _PACE_WEIGHT = 0.05  # of each call in the moving average of a kind's call durat
 _HANDED_BACK = EffectDecision("pending", retry_in=timedelta(0), unmade=True)
 
 
+def call_budget(settings: Settings) -> float:
+    """The longest one provider exchange may take, in seconds: a look-up and a call, each within the HTTP timeout."""
+    return 2 * settings.http_timeout.total_seconds()
+
+
 async def record_outcomes(
     connection: AsyncConnection,
     topics: Topics,
@@ -126,7 +131,7 @@ class EffectWorker:
         self._pace: dict[str, float] = {}
         # The longest one call may take (a look-up and the call, each within the HTTP timeout), and how many rounds
         # of such calls fit in a lease with room left to write their outcomes: never claim more than can be called.
-        self._call_budget = 2 * settings.http_timeout.total_seconds()
+        self._call_budget = call_budget(settings)
         lease = settings.effect_lease.total_seconds()
         # Kept at the lease's end for writing the outcomes: a call's budget, or half of what a short lease leaves
         # once one call fits (the settings only promise a lease longer than one call).

@@ -24,7 +24,7 @@ from service.store import effects, inbox, outbox, reconcile_runs, retries
 from service.store.effects import EffectRow
 from service.store.uow import UnitOfWork, translated_errors
 from service.worker.effect_kinds import EffectKind, EffectRegistry
-from service.worker.effects import record_outcomes
+from service.worker.effects import call_budget, record_outcomes
 
 log = structlog.get_logger("order_service.reconciler")
 
@@ -77,8 +77,7 @@ class Reconciler:
         self._kinds = kinds
         self._policy = policy
         self._metrics = metrics
-        # One look-up's longest wait, as the effect worker allows a call: twice the HTTP client's timeout.
-        self._lookup_budget = 2 * settings.http_timeout.total_seconds()
+        self._lookup_budget = call_budget(settings)  # one look-up's longest wait, as the effect worker allows a call
 
     async def run_once(self, max_seconds: float) -> Summary | None:
         """Run one pass within `max_seconds`, or return None at once if another pass is running."""
@@ -159,10 +158,11 @@ class Reconciler:
                     log.warning("effect_lookups_failing", kind=effect.kind, error_code=found.code.value)
             else:
                 failing[effect.kind] = 0
-            await self._settle(effect, found, summary)
+            await self._apply(effect, found, summary)
         return left_over
 
-    async def _settle(self, effect: EffectRow, found: LookupOutcome, summary: Summary) -> None:
+    async def _apply(self, effect: EffectRow, found: LookupOutcome, summary: Summary) -> None:
+        """Write what the look-up decides for the effect, and count it."""
         settle = self._kinds.settle(effect.kind, self._settings.effect_lease)
         decision = after_lookup(found, effect.reconcile_count, self._policy, settle=settle)
         if decision is None:
