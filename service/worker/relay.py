@@ -15,12 +15,15 @@ from typing import Any, TypeVar
 import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
+    CorruptRecordException,
     InvalidTimestampError,
     KafkaError,
     KafkaTimeoutError,
     MessageSizeTooLargeError,
     RecordListTooLargeError,
     RecordTooLargeError,
+    UnknownError,
+    UnsupportedForMessageFormatError,
 )
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
@@ -49,8 +52,7 @@ _REBALANCE_SECONDS = 1.0
 # Longer than the producer's request timeout (15 s), so that Kafka's own answer, when there is one, comes first.
 _WAITING_LOG_SECONDS = 20.0
 # The errors that say Kafka will never take this record as it is, whatever the retry, and the code its row is
-# set aside with: too large, or content the broker refuses (a timestamp outside the topic's window). A record the
-# broker finds corrupt is not among them: a CRC error in transit passes with the next try.
+# set aside with: too large, or content the broker refuses (a timestamp outside the topic's window).
 SET_ASIDE_TOO_LARGE = "MESSAGE_TOO_LARGE"
 SET_ASIDE_INVALID = "MESSAGE_INVALID"
 _REFUSALS: dict[type[KafkaError], str] = {
@@ -60,6 +62,11 @@ _REFUSALS: dict[type[KafkaError], str] = {
     InvalidTimestampError: SET_ASIDE_INVALID,
 }
 _REFUSED = tuple(_REFUSALS)
+# The answers a record's content gets, but a fault may too: Kafka 4 refuses a record without a key on a compacted
+# topic with INVALID_RECORD, a code aiokafka does not know (UnknownError, as for an unexpected server error), and
+# Kafka 2.x with CORRUPT_MESSAGE (also a CRC error in transit). A row that gets one when sent alone is sent once
+# more, and set aside as MESSAGE_INVALID when the broker says it again; a fault passes with the second try.
+_SUSPECT = (UnknownError, CorruptRecordException, UnsupportedForMessageFormatError)
 
 
 class Relay:
@@ -98,7 +105,7 @@ class Relay:
                     delay = 1.0
                 if self.spoiled:
                     self.spoiled, replaced = False, True
-                    log.info("relay_producer_replaced", reason="a record was refused for its size")
+                    log.info("relay_producer_replaced", reason="a record was refused")
             except InfrastructureUnavailable:
                 delay = self._backoff(delay, batches)
                 log.warning("database_unavailable", retry_in_seconds=delay)
@@ -196,9 +203,9 @@ class Relay:
                 await asyncio.wait({previous})
             published = [row for row, outcome in zip(rows, outcomes, strict=True) if outcome is None]
             failed = [(row, outcome) for row, outcome in zip(rows, outcomes, strict=True) if outcome is not None]
-            refused: list[tuple[ClaimedRow, str]] = []
+            refused: list[tuple[ClaimedRow, KafkaError]] = []
             error: BaseException | None = None
-            if failed and (self.spoiled or any(isinstance(outcome, _REFUSED) for _, outcome in failed)):
+            if failed and (self.spoiled or any(isinstance(outcome, _REFUSED + _SUSPECT) for _, outcome in failed)):
                 # After a refusal the idempotent producer's sequence for that partition is broken (the records
                 # after it fail `OutOfOrderSequenceNumber`): it is replaced, and the failed rows go one by one.
                 self.spoiled = True
@@ -209,35 +216,46 @@ class Relay:
             crash_point("after-publish", self._settings.fault_crash_at)
             # What Kafka acknowledged is marked even when others failed: else it would go out again each round.
             await outbox.mark_published(uow.connection, [row.id for row in published])
-            for code in sorted({code for _, code in refused}):
-                await outbox.set_aside(uow.connection, [row.id for row, kept in refused if kept == code], code)
+            codes = [(row, _set_aside_code(refusal)) for row, refusal in refused]
+            for code in sorted({code for _, code in codes}):
+                await outbox.set_aside(uow.connection, [row.id for row, kept in codes if kept == code], code)
             await uow.commit()
         self._batches += bool(published)
         self._metrics.published.inc(len(published))
         if error is not None:
             raise error
-        for row, code in refused:
+        for row, refusal in refused:
             # Ids, topic and size only: the row's content is whatever a producer sent.
-            log.warning("outbox_row_set_aside", outbox_id=row.id, topic=row.topic, code=code, bytes=row.size)
+            log.warning(
+                "outbox_row_set_aside",
+                outbox_id=row.id,
+                topic=row.topic,
+                code=_set_aside_code(refusal),
+                error=type(refusal).__name__,
+                bytes=row.size,
+            )
         return len(rows)
 
     async def _one_by_one(
         self, rows: list[ClaimedRow]
-    ) -> tuple[list[ClaimedRow], list[tuple[ClaimedRow, str]], KafkaError | None]:
+    ) -> tuple[list[ClaimedRow], list[tuple[ClaimedRow, KafkaError]], KafkaError | None]:
         """Send each row alone and await it, in id order (so each key's rows keep their order); return those
-        Kafka took, those it refused for their content (with the set-aside code), and the error that stopped it
-        early, if one did (the rows after that one are left unpublished, for the next round)."""
+        Kafka took, those it refused for their content (with its answer), and the error that stopped it early, if
+        one did (the rows after that one are left unpublished, for the next round)."""
         producer = self._make_one_by_one_producer()
         published: list[ClaimedRow] = []
-        refused: list[tuple[ClaimedRow, str]] = []
+        refused: list[tuple[ClaimedRow, KafkaError]] = []
         try:
             await producer.start()
             partitions: dict[str, list[int]] = {}
             for row in rows:
                 try:
-                    await (await _send_row(producer, row, partitions))
-                except _REFUSED as refusal:
-                    refused.append((row, _set_aside_code(refusal)))
+                    try:
+                        await (await _send_row(producer, row, partitions))
+                    except _SUSPECT:
+                        await (await _send_row(producer, row, partitions))
+                except _REFUSED + _SUSPECT as refusal:
+                    refused.append((row, refusal))
                 else:
                     published.append(row)
         except KafkaError as error:
@@ -255,7 +273,7 @@ async def _settle(in_flight: deque[tuple[asyncio.Task[int], frozenset[str]]]) ->
 
 def _set_aside_code(refusal: KafkaError) -> str:
     """The code a row Kafka refused for its content is set aside with."""
-    return next(code for kind, code in _REFUSALS.items() if isinstance(refusal, kind))
+    return next((code for kind, code in _REFUSALS.items() if isinstance(refusal, kind)), SET_ASIDE_INVALID)
 
 
 async def _said_while_waiting(sending: Coroutine[Any, Any, T], previous: asyncio.Task[int] | None) -> T:

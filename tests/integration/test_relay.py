@@ -264,6 +264,48 @@ async def test_a_row_kafka_refuses_for_its_size_is_set_aside_and_every_other_row
         await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM outbox WHERE set_aside_at IS NOT NULL"))
 
 
+async def test_a_row_kafka_refuses_with_another_code_is_set_aside_and_every_other_row_flows(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, tmp_path: Path
+) -> None:
+    # Given a compacted topic, and rows for it around one without a key: Kafka 4 refuses it (INVALID_RECORD, which
+    # reaches aiokafka as UnknownError; Kafka 2.x answers CORRUPT_MESSAGE), a code that is not about its size
+    compacted = f"{topics.source}.compacted"
+    await _create_topic(kafka, NewTopic(compacted, 1, 1, topic_configs={"cleanup.policy": "compact"}))
+    settings = settings_for(database_url, kafka, topics)
+    [_, keyless, *_] = await _outbox_rows(
+        settings,
+        [
+            OutboxMessage(compacted, "K", {"n": "1"}, b"before"),
+            OutboxMessage(compacted, None, {"n": "2"}, b"no key"),
+            OutboxMessage(compacted, "K", {"n": "3"}, b"after"),
+            OutboxMessage(topics.events, "L", {"n": "4"}, b"other"),
+        ],
+    )
+
+    # When a relay runs
+    relay = ServiceProcess("relay", settings, tmp_path / "relay.log")
+    try:
+        await eventually(
+            lambda: scalar(engine, "SELECT count(*) = 3 FROM outbox WHERE published_at IS NOT NULL"), timeout=60
+        )
+
+        # Then the refused row is set aside as invalid, and the others are published, in key order
+        assert await scalar(engine, "SELECT array_agg(id) FROM outbox WHERE set_aside_at IS NOT NULL") == [keyless]
+        assert await scalar(engine, f"SELECT set_aside_code FROM outbox WHERE id = {keyless}") == "MESSAGE_INVALID"
+        published = await read_topic(kafka, compacted, expect=2, timeout=10)
+        assert [record.value for record in published] == [b"before", b"after"]
+        assert [record.value for record in await read_topic(kafka, topics.events, expect=1, timeout=10)] == [b"other"]
+    finally:
+        assert relay.terminate() == 0
+    # And the log says which answer set it aside
+    lines = [json.loads(line) for line in relay.log().splitlines() if "outbox_row_set_aside" in line]
+    assert [(line["outbox_id"], line["error"]) for line in lines] in (
+        [(keyless, "UnknownError")],
+        [(keyless, "CorruptRecordException")],
+    )
+    assert "Traceback" not in relay.log()
+
+
 async def test_a_refused_batch_is_not_overtaken_by_the_next_batch_of_its_partition(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics
 ) -> None:

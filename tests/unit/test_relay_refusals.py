@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 from aiokafka.errors import (
     CorruptRecordException,
     InvalidTimestampError,
     KafkaConnectionError,
+    KafkaError,
     MessageSizeTooLargeError,
     NotLeaderForPartitionError,
     RecordListTooLargeError,
     RecordTooLargeError,
+    UnknownError,
 )
 
+from service.store.outbox import ClaimedRow
 from service.worker.relay import _REFUSED, Relay, _set_aside_code
 
 
@@ -25,14 +31,73 @@ from service.worker.relay import _REFUSED, Relay, _set_aside_code
         (InvalidTimestampError(), "MESSAGE_INVALID"),
     ],
 )
-def test_a_refusal_for_content_sets_the_row_aside_with_its_code(error: Exception, code: str) -> None:
+def test_a_refusal_for_content_sets_the_row_aside_with_its_code(error: KafkaError, code: str) -> None:
     assert isinstance(error, _REFUSED)
-    assert _set_aside_code(error) == code  # type: ignore[arg-type]
+    assert _set_aside_code(error) == code
 
 
 @pytest.mark.parametrize("error", [KafkaConnectionError(), NotLeaderForPartitionError(), CorruptRecordException()])
 def test_an_outage_or_a_leader_change_is_not_a_refusal(error: Exception) -> None:
     assert not isinstance(error, _REFUSED)
+
+
+class _ScriptedProducer:
+    """Answers each send of a row (by payload) with the next error of its script, then takes it."""
+
+    def __init__(self, scripts: dict[bytes, list[KafkaError]]) -> None:
+        self.scripts = scripts
+        self.sent: list[bytes] = []
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return {0}
+
+    async def send(self, topic: str, value: bytes, **_: Any) -> asyncio.Future[None]:
+        self.sent.append(value)
+        answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        script = self.scripts.get(value, [])
+        if script:
+            answer.set_exception(script.pop(0))
+        else:
+            answer.set_result(None)
+        return answer
+
+
+async def test_a_row_alone_is_set_aside_for_an_answer_that_may_be_a_fault_only_when_the_broker_says_it_twice() -> None:
+    # Given rows whose lone sends get: an unknown error once (a fault), an unknown error twice (Kafka 4's
+    # INVALID_RECORD), a corrupt-record answer twice (Kafka 2.x), a size refusal, and nothing
+    producer = _ScriptedProducer(
+        {
+            b"once": [UnknownError()],
+            b"twice": [UnknownError(), UnknownError()],
+            b"corrupt": [CorruptRecordException(), CorruptRecordException()],
+            b"large": [MessageSizeTooLargeError()],
+        }
+    )
+    relay = Relay(None, None, None, lambda: None, lambda: producer)  # type: ignore[arg-type]
+    rows = [
+        ClaimedRow(n, "t", "K", (), value, None)
+        for n, value in enumerate([b"once", b"twice", b"corrupt", b"large", b"fine"])
+    ]
+
+    # When the relay sends them one by one
+    published, refused, error = await relay._one_by_one(rows)
+
+    # Then the fault passed with the second try; the answers said twice, and the size refusal said once, set the
+    # rows aside with their codes; each row was sent at most twice, in order
+    assert [row.payload for row in published] == [b"once", b"fine"]
+    assert [(row.payload, _set_aside_code(refusal)) for row, refusal in refused] == [
+        (b"twice", "MESSAGE_INVALID"),
+        (b"corrupt", "MESSAGE_INVALID"),
+        (b"large", "MESSAGE_TOO_LARGE"),
+    ]
+    assert error is None
+    assert producer.sent == [b"once", b"once", b"twice", b"twice", b"corrupt", b"corrupt", b"large", b"fine"]
 
 
 def test_a_relay_that_published_since_its_last_start_backs_off_from_the_first_step_again() -> None:
