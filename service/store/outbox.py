@@ -99,6 +99,9 @@ _SLOT_OF_KEY = f"abs(hashtext(key) % {SLOTS})"
 # each row walked with every key in flight (docs/performance.md). The hash is built only if it fits in `work_mem`
 # (times `hash_mem_multiplier`): `_INDEX_WALK` gives the claim room for five batches of the largest batch size.
 #
+# Rows of the topics in `:missing` (the broker answers and has no such topic, and does not create it) are neither
+# claimed nor held: they wait for their topic, and their keys' rows of other topics go on, as behind a set-aside row.
+#
 # A claim also stops once `max_bytes` of payloads, headers and keys came before a row (the first row always goes,
 # and the row that crosses the bound goes too): the relay holds its batches in flight in memory, and an outbox row
 # may hold up to 32 MiB (the copy of a source record the broker took compressed: MAX_UNCOMPRESSED_MESSAGE). The rows
@@ -108,7 +111,7 @@ _CLAIM = text(
     f"""
     WITH claimed AS (
         SELECT id, topic, key, CAST(headers AS text) AS headers, payload, kafka_key FROM outbox
-        WHERE published_at IS NULL AND set_aside_at IS NULL
+        WHERE published_at IS NULL AND set_aside_at IS NULL AND NOT (topic = ANY(CAST(:missing AS text[])))
           AND (key IS NULL OR {_SLOT_OF_KEY} = ANY(CAST(:slots AS int[]))
                                AND key NOT IN (SELECT unnest(CAST(:busy AS text[]))))
         ORDER BY id LIMIT :limit
@@ -117,6 +120,7 @@ _CLAIM = text(
     held AS (
         SELECT key, min(id) AS first_id FROM outbox
         WHERE published_at IS NULL AND set_aside_at IS NULL AND key = ANY(ARRAY(SELECT key FROM claimed))
+          AND NOT (topic = ANY(CAST(:missing AS text[])))
           AND NOT (key NOT IN (SELECT key FROM claimed WHERE key IS NOT NULL))
           AND id < (SELECT max(id) FROM claimed) AND id NOT IN (SELECT id FROM claimed)
         GROUP BY key
@@ -179,17 +183,24 @@ async def claim(
     slots: Collection[int],
     busy: Collection[str] = (),
     max_bytes: int = CLAIM_BYTES,
+    missing: Collection[str] = (),
 ) -> Claim:
     """Lock up to `limit` unpublished rows of keys in `slots` (and rows without a key), taking rows while fewer than
     `max_bytes` of payloads, headers and keys came before them (so at least one), skipping rows another transaction
-    holds and the keys in `busy`, and keep per-key order.
+    holds, the keys in `busy` and the topics in `missing`, and keep per-key order.
 
     Claiming is by state (`published_at IS NULL`), never by an id cursor: ids commit out of order. `busy` names
     the keys of the caller's batch still in flight, so that a second open transaction does not lock their later
     rows (which it could not publish before the first commits).
     """
     await connection.execute(_INDEX_WALK)
-    parameters = {"limit": limit, "slots": list(slots), "busy": list(busy), "max_bytes": max_bytes}
+    parameters = {
+        "limit": limit,
+        "slots": list(slots),
+        "busy": list(busy),
+        "max_bytes": max_bytes,
+        "missing": list(missing),
+    }
     result = (await connection.execute(_CLAIM, parameters)).all()
     rows = [
         ClaimedRow(

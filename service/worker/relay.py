@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -23,6 +23,7 @@ from aiokafka.errors import (
     RecordListTooLargeError,
     RecordTooLargeError,
     UnknownError,
+    UnknownTopicOrPartitionError,
     UnsupportedForMessageFormatError,
 )
 from aiokafka.producer.message_accumulator import BatchBuilder
@@ -67,6 +68,15 @@ _REFUSED = tuple(_REFUSALS)
 # Kafka 2.x with CORRUPT_MESSAGE (also a CRC error in transit). A row that gets one when sent alone is sent once
 # more, and set aside as MESSAGE_INVALID when the broker says it again; a fault passes with the second try.
 _SUSPECT = (UnknownError, CorruptRecordException, UnsupportedForMessageFormatError)
+# A topic the broker answers for and does not have (auto-creation is off, or the name is not one Kafka takes): its
+# rows wait in the outbox, unclaimed, while every other topic's flow (and their keys' rows of other topics: as behind
+# a set-aside row); the relay asks the broker for it again this often. Telling it from an outage takes the broker's
+# list of topics: aiokafka gives up on a topic's metadata with the same error in both cases.
+_MISSING_TOPIC_CHECK_SECONDS = 30.0
+
+
+class TopicMissing(Exception):
+    """The broker answers and has no such topic: the row waits for it, neither published nor set aside."""
 
 
 class Relay:
@@ -87,6 +97,8 @@ class Relay:
         self._make_one_by_one_producer = make_one_by_one_producer
         self.spoiled = False  # the producer must be replaced (a refused record broke its sequence numbers)
         self._batches = 0  # batches committed with rows published: a restart that published resets the backoff
+        self._missing: frozenset[str] = frozenset()  # topics the broker does not have: their rows are not claimed
+        self._missing_checked = 0.0  # when the broker was last asked for them (monotonic)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Publish until `stop` is set; a broker or database outage is waited out, never a crash."""
@@ -150,6 +162,8 @@ class Relay:
                     await _settle(in_flight)
                     await slots.rebalance()
                     rebalance_at = time.monotonic() + _REBALANCE_SECONDS
+                    if self._missing and time.monotonic() >= self._missing_checked + _MISSING_TOPIC_CHECK_SECONDS:
+                        await self._look_for_missing(producer)
                 busy = frozenset[str]().union(*(keys for _, keys in in_flight))
                 previous = in_flight[-1][0] if in_flight else None
                 claimed: asyncio.Future[outbox.Claim] = asyncio.get_running_loop().create_future()
@@ -192,7 +206,9 @@ class Relay:
         """Claim a batch (then `claimed` has its rows) and send it; once Kafka answered for every row and
         the batch before settled, mark what was published and set aside what was refused; return how many."""
         async with UnitOfWork(self._engine) as uow:
-            claim = await outbox.claim(uow.connection, self._settings.relay_batch_size, slots, busy)
+            claim = await outbox.claim(
+                uow.connection, self._settings.relay_batch_size, slots, busy, missing=self._missing
+            )
             claimed.set_result(claim)
             rows = claim.rows
             if not rows:
@@ -201,8 +217,13 @@ class Relay:
             if previous is not None:
                 # The batch before settles first: a refusal there spoils the producer for this one's failures too.
                 await asyncio.wait({previous})
+            self._missed([(row, outcome) for row, outcome in zip(rows, outcomes, strict=True)])
             published = [row for row, outcome in zip(rows, outcomes, strict=True) if outcome is None]
-            failed = [(row, outcome) for row, outcome in zip(rows, outcomes, strict=True) if outcome is not None]
+            failed = [
+                (row, outcome)
+                for row, outcome in zip(rows, outcomes, strict=True)
+                if outcome is not None and not isinstance(outcome, TopicMissing)
+            ]
             refused: list[tuple[ClaimedRow, KafkaError]] = []
             error: BaseException | None = None
             if failed and (self.spoiled or any(isinstance(outcome, _REFUSED + _SUSPECT) for _, outcome in failed)):
@@ -235,6 +256,27 @@ class Relay:
                 bytes=row.size,
             )
         return len(rows)
+
+    def _missed(self, outcomes: list[tuple[ClaimedRow, BaseException | None]]) -> None:
+        """Remember the topics a batch found missing: later claims leave their rows."""
+        found = Counter(row.topic for row, outcome in outcomes if isinstance(outcome, TopicMissing))
+        for topic in sorted(found.keys() - self._missing):
+            log.warning(
+                "outbox_topic_missing", topic=topic, rows=found[topic], retry_in_seconds=_MISSING_TOPIC_CHECK_SECONDS
+            )
+        if found.keys() - self._missing:
+            self._missing |= found.keys()
+            self._missing_checked = time.monotonic()
+
+    async def _look_for_missing(self, producer: AIOKafkaProducer) -> None:
+        """Ask the broker for the missing topics again: those it has now are claimed again."""
+        self._missing_checked = time.monotonic()
+        present = await _topics(producer)
+        if present is None:
+            return  # no answer: asked again at the next check
+        for topic in sorted(self._missing & present):
+            log.info("outbox_topic_found", topic=topic)
+        self._missing -= present
 
     async def _one_by_one(
         self, rows: list[ClaimedRow]
@@ -299,7 +341,8 @@ async def _said_while_waiting(sending: Coroutine[Any, Any, T], previous: asyncio
 
 
 async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[BaseException | None]:
-    """Send the rows at once; each one's error, or None once Kafka acknowledged it.
+    """Send the rows at once; each one's error (`TopicMissing` for a topic the broker does not have), or None once
+    Kafka acknowledged it.
 
     The rows go out in record batches built here, one partition each (the producer's batch API, much cheaper per
     record than `send`: docs/performance.md). A row goes to the partition `send` would pick, and a partition's rows
@@ -309,6 +352,7 @@ async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[
     """
     outcomes: list[BaseException | None] = [None] * len(rows)
     partitions: dict[str, list[int]] = {}
+    missing: set[str] = set()
     chains: dict[tuple[str, int], list[tuple[BatchBuilder, list[int]]]] = {}
     for index, row in enumerate(rows):
         headers = list(row.headers)
@@ -317,7 +361,18 @@ async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[
             # What `send` would refuse before sending: it never reaches the broker, and is set aside.
             outcomes[index] = MessageSizeTooLargeError(f"{row.size} bytes, over the producer's request limit")
             continue
-        target = (row.topic, await _partition(producer, row, partitions))
+        if row.topic in missing:
+            outcomes[index] = TopicMissing(row.topic)
+            continue
+        try:
+            target = (row.topic, await _partition(producer, row, partitions))
+        except UnknownTopicOrPartitionError:
+            present = await _topics(producer)
+            if present is None or row.topic in present:
+                raise  # the broker is away, or the topic's metadata is late: an outage, waited out
+            missing.add(row.topic)
+            outcomes[index] = TopicMissing(row.topic)
+            continue
         chain = chains.setdefault(target, [])
         if (
             not chain
@@ -344,6 +399,15 @@ async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[
 
     await asyncio.gather(*(one_partition(target, chain) for target, chain in chains.items()))
     return outcomes
+
+
+async def _topics(producer: AIOKafkaProducer) -> frozenset[str] | None:
+    """The topics the broker has, or None when no broker answered."""
+    try:
+        listing = await producer.client.fetch_all_metadata()
+    except KafkaError:
+        return None
+    return frozenset(listing.topics())
 
 
 async def _submit(producer: AIOKafkaProducer, builder: BatchBuilder, target: tuple[str, int]) -> asyncio.Future[Any]:

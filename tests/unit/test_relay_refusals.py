@@ -19,7 +19,7 @@ from aiokafka.errors import (
 )
 
 from service.store.outbox import ClaimedRow
-from service.worker.relay import _REFUSED, Relay, _set_aside_code
+from service.worker.relay import _REFUSED, Relay, TopicMissing, _set_aside_code
 
 
 @pytest.mark.parametrize(
@@ -112,3 +112,40 @@ def test_a_relay_that_published_since_its_last_start_backs_off_from_the_first_st
 
     # Then the same outage keeps its backoff, and a new one starts from one second, not from where the last ended
     assert (failed_again, new_outage) == (16.0, 1.0)
+
+
+class _Listing:
+    def __init__(self, topics: set[str] | None) -> None:
+        self._topics = topics
+
+    async def fetch_all_metadata(self) -> _Listing:
+        if self._topics is None:
+            raise KafkaConnectionError()
+        return self
+
+    def topics(self) -> set[str]:
+        assert self._topics is not None
+        return self._topics
+
+
+class _ListingProducer:
+    def __init__(self, topics: set[str] | None) -> None:
+        self.client = _Listing(topics)
+
+
+async def test_a_missing_topic_is_claimed_again_once_the_broker_lists_it_and_not_while_no_broker_answers() -> None:
+    # Given a relay that found two topics missing
+    relay = Relay(None, None, None, lambda: None, lambda: None)  # type: ignore[arg-type]
+    relay._missed([(ClaimedRow(1, "a", "K", (), b"", None), TopicMissing("a"))])
+    relay._missed(
+        [(ClaimedRow(2, "b", "K", (), b"", None), TopicMissing("b")), (ClaimedRow(3, "c", "K", (), b"", None), None)]
+    )
+    assert relay._missing == {"a", "b"}
+
+    # When it asks while no broker answers, then while the broker lists one of them
+    await relay._look_for_missing(_ListingProducer(None))
+    unanswered = set(relay._missing)
+    await relay._look_for_missing(_ListingProducer({"a", "other"}))
+
+    # Then no answer changes nothing, and the listed topic is claimed again while the other still waits
+    assert (unanswered, set(relay._missing)) == ({"a", "b"}, {"b"})
