@@ -41,10 +41,24 @@ def _json(response: Answer) -> Any:
         return None
 
 
+# A payment's `status` (contract §6 leaves its values open) that says the provider did not take the money: the
+# capture or refund failed as with a 402, whatever the HTTP status. Compared without case.
+_DECLINED = frozenset({"failed", "declined", "rejected"})
+
+
+def _declined(document: Any) -> bool:
+    """Whether a payment document says it failed."""
+    status = document.get("status") if isinstance(document, dict) else None
+    return isinstance(status, str) and status.strip().lower() in _DECLINED
+
+
 def _answer(response: Answer, reference_field: str) -> CallOutcome:
     status = response.status_code
     if status in (200, 201, 202):
-        reference = _reference(_json(response), reference_field)
+        document = _json(response)
+        if reference_field == "payment_id" and _declined(document):
+            return Refused(OrderCode.PAYMENT_DECLINED)
+        reference = _reference(document, reference_field)
         # Without its id it did something, but we cannot tell what: let a look-up decide.
         return Sent(reference) if reference is not None else Unknown(ErrorCode.UNEXPECTED_ERROR)
     if status == 402:
@@ -75,7 +89,12 @@ class PaymentsClient(Downstream):
             return Missing()
         if response.status_code != 200:
             return lookup_status(response)
-        reference = _reference(_json(response), "payment_id")
+        document = _json(response)
+        if _declined(document):
+            # It took no money: as if there were none (a capture is then sent again, and the provider answers the
+            # same key with the same failure; a refund finds nothing to refund).
+            return Missing()
+        reference = _reference(document, "payment_id")
         return Found(reference) if reference is not None else LookupFailed(ErrorCode.UNEXPECTED_ERROR)
 
 

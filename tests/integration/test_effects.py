@@ -264,6 +264,28 @@ async def test_d_a_declined_capture_fails_the_effect_and_emits_one_payment_faile
     }
 
 
+async def test_a_capture_answered_200_with_a_failed_status_is_declined_not_sent(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a provider that answers the capture 200 with a payment whose status says it failed
+    key = "D-2/payment.capture"
+    downstream.fail_next("payments.post", status=200, body={"payment_id": "pay-9", "status": "failed"}, key=key)
+    settings = effect_settings(database_url, kafka, topics, downstream)
+    await produce(kafka, topics.source, [("D-2", placed("D-2"), {})], partition=0)
+
+    # When the service runs with its relay
+    async with running(settings, "consumer_loop", "relay", "effect_worker"):
+        await eventually(lambda: state_is(engine, key, "failed"))
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL"))
+    events = [json.loads(record.value) for record in await read_topic(kafka, topics.events, expect=2)]
+
+    # Then the capture failed as with a 402: no reference, the order says so, and payment.failed is out, not captured
+    row = await effect(engine, key)
+    assert (row["state"], row["last_error_code"], row["provider_ref"]) == ("failed", "PAYMENT_DECLINED", None)
+    assert await payment_status(engine, "D-2") == "failed"
+    assert sorted(event["type"] for event in events) == ["order.accepted", "payment.failed"]
+
+
 async def test_e_of_two_reconcilers_started_together_one_does_the_work_and_the_other_exits_0_at_once(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
 ) -> None:

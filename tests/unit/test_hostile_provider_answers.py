@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from service.adapters.http import MAX_RETRY_AFTER, Answer, _request_bytes, call_status, path_segment, retry_after
 from service.domain.codes import ErrorCode
-from service.orders.providers import EmailsClient, _answer
-from service.policy.effects import Found, LookupFailed, Missing, Unknown
+from service.orders.codes import OrderCode
+from service.orders.providers import EmailsClient, PaymentsClient, _answer
+from service.policy.effects import Found, LookupFailed, Missing, Refused, Sent, Unknown
 
 
 @pytest.mark.parametrize("value", ["99999999999999", "9" * 5000, "\u00b2"])
@@ -157,3 +158,37 @@ def test_a_capture_answered_without_a_usable_payment_id_is_left_to_a_look_up(bod
     # Given a 201 whose payment id is null, empty, an object or a boolean
     # When the call's outcome is read, Then it is not recorded as sent with that id: a look-up decides
     assert _answer(Answer(201, {}, orjson.dumps(body)), "payment_id") == Unknown(ErrorCode.UNEXPECTED_ERROR)
+
+
+@pytest.mark.parametrize("status", ["failed", "FAILED", "declined", " Rejected "])
+@pytest.mark.parametrize("code", [200, 201])
+async def test_a_payment_answered_with_a_failed_status_is_declined_and_a_look_up_finds_no_payment(
+    status: str, code: int
+) -> None:
+    # Given a provider that answers a capture, and a look-up of its key, with a payment whose status says it failed
+    body = {"payment_id": "pay-1", "status": status}
+
+    # When the call's outcome and the look-up's are read
+    called = _answer(Answer(code, {}, orjson.dumps(body)), "payment_id")
+    found = await PaymentsClient(_Answering(body), "http://payments.test").find("A-1/payment.capture")  # type: ignore[arg-type]
+
+    # Then the capture is declined, as with a 402 (not `sent`, no `payment.captured`), and the look-up says no
+    # payment took the money (a refund then has nothing to refund)
+    assert called == Refused(OrderCode.PAYMENT_DECLINED)
+    assert found == Missing()
+
+
+@given(st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=12)))
+@example("captured")
+@example("pending")
+@example("failed-ish")
+async def test_a_payment_with_any_other_status_is_sent_with_its_id(status: object) -> None:
+    # Given a 201 with a payment id and any other status (or none, or not a text)
+    if isinstance(status, str) and status.strip().lower() in ("failed", "declined", "rejected"):
+        return
+    body = {"payment_id": "pay-1", "status": status}
+
+    # When the call's outcome and the look-up's are read, Then both record the payment
+    assert _answer(Answer(201, {}, orjson.dumps(body)), "payment_id") == Sent("pay-1")
+    found = await PaymentsClient(_Answering(body), "http://payments.test").find("A-1/payment.capture")  # type: ignore[arg-type]
+    assert found == Found("pay-1")
