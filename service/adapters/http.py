@@ -182,13 +182,16 @@ def call_transport(error: TransportError) -> CallOutcome:
 def call_status(response: Answer) -> CallOutcome:
     """An effect call's answer that is neither the domain's success nor its own refusal.
 
-    401/403: our credentials, the effect waits (no attempt spent); 409: the provider is still working on the same
-    idempotency key, a look-up decides; 429, 5xx, and 408 and 425 (the provider did not take the request, or not
-    yet): not sent, try again; any other status: refused.
+    401/403: our credentials, and 404/405: our URL (a call's endpoint is never missing by the effect's fault): the
+    effect waits (no attempt spent); 409: the provider is still working on the same idempotency key, a look-up
+    decides; 429, 5xx, and 408 and 425 (the provider did not take the request, or not yet): not sent, try again; any
+    other status: refused.
     """
     status = response.status_code
     if status in (401, 403):
         return NotSent(ErrorCode.PROVIDER_UNAUTHORIZED)
+    if status in (404, 405):
+        return NotSent(ErrorCode.PROVIDER_MISCONFIGURED)
     if status == 409:
         return Unknown(ErrorCode.PROVIDER_IN_PROGRESS)
     if status == 429:

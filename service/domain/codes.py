@@ -40,6 +40,7 @@ class ErrorCode(StrEnum):
     NOT_FOUND_AFTER_RECONCILE = "NOT_FOUND_AFTER_RECONCILE"
     OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
     PROVIDER_UNAUTHORIZED = "PROVIDER_UNAUTHORIZED"
+    PROVIDER_MISCONFIGURED = "PROVIDER_MISCONFIGURED"
     PROVIDER_IN_PROGRESS = "PROVIDER_IN_PROGRESS"
 
     RATE_LIMITED_EXHAUSTED = "RATE_LIMITED_EXHAUSTED"
@@ -77,6 +78,8 @@ _KINDS: dict[ErrorCode, FailureKind] = {
     ErrorCode.OUTCOME_UNKNOWN: FailureKind.REJECTED,
     # The provider refuses our credentials (401, 403): our configuration; the effect waits, spending no attempt.
     ErrorCode.PROVIDER_UNAUTHORIZED: FailureKind.REJECTED,
+    # The provider has no such endpoint (404, 405 to a call): our configuration (its URL) too; the effect waits.
+    ErrorCode.PROVIDER_MISCONFIGURED: FailureKind.REJECTED,
     # The provider is still working on the same idempotency key (409): the outcome is looked up, never guessed.
     ErrorCode.PROVIDER_IN_PROGRESS: FailureKind.REJECTED,
     # An exhausted code is where a retryable failure ends: it is terminal like invalid input.

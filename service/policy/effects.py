@@ -110,8 +110,8 @@ def after_call(
         return EffectDecision("failed", outcome.code)
     if isinstance(outcome, Unknown):
         return EffectDecision("uncertain", outcome.code)
-    if outcome.code is ErrorCode.PROVIDER_UNAUTHORIZED:
-        # Our credentials, not this effect: wait as long as backoff ever does, and keep the budget whole.
+    if outcome.code is ErrorCode.PROVIDER_UNAUTHORIZED or outcome.code is ErrorCode.PROVIDER_MISCONFIGURED:
+        # Our credentials or URL, not this effect: wait as long as backoff ever does, and keep the budget whole.
         return EffectDecision("pending", outcome.code, retry_in=policy.max_delay, unmade=True)
     if attempts >= policy.max_attempts:
         return EffectDecision("failed", outcome.code.exhausted())

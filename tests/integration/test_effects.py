@@ -286,6 +286,25 @@ async def test_a_capture_answered_200_with_a_failed_status_is_declined_not_sent(
     assert sorted(event["type"] for event in events) == ["order.accepted", "payment.failed"]
 
 
+async def test_a_capture_whose_endpoint_answers_404_waits_for_the_url_to_be_fixed_and_spends_no_attempt(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a payments URL whose endpoint answers 404 (a wrong path prefix, a proxy routing elsewhere)
+    key = "M-1/payment.capture"
+    downstream.fail_next("payments.post", status=404, key=key)
+    settings = effect_settings(database_url, kafka, topics, downstream)
+    await produce(kafka, topics.source, [("M-1", placed("M-1"), {})], partition=0)
+
+    # When the service runs
+    async with running(settings, "consumer_loop", "effect_worker"):
+        await eventually(lambda: scalar(engine, f"SELECT last_error_code FROM effects WHERE idempotency_key = '{key}'"))
+
+    # Then the capture waits, pending, with no attempt spent: not failed, no payment.failed for a configuration error
+    row = await effect(engine, key)
+    assert (row["state"], row["last_error_code"], row["attempts"]) == ("pending", "PROVIDER_MISCONFIGURED", 0)
+    assert await payment_status(engine, "M-1") != "failed"
+
+
 async def test_e_of_two_reconcilers_started_together_one_does_the_work_and_the_other_exits_0_at_once(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
 ) -> None:

@@ -57,19 +57,22 @@ def answered(status: int, body: object = None, headers: dict[str, str] | None = 
         (503, NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)),
         (408, NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)),  # the provider timed out waiting for our request
         (425, NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)),  # too early: send it again
-        (404, Refused(ErrorCode.PROVIDER_REJECTED)),
+        (404, NotSent(ErrorCode.PROVIDER_MISCONFIGURED)),  # a call's endpoint: our URL, not the effect
+        (405, NotSent(ErrorCode.PROVIDER_MISCONFIGURED)),
+        (410, Refused(ErrorCode.PROVIDER_REJECTED)),
     ],
 )
 def test_each_provider_status_means_one_documented_outcome(status: int, expected: object) -> None:
     assert answered(status, {"payment_id": "p-1"}) == expected
 
 
-def test_credentials_refused_wait_the_longest_backoff_and_spend_no_attempt_however_often() -> None:
-    decision = after_call(NotSent(ErrorCode.PROVIDER_UNAUTHORIZED), 99, POLICY, random.Random(1))
+@pytest.mark.parametrize("code", [ErrorCode.PROVIDER_UNAUTHORIZED, ErrorCode.PROVIDER_MISCONFIGURED])
+def test_credentials_or_a_url_refused_wait_the_longest_backoff_and_spend_no_attempt_however_often(
+    code: ErrorCode,
+) -> None:
+    decision = after_call(NotSent(code), 99, POLICY, random.Random(1))
 
-    assert decision == EffectDecision(
-        "pending", ErrorCode.PROVIDER_UNAUTHORIZED, retry_in=POLICY.max_delay, unmade=True
-    )
+    assert decision == EffectDecision("pending", code, retry_in=POLICY.max_delay, unmade=True)
 
 
 def test_a_provider_still_working_on_the_key_makes_the_effect_uncertain_for_a_look_up() -> None:
