@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 import structlog
@@ -49,6 +49,7 @@ class Summary:
     retry_orphans_removed: int = 0
     seconds: float = 0.0
     complete: bool = True  # False when the time budget ended the pass early
+    failing_kinds: list[str] = field(default_factory=list)  # kinds whose look-ups failed several times in a row
 
     def line(self) -> str:
         """The one-line summary printed for cron logs."""
@@ -58,6 +59,7 @@ class Summary:
             f"{self.still_uncertain} still uncertain; purged {self.inbox_purged} inbox and {self.outbox_purged} "
             f"outbox rows; {self.retry_orphans_removed} orphan retry rows removed; {self.seconds:.2f}s"
             + ("" if self.complete else " (time budget reached, run again)")
+            + (f"; look-ups failing for {', '.join(sorted(self.failing_kinds))}" if self.failing_kinds else "")
         )
 
 
@@ -156,6 +158,8 @@ class Reconciler:
                 failing[effect.kind] += 1
                 if failing[effect.kind] == _FAILED_LOOKUPS_PER_KIND:
                     log.warning("effect_lookups_failing", kind=effect.kind, error_code=found.code.value)
+                    if effect.kind not in summary.failing_kinds:
+                        summary.failing_kinds.append(effect.kind)
             else:
                 failing[effect.kind] = 0
             await self._apply(effect, found, summary)
@@ -195,7 +199,7 @@ class Reconciler:
     async def _purge(self, summary: Summary, deadline: float) -> None:
         """Delete expired rows in small batches, each its own short transaction (no long locks)."""
         window = self._settings.dedup_window
-        for purge, field in ((inbox.purge, "inbox_purged"), (outbox.purge_published, "outbox_purged")):
+        for purge, counted in ((inbox.purge, "inbox_purged"), (outbox.purge_published, "outbox_purged")):
             while True:
                 if time.monotonic() > deadline:
                     summary.complete = False
@@ -203,7 +207,7 @@ class Reconciler:
                 async with UnitOfWork(self._engine) as uow:
                     deleted = await purge(uow.connection, window, _PURGE_BATCH)
                     await uow.commit()
-                setattr(summary, field, getattr(summary, field) + deleted)
+                setattr(summary, counted, getattr(summary, counted) + deleted)
                 if deleted < _PURGE_BATCH:
                     break
 

@@ -955,6 +955,9 @@ async def test_a_provider_whose_look_ups_fail_does_not_hold_back_the_other_provi
     assert summary is not None
     assert (summary.sent_back_to_pending, summary.still_uncertain) == (3, 3)
     assert (downstream.calls("payments.get"), downstream.calls("emails.get")) == (5, 1)
+    # And the pass's summary line names the kind whose look-ups failed
+    assert summary.failing_kinds == ["payment.capture"]
+    assert summary.line().endswith("; look-ups failing for payment.capture")
     assert await scalar(engine, "SELECT count(*) FROM effects WHERE state = 'uncertain'") == 3
 
 
