@@ -32,7 +32,7 @@ from service.policy.backpressure import BackpressurePolicy
 from service.policy.effects import EffectPolicy
 from service.policy.retry import RetryPolicy
 from service.store.uow import create_engine, ping
-from service.worker.consumer import ConsumerLoop
+from service.worker.consumer import CONTEXT_LOOKUPS, ConsumerLoop
 from service.worker.effects import EffectWorker
 from service.worker.gauges import GaugeRefresher
 from service.worker.processor import Processor
@@ -49,9 +49,19 @@ async def _engine(settings: Settings) -> AsyncIterator[AsyncEngine]:
         await engine.dispose()
 
 
+# Effect kinds one process calls at once, each up to ORDERS_EFFECT_CONCURRENCY calls (the order domain has three).
+_KINDS_AT_ONCE = 4
+
+
+def http_connections(settings: Settings) -> int:
+    """The exchanges the one HTTP client allows at once: every effect kind's concurrent calls and, in `run`, the
+    consumer's look-ups besides. A call that waits for a free one past the HTTP timeout fails, and spends an attempt."""
+    return max(100, _KINDS_AT_ONCE * settings.effect_concurrency + CONTEXT_LOOKUPS)
+
+
 async def _http(settings: Settings) -> AsyncIterator[HttpClient]:
-    # One client, its connections kept alive: enough of them for every effect kind's concurrent calls.
-    client = HttpClient.open(settings.http_timeout, connections=max(100, 4 * settings.effect_concurrency))
+    # One client, its connections kept alive (http_connections).
+    client = HttpClient.open(settings.http_timeout, connections=http_connections(settings))
     try:
         yield client
     finally:

@@ -25,7 +25,7 @@ from service.metrics import Metrics
 from service.policy.delivery import Delivery, RetryState
 from service.stopping import wait_unless_stopped
 from service.worker.lanes import Lanes, Taken
-from service.worker.processor import Processor
+from service.worker.processor import LOOKUP_CONCURRENCY, Processor
 from service.worker.spacing import SPACING_SECONDS
 
 log = structlog.get_logger("order_service.consumer")
@@ -36,6 +36,8 @@ _ROUND_BATCHES = 2  # a round attempts up to this many fetch batches
 # While one round's statement runs, another plans and a third waits for PostgreSQL: with two, both were often
 # waiting on PostgreSQL at once and the machine sat partly idle in a drain (docs/performance.md).
 _ROUNDS_IN_FLIGHT = 3
+# The most context look-ups (HTTP calls) a consumer makes at once: what its share of an HTTP client must hold.
+CONTEXT_LOOKUPS = _ROUNDS_IN_FLIGHT * LOOKUP_CONCURRENCY
 # While the lanes hold less than a round's worth that no round has taken, and the broker held less than that beyond
 # what was fetched, the next round starts at least this long after the one before: at a steady rate a round for each
 # fetch pays a transaction and an offset commit for a few records, and fewer, larger rounds leave that CPU to the rest

@@ -58,7 +58,7 @@ log = structlog.get_logger("order_service.processor")
 
 Clock = Callable[[], datetime]
 
-_LOOKUP_CONCURRENCY = 16
+LOOKUP_CONCURRENCY = 16  # a round's context look-ups (the customer directory) at once
 _MAX_CONFLICT_ROUNDS = 5
 # A member's claim on the parked records it releases; renewed every release cycle (half a second) while they are
 # in its memory, so it only runs out when the member is gone or stalled, and another member then takes them.
@@ -246,7 +246,7 @@ class Processor:
                     wanted[key].append(delivery)
         if not wanted:
             return looked_up, failures
-        limit = asyncio.Semaphore(_LOOKUP_CONCURRENCY)
+        limit = asyncio.Semaphore(LOOKUP_CONCURRENCY)
         timeout = self._settings.processing_timeout.total_seconds()
 
         async def look_up(key: str) -> None:

@@ -13,9 +13,12 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from service.adapters.http import Answer
+from service.containers import http_connections
 from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
-from service.orders.providers import _answer
+from service.orders.effects import order_effects
+from service.orders.providers import EmailsClient, PaymentsClient, _answer
+from service.orders.settings import OrderSettings
 from service.policy.effects import (
     MAX_CLAIM,
     EffectDecision,
@@ -31,6 +34,7 @@ from service.policy.effects import (
     after_lookup,
     claim_size,
 )
+from service.worker.consumer import CONTEXT_LOOKUPS
 
 POLICY = EffectPolicy(max_attempts=3)
 
@@ -158,3 +162,14 @@ def test_a_claim_is_one_round_at_least_and_shrinks_as_calls_slow_down(
     size = claim_size(concurrency, faster, rounds_in_lease)
     assert concurrency <= size <= max(concurrency, min(MAX_CLAIM, concurrency * max(rounds_in_lease, 1)))
     assert claim_size(concurrency, slower, rounds_in_lease) <= size
+
+
+@pytest.mark.parametrize("concurrency", [1, 17, 18, 32, 47, 48, 1000])
+def test_the_http_client_holds_every_effect_kinds_calls_and_the_consumers_look_ups_at_once(concurrency: int) -> None:
+    # Given `run` (consume and effects in one process, one HTTP client) with any effect concurrency: each of the
+    # order domain's effect kinds calls up to that many at once, and the consumer's rounds look customers up
+    clients = (PaymentsClient(None, "http://payments.test"), EmailsClient(None, "http://emails.test"))  # type: ignore[arg-type]
+    needed = len(order_effects(*clients).enabled()) * concurrency + CONTEXT_LOOKUPS
+
+    # When the client is sized, Then every one of those calls has a connection without waiting for another's
+    assert http_connections(OrderSettings(effect_concurrency=concurrency)) >= needed
