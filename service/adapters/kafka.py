@@ -10,6 +10,7 @@ from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka import errors as kafka_errors
 
 from service.config import Settings
 from service.policy.records import SourceRecord
@@ -78,12 +79,29 @@ MAX_BATCH = 512 * 1024
 COMPRESSION = "zstd"
 
 
+class InvalidRecordError(kafka_errors.BrokerResponseError):  # type: ignore[misc]
+    """INVALID_RECORD (87, Kafka 2.5 and later): the broker refuses the record's content, e.g. a record without a
+    key on a compacted topic. aiokafka 0.14 does not know the code and reports it as `UnknownError`, as it does the
+    broker's UNKNOWN_SERVER_ERROR (a fault): registered, the relay can tell the two apart."""
+
+    errno = 87
+    message = "INVALID_RECORD"
+    description = "The broker refused the record's content."
+
+
+def register_error_codes() -> None:
+    """Teach aiokafka the broker answers the relay must tell apart from `UnknownError` (InvalidRecordError); a code
+    that a later aiokafka knows itself is left to it."""
+    kafka_errors.kafka_errors.setdefault(InvalidRecordError.errno, InvalidRecordError)
+
+
 def make_producer(settings: Settings, *, idempotent: bool = True) -> AIOKafkaProducer:
     """An idempotent producer: broker-side retries never duplicate or reorder a partition's messages.
 
     `idempotent=False` is for records sent one at a time and awaited each: a refused record does not break the
     sequence numbers of the records after it, as it does for an idempotent producer.
     """
+    register_error_codes()
     return AIOKafkaProducer(
         bootstrap_servers=settings.kafka_bootstrap_servers,
         client_id=f"{settings.consumer_name}-relay",

@@ -22,15 +22,19 @@ from aiokafka.errors import (
     MessageSizeTooLargeError,
     RecordListTooLargeError,
     RecordTooLargeError,
-    UnknownError,
     UnknownTopicOrPartitionError,
-    UnsupportedForMessageFormatError,
 )
 from aiokafka.producer.message_accumulator import BatchBuilder
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.adapters.kafka import MAX_UNCOMPRESSED_MESSAGE, partition_of, start_with_backoff, stop_quietly
+from service.adapters.kafka import (
+    MAX_UNCOMPRESSED_MESSAGE,
+    InvalidRecordError,
+    partition_of,
+    start_with_backoff,
+    stop_quietly,
+)
 from service.config import Settings
 from service.errors import ConcurrentWrite, InfrastructureUnavailable
 from service.faults import crash_point
@@ -61,13 +65,16 @@ _REFUSALS: dict[type[KafkaError], str] = {
     RecordTooLargeError: SET_ASIDE_TOO_LARGE,
     RecordListTooLargeError: SET_ASIDE_TOO_LARGE,
     InvalidTimestampError: SET_ASIDE_INVALID,
+    InvalidRecordError: SET_ASIDE_INVALID,  # e.g. a record without a key on a compacted topic (Kafka 2.5 and later)
 }
 _REFUSED = tuple(_REFUSALS)
-# The answers a record's content gets, but a fault may too: Kafka 4 refuses a record without a key on a compacted
-# topic with INVALID_RECORD, a code aiokafka does not know (UnknownError, as for an unexpected server error), and
-# Kafka 2.x with CORRUPT_MESSAGE (also a CRC error in transit). A row that gets one when sent alone is sent once
-# more, and set aside as MESSAGE_INVALID when the broker says it again; a fault passes with the second try.
-_SUSPECT = (UnknownError, CorruptRecordException, UnsupportedForMessageFormatError)
+# The answer a record's content gets from Kafka before 2.5 (a record without a key on a compacted topic), but a CRC
+# error in transit too: a row that gets it when sent alone is sent once more after a pause, and set aside as
+# MESSAGE_INVALID when the broker says it again. Any other answer (an unexpected server error, a format or
+# compression the topic does not take) is an outage of the topic, waited out: setting rows aside for it would
+# reorder their keys.
+_SUSPECT = (CorruptRecordException,)
+_SUSPECT_PAUSE_SECONDS = 1.0
 # A topic the broker answers for and does not have (auto-creation is off, or the name is not one Kafka takes): its
 # rows wait in the outbox, unclaimed, while every other topic's flow (and their keys' rows of other topics: as behind
 # a set-aside row); the relay asks the broker for it again this often. Telling it from an outage takes the broker's
@@ -295,6 +302,7 @@ class Relay:
                     try:
                         await (await _send_row(producer, row, partitions))
                     except _SUSPECT:
+                        await asyncio.sleep(_SUSPECT_PAUSE_SECONDS)
                         await (await _send_row(producer, row, partitions))
                 except _REFUSED + _SUSPECT as refusal:
                     refused.append((row, refusal))

@@ -267,8 +267,8 @@ async def test_a_row_kafka_refuses_for_its_size_is_set_aside_and_every_other_row
 async def test_a_row_kafka_refuses_with_another_code_is_set_aside_and_every_other_row_flows(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, tmp_path: Path
 ) -> None:
-    # Given a compacted topic, and rows for it around one without a key: Kafka 4 refuses it (INVALID_RECORD, which
-    # reaches aiokafka as UnknownError; Kafka 2.x answers CORRUPT_MESSAGE), a code that is not about its size
+    # Given a compacted topic, and rows for it around one without a key: Kafka refuses it with INVALID_RECORD (a code
+    # aiokafka does not know; before Kafka 2.5, CORRUPT_MESSAGE), not for its size
     compacted = f"{topics.source}.compacted"
     await _create_topic(kafka, NewTopic(compacted, 1, 1, topic_configs={"cleanup.policy": "compact"}))
     settings = settings_for(database_url, kafka, topics)
@@ -300,7 +300,7 @@ async def test_a_row_kafka_refuses_with_another_code_is_set_aside_and_every_othe
     # And the log says which answer set it aside
     lines = [json.loads(line) for line in relay.log().splitlines() if "outbox_row_set_aside" in line]
     assert [(line["outbox_id"], line["error"]) for line in lines] in (
-        [(keyless, "UnknownError")],
+        [(keyless, "InvalidRecordError")],  # Kafka 2.5 and later
         [(keyless, "CorruptRecordException")],
     )
     assert "Traceback" not in relay.log()

@@ -16,9 +16,12 @@ from aiokafka.errors import (
     RecordListTooLargeError,
     RecordTooLargeError,
     UnknownError,
+    for_code,
 )
 
+from service.adapters.kafka import InvalidRecordError, register_error_codes
 from service.store.outbox import ClaimedRow
+from service.worker import relay as relay_module
 from service.worker.relay import _REFUSED, Relay, TopicMissing, _set_aside_code
 
 
@@ -68,36 +71,64 @@ class _ScriptedProducer:
         return answer
 
 
-async def test_a_row_alone_is_set_aside_for_an_answer_that_may_be_a_fault_only_when_the_broker_says_it_twice() -> None:
-    # Given rows whose lone sends get: an unknown error once (a fault), an unknown error twice (Kafka 4's
-    # INVALID_RECORD), a corrupt-record answer twice (Kafka 2.x), a size refusal, and nothing
+async def test_a_row_alone_is_set_aside_for_a_corrupt_answer_only_when_the_broker_says_it_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given rows whose lone sends get: a corrupt-record answer once (a CRC error in transit), twice (Kafka before
+    # 2.5 refusing a record without a key on a compacted topic), INVALID_RECORD, a size refusal, and nothing
+    monkeypatch.setattr(relay_module, "_SUSPECT_PAUSE_SECONDS", 0.0)
     producer = _ScriptedProducer(
         {
-            b"once": [UnknownError()],
-            b"twice": [UnknownError(), UnknownError()],
-            b"corrupt": [CorruptRecordException(), CorruptRecordException()],
+            b"once": [CorruptRecordException()],
+            b"twice": [CorruptRecordException(), CorruptRecordException()],
+            b"invalid": [InvalidRecordError()],
             b"large": [MessageSizeTooLargeError()],
         }
     )
     relay = Relay(None, None, None, lambda: None, lambda: producer)  # type: ignore[arg-type]
     rows = [
         ClaimedRow(n, "t", "K", (), value, None)
-        for n, value in enumerate([b"once", b"twice", b"corrupt", b"large", b"fine"])
+        for n, value in enumerate([b"once", b"twice", b"invalid", b"large", b"fine"])
     ]
 
     # When the relay sends them one by one
     published, refused, error = await relay._one_by_one(rows)
 
-    # Then the fault passed with the second try; the answers said twice, and the size refusal said once, set the
+    # Then the fault passed with the second try; the corrupt answer said twice, and the refusals said once, set the
     # rows aside with their codes; each row was sent at most twice, in order
     assert [row.payload for row in published] == [b"once", b"fine"]
     assert [(row.payload, _set_aside_code(refusal)) for row, refusal in refused] == [
         (b"twice", "MESSAGE_INVALID"),
-        (b"corrupt", "MESSAGE_INVALID"),
+        (b"invalid", "MESSAGE_INVALID"),
         (b"large", "MESSAGE_TOO_LARGE"),
     ]
     assert error is None
-    assert producer.sent == [b"once", b"once", b"twice", b"twice", b"corrupt", b"corrupt", b"large", b"fine"]
+    assert producer.sent == [b"once", b"once", b"twice", b"twice", b"invalid", b"large", b"fine"]
+
+
+async def test_an_unexpected_server_error_stops_the_rows_and_sets_none_aside() -> None:
+    # Given rows of one key whose lone sends get the broker's UNKNOWN_SERVER_ERROR (a fault that lasts a while)
+    producer = _ScriptedProducer({b"1": [UnknownError()] * 5, b"2": [UnknownError()] * 5})
+    relay = Relay(None, None, None, lambda: None, lambda: producer)  # type: ignore[arg-type]
+    rows = [ClaimedRow(n, "t", "K", (), value, None) for n, value in enumerate([b"1", b"2"])]
+
+    # When the relay sends them one by one
+    published, refused, error = await relay._one_by_one(rows)
+
+    # Then nothing is set aside (the key keeps its order): the error ends the pass, to be waited out
+    assert (published, refused, type(error)) == ([], [], UnknownError)
+    assert producer.sent == [b"1"]
+
+
+def test_invalid_record_is_told_apart_from_an_unexpected_server_error() -> None:
+    # Given the relay's producers made (they register the codes aiokafka does not know)
+    register_error_codes()
+
+    # When the broker answers INVALID_RECORD (87) or UNKNOWN_SERVER_ERROR (-1), Then the first is a refusal of the
+    # content, the second is not
+    assert for_code(87) is InvalidRecordError
+    assert isinstance(for_code(87)(), _REFUSED)
+    assert not isinstance(for_code(-1)(), _REFUSED)
 
 
 def test_a_relay_that_published_since_its_last_start_backs_off_from_the_first_step_again() -> None:
