@@ -80,6 +80,7 @@ _SUSPECT_PAUSE_SECONDS = 1.0
 # a set-aside row); the relay asks the broker for it again this often. Telling it from an outage takes the broker's
 # list of topics: aiokafka gives up on a topic's metadata with the same error in both cases.
 _MISSING_TOPIC_CHECK_SECONDS = 30.0
+_LISTING_SECONDS = 3.0  # the longest the relay waits for the broker's list of topics
 
 
 class TopicMissing(Exception):
@@ -360,7 +361,7 @@ async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[
     """
     outcomes: list[BaseException | None] = [None] * len(rows)
     partitions: dict[str, list[int]] = {}
-    missing: set[str] = set()
+    missing = await _resolve(producer, {row.topic for row in rows}, partitions)
     chains: dict[tuple[str, int], list[tuple[BatchBuilder, list[int]]]] = {}
     for index, row in enumerate(rows):
         headers = list(row.headers)
@@ -372,15 +373,7 @@ async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[
         if row.topic in missing:
             outcomes[index] = TopicMissing(row.topic)
             continue
-        try:
-            target = (row.topic, await _partition(producer, row, partitions))
-        except UnknownTopicOrPartitionError:
-            present = await _topics(producer)
-            if present is None or row.topic in present:
-                raise  # the broker is away, or the topic's metadata is late: an outage, waited out
-            missing.add(row.topic)
-            outcomes[index] = TopicMissing(row.topic)
-            continue
+        target = (row.topic, await _partition(producer, row, partitions))
         chain = chains.setdefault(target, [])
         if (
             not chain
@@ -409,11 +402,35 @@ async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[
     return outcomes
 
 
+async def _resolve(producer: AIOKafkaProducer, topics: set[str], partitions: dict[str, list[int]]) -> set[str]:
+    """Ask for the topics' partitions, all at once (into `partitions`); return those the broker does not have.
+
+    aiokafka waits for a topic's metadata up to its request timeout (15 s) before it gives up on it, the same way
+    whether the broker is away or has no such topic: asked one after another, three new missing topics held the
+    batch for 45 s.
+    """
+    missing: set[str] = set()
+
+    async def one(topic: str) -> None:
+        try:
+            partitions[topic] = sorted(await producer.partitions_for(topic))
+        except UnknownTopicOrPartitionError:
+            present = await _topics(producer)
+            if present is None or topic in present:
+                raise  # the broker is away, or the topic's metadata is late: an outage, waited out
+            missing.add(topic)
+
+    await asyncio.gather(*(one(topic) for topic in topics))
+    return missing
+
+
 async def _topics(producer: AIOKafkaProducer) -> frozenset[str] | None:
-    """The topics the broker has, or None when no broker answered."""
+    """The topics the broker has, or None when no broker answered within a few seconds (aiokafka tries each known
+    broker in turn, each up to its request timeout)."""
     try:
-        listing = await producer.client.fetch_all_metadata()
-    except KafkaError:
+        async with asyncio.timeout(_LISTING_SECONDS):
+            listing = await producer.client.fetch_all_metadata()
+    except (KafkaError, TimeoutError):
         return None
     return frozenset(listing.topics())
 

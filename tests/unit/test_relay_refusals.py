@@ -16,13 +16,14 @@ from aiokafka.errors import (
     RecordListTooLargeError,
     RecordTooLargeError,
     UnknownError,
+    UnknownTopicOrPartitionError,
     for_code,
 )
 
 from service.adapters.kafka import InvalidRecordError, register_error_codes
 from service.store.outbox import ClaimedRow
 from service.worker import relay as relay_module
-from service.worker.relay import _REFUSED, Relay, TopicMissing, _set_aside_code
+from service.worker.relay import _REFUSED, Relay, TopicMissing, _resolve, _set_aside_code
 
 
 @pytest.mark.parametrize(
@@ -180,3 +181,42 @@ async def test_a_missing_topic_is_claimed_again_once_the_broker_lists_it_and_not
 
     # Then no answer changes nothing, and the listed topic is claimed again while the other still waits
     assert (unanswered, set(relay._missing)) == ({"a", "b"}, {"b"})
+
+
+class _MetadataProducer:
+    """Answers `partitions_for` for the topics it has, and gives up on the others once all are being asked."""
+
+    def __init__(self, present: set[str], asked: int) -> None:
+        self.client = _Listing(present)
+        self._present = present
+        self._asked = asyncio.Event()
+        self._expected = asked
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        if self.most_in_flight >= self._expected:
+            self._asked.set()
+        try:
+            await asyncio.wait_for(self._asked.wait(), timeout=5)
+            if topic not in self._present:
+                raise UnknownTopicOrPartitionError()
+            return {0, 1}
+        finally:
+            self.in_flight -= 1
+
+
+async def test_a_batchs_topics_are_asked_for_at_once_so_missing_ones_cost_one_wait_not_one_each() -> None:
+    # Given a batch with rows of two topics the broker does not have and one it has (aiokafka waits up to its
+    # request timeout for each topic it cannot find)
+    producer = _MetadataProducer({"present"}, asked=3)
+    partitions: dict[str, list[int]] = {}
+
+    # When the relay resolves the batch's topics
+    missing = await _resolve(producer, {"gone-1", "gone-2", "present"}, partitions)  # type: ignore[arg-type]
+
+    # Then all three were asked at once, the two missing ones are told apart from the present one
+    assert producer.most_in_flight == 3
+    assert (missing, partitions) == ({"gone-1", "gone-2"}, {"present": [0, 1]})
