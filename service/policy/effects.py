@@ -97,11 +97,11 @@ def after_call(
     policy: EffectPolicy,
     rng: random.Random,
     *,
-    settle: timedelta = timedelta(0),
+    quiet: timedelta = timedelta(0),
 ) -> EffectDecision:
     """Decide an effect's state from the provider's answer to attempt number `attempts`.
 
-    `settle`: how long the provider may still act on a request it answered with a 5xx (a gateway's answer while
+    `quiet`: how long the provider may still act on a request it answered with a 5xx (a gateway's answer while
     the provider works on), for a kind whose resend is decided by a look-up: the retry waits at least that long.
     """
     if isinstance(outcome, Sent):
@@ -120,16 +120,16 @@ def after_call(
     if outcome.retry_after is not None:
         delay = max(delay, outcome.retry_after)
     if outcome.code is ErrorCode.DOWNSTREAM_UNAVAILABLE:
-        delay = max(delay, settle)
+        delay = max(delay, quiet)
     return EffectDecision("pending", outcome.code, retry_in=delay)
 
 
 def after_lookup(
-    outcome: LookupOutcome, reconciles: int, policy: EffectPolicy, *, settle: timedelta = timedelta(0)
+    outcome: LookupOutcome, reconciles: int, policy: EffectPolicy, *, quiet: timedelta = timedelta(0)
 ) -> EffectDecision | None:
     """Decide an uncertain effect's state from a look-up; None leaves it uncertain for the next run.
 
-    `reconciles` counts the times it was already sent back to pending as not found. `settle`: how long the
+    `reconciles` counts the times it was already sent back to pending as not found. `quiet`: how long the
     provider may still act on the request whose answer we did not get. Not found now is not "never": for a kind
     whose resend is decided by a look-up (no idempotency), the next attempt, and its look-up, waits that long.
     """
@@ -139,7 +139,7 @@ def after_lookup(
         return None
     if reconciles >= policy.max_reconciles:
         return EffectDecision("failed", ErrorCode.NOT_FOUND_AFTER_RECONCILE)
-    return EffectDecision("pending", ErrorCode.OUTCOME_UNKNOWN, retry_in=settle)
+    return EffectDecision("pending", ErrorCode.OUTCOME_UNKNOWN, retry_in=quiet)
 
 
 # A claim and its outcomes cost two commits whatever their size, so a lane claims what its calls can make within

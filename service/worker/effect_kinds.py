@@ -83,7 +83,7 @@ class EffectRegistry:
         """The kinds whose provider is not configured."""
         return [kind.spec for kind in self._kinds.values() if not kind.enabled]
 
-    def settle(self, name: str, lease: timedelta) -> timedelta:
+    def quiet_time(self, name: str, lease: timedelta) -> timedelta:
         """How long a resend of this kind waits before the look-up that decides it: for a kind without
         idempotency, the lease, as no call is given longer and its provider may still act on a request it took
         before we stopped waiting; none for an idempotent kind (a repeat cannot act twice)."""

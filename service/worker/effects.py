@@ -207,7 +207,7 @@ class EffectWorker:
                 effect.attempts,
                 self._policy,
                 self._rng,
-                settle=self._kinds.settle(effect.kind, self._settings.effect_lease),
+                quiet=self._kinds.quiet_time(effect.kind, self._settings.effect_lease),
             )
             for effect, outcome in zip(claimed, outcomes, strict=True)
         ]

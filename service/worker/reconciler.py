@@ -167,8 +167,8 @@ class Reconciler:
 
     async def _apply(self, effect: EffectRow, found: LookupOutcome, summary: Summary) -> None:
         """Write what the look-up decides for the effect, and count it."""
-        settle = self._kinds.settle(effect.kind, self._settings.effect_lease)
-        decision = after_lookup(found, effect.reconcile_count, self._policy, settle=settle)
+        quiet = self._kinds.quiet_time(effect.kind, self._settings.effect_lease)
+        decision = after_lookup(found, effect.reconcile_count, self._policy, quiet=quiet)
         if decision is None:
             summary.still_uncertain += 1
             return

@@ -97,36 +97,36 @@ def test_a_transient_answer_spends_an_attempt_and_the_last_one_fails_exhausted()
     assert last == EffectDecision("failed", ErrorCode.DOWNSTREAM_UNAVAILABLE_EXHAUSTED)
 
 
-SETTLE = timedelta(seconds=30)
+QUIET = timedelta(seconds=30)
 
 
-def test_a_resend_decided_by_a_look_up_waits_for_the_provider_to_settle_after_a_5xx() -> None:
+def test_a_resend_decided_by_a_look_up_waits_a_quiet_time_for_the_provider_after_a_5xx() -> None:
     # Given a 5xx answer (perhaps a gateway's, while the provider still works on the request) and a 429 (not taken)
     unavailable, limited = NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE), NotSent(ErrorCode.RATE_LIMITED)
 
-    # When they are decided for a kind whose resend is decided by a look-up (a settle time) and for one that is not
-    settled = after_call(unavailable, 1, POLICY, random.Random(1), settle=SETTLE)
+    # When they are decided for a kind whose resend is decided by a look-up (a quiet time) and for one that is not
+    waited = after_call(unavailable, 1, POLICY, random.Random(1), quiet=QUIET)
     idempotent = after_call(unavailable, 1, POLICY, random.Random(1))
-    rate_limited = after_call(limited, 1, POLICY, random.Random(1), settle=SETTLE)
+    rate_limited = after_call(limited, 1, POLICY, random.Random(1), quiet=QUIET)
 
-    # Then only the 5xx of the first kind waits the settle time before its next attempt (and its look-up)
-    assert (settled.state, settled.retry_in) == ("pending", SETTLE)
+    # Then only the 5xx of the first kind waits the quiet time before its next attempt (and its look-up)
+    assert (waited.state, waited.retry_in) == ("pending", QUIET)
     assert idempotent.retry_in is not None
     assert idempotent.retry_in <= POLICY.base_delay
     assert rate_limited.retry_in is not None
     assert rate_limited.retry_in <= POLICY.base_delay
 
 
-def test_an_effect_a_look_up_did_not_find_is_attempted_again_only_once_its_provider_settled() -> None:
+def test_an_effect_a_look_up_did_not_find_is_attempted_again_only_after_its_providers_quiet_time() -> None:
     # Given an uncertain effect whose look-up found nothing, one that was found, and a look-up that failed
-    # When the reconciler decides them with a settle time
-    missing = after_lookup(Missing(), 0, POLICY, settle=SETTLE)
-    found = after_lookup(Found("em-1"), 0, POLICY, settle=SETTLE)
-    failed = after_lookup(LookupFailed(ErrorCode.DOWNSTREAM_UNAVAILABLE), 0, POLICY, settle=SETTLE)
+    # When the reconciler decides them with a quiet time
+    missing = after_lookup(Missing(), 0, POLICY, quiet=QUIET)
+    found = after_lookup(Found("em-1"), 0, POLICY, quiet=QUIET)
+    failed = after_lookup(LookupFailed(ErrorCode.DOWNSTREAM_UNAVAILABLE), 0, POLICY, quiet=QUIET)
 
-    # Then the missing one goes back to pending due only after the settle time: its provider may still act on the
+    # Then the missing one goes back to pending due only after the quiet time: its provider may still act on the
     # request whose answer never came, and the next attempt looks it up again first
-    assert missing == EffectDecision("pending", ErrorCode.OUTCOME_UNKNOWN, retry_in=SETTLE)
+    assert missing == EffectDecision("pending", ErrorCode.OUTCOME_UNKNOWN, retry_in=QUIET)
     assert found == EffectDecision("sent", reference="em-1")
     assert failed is None
 
