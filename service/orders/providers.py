@@ -42,14 +42,17 @@ def _json(response: Answer) -> Any:
 
 
 # A payment's `status` (contract §6 leaves its values open) that says the provider did not take the money: the
-# capture or refund failed as with a 402, whatever the HTTP status. Compared without case.
-_DECLINED = frozenset({"failed", "declined", "rejected"})
+# capture or refund failed as with a 402, whatever the HTTP status. Compared without case; the words payment
+# providers commonly answer a failed or undone payment with.
+DECLINED_STATUSES = frozenset(
+    {"failed", "failure", "declined", "rejected", "refused", "canceled", "cancelled", "voided", "expired", "error"}
+)
 
 
 def _declined(document: Any) -> bool:
     """Whether a payment document says it failed."""
     status = document.get("status") if isinstance(document, dict) else None
-    return isinstance(status, str) and status.strip().lower() in _DECLINED
+    return isinstance(status, str) and status.strip().lower() in DECLINED_STATUSES
 
 
 def _answer(response: Answer, reference_field: str) -> CallOutcome:

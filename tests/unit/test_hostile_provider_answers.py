@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from service.adapters.http import MAX_RETRY_AFTER, Answer, _request_bytes, call_status, path_segment, retry_after
 from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
-from service.orders.providers import EmailsClient, PaymentsClient, _answer
+from service.orders.providers import DECLINED_STATUSES, EmailsClient, PaymentsClient, _answer
 from service.policy.effects import Found, LookupFailed, Missing, Refused, Sent, Unknown
 
 
@@ -160,7 +160,7 @@ def test_a_capture_answered_without_a_usable_payment_id_is_left_to_a_look_up(bod
     assert _answer(Answer(201, {}, orjson.dumps(body)), "payment_id") == Unknown(ErrorCode.UNEXPECTED_ERROR)
 
 
-@pytest.mark.parametrize("status", ["failed", "FAILED", "declined", " Rejected "])
+@pytest.mark.parametrize("status", ["failed", "FAILED", "declined", " Rejected ", "canceled", "Voided", "expired"])
 @pytest.mark.parametrize("code", [200, 201])
 async def test_a_payment_answered_with_a_failed_status_is_declined_and_a_look_up_finds_no_payment(
     status: str, code: int
@@ -184,7 +184,7 @@ async def test_a_payment_answered_with_a_failed_status_is_declined_and_a_look_up
 @example("failed-ish")
 async def test_a_payment_with_any_other_status_is_sent_with_its_id(status: object) -> None:
     # Given a 201 with a payment id and any other status (or none, or not a text)
-    if isinstance(status, str) and status.strip().lower() in ("failed", "declined", "rejected"):
+    if isinstance(status, str) and status.strip().lower() in DECLINED_STATUSES:
         return
     body = {"payment_id": "pay-1", "status": status}
 
