@@ -53,7 +53,7 @@ class _Payment:
         if self.spec is REFUND and effect.prerequisite_state == "failed":
             # A capture that failed on our side (refused, exhausted, never found) may still have happened at the
             # provider: ask before deciding that there is nothing to refund.
-            captured = await self._payments.find(f"{effect.aggregate_id}/{CAPTURE.name}")
+            captured = await self._payments.find(f"{effect.aggregate_id}/{CAPTURE.name}", "capture")
             if isinstance(captured, Missing):
                 return Refused(OrderCode.CAPTURE_FAILED)
             if isinstance(captured, LookupFailed):
@@ -62,7 +62,7 @@ class _Payment:
 
     async def look_up(self, effect: EffectRow) -> LookupOutcome:
         """The payment made under the effect's idempotency key, if any."""
-        return await self._payments.find(effect.idempotency_key)
+        return await self._payments.find(effect.idempotency_key, str(effect.payload.get("kind")))
 
     async def on_outcomes(self, connection: AsyncConnection, topics: Topics, settled: Sequence[Settled]) -> None:
         """Each sent or failed payment: the order's payment status, its version, and one `payment.*` event."""

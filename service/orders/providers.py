@@ -43,23 +43,26 @@ def _json(response: Answer) -> Any:
 
 # A payment's `status` (contract §6 leaves its values open) that says the provider did not take the money: the
 # capture or refund failed as with a 402, whatever the HTTP status. Compared without case; the words payment
-# providers commonly answer a failed or undone payment with.
-DECLINED_STATUSES = frozenset(
-    {"failed", "failure", "declined", "rejected", "refused", "canceled", "cancelled", "voided", "expired", "error"}
-)
+# providers commonly answer a failed payment with, and for a capture also an undone one (a refund made as a void
+# may answer `voided` or `canceled`: for a refund those say it was done).
+FAILED_STATUSES = frozenset({"failed", "failure", "declined", "rejected", "refused", "error"})
+UNDONE_STATUSES = frozenset({"canceled", "cancelled", "voided", "expired", "requires_payment_method"})
 
 
-def _declined(document: Any) -> bool:
-    """Whether a payment document says it failed."""
+def _declined(document: Any, kind: str) -> bool:
+    """Whether a payment document of this kind (`capture`, `refund`) says it took no money."""
     status = document.get("status") if isinstance(document, dict) else None
-    return isinstance(status, str) and status.strip().lower() in DECLINED_STATUSES
+    if not isinstance(status, str):
+        return False
+    status = status.strip().lower()
+    return status in FAILED_STATUSES or (kind == "capture" and status in UNDONE_STATUSES)
 
 
-def _answer(response: Answer, reference_field: str) -> CallOutcome:
+def _answer(response: Answer, reference_field: str, payment_kind: str | None = None) -> CallOutcome:
     status = response.status_code
     if status in (200, 201, 202):
         document = _json(response)
-        if reference_field == "payment_id" and _declined(document):
+        if payment_kind is not None and _declined(document, payment_kind):
             return Refused(OrderCode.PAYMENT_DECLINED)
         reference = _reference(document, reference_field)
         # Without its id it did something, but we cannot tell what: let a look-up decide.
@@ -80,10 +83,10 @@ class PaymentsClient(Downstream):
             )
         except TransportError as error:
             return call_transport(error)
-        return _answer(response, "payment_id")
+        return _answer(response, "payment_id", str(body.get("kind")))
 
-    async def find(self, idempotency_key: str) -> LookupOutcome:
-        """Look a payment up by its idempotency key."""
+    async def find(self, idempotency_key: str, kind: str) -> LookupOutcome:
+        """Look a payment of this kind (`capture`, `refund`) up by its idempotency key."""
         try:
             response = await self._http.get(f"{self._base_url}/payments", params={"idempotency_key": idempotency_key})
         except TransportError:
@@ -93,7 +96,7 @@ class PaymentsClient(Downstream):
         if response.status_code != 200:
             return lookup_status(response)
         document = _json(response)
-        if _declined(document):
+        if _declined(document, kind):
             # It took no money: as if there were none (a capture is then sent again, and the provider answers the
             # same key with the same failure; a refund finds nothing to refund).
             return Missing()

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from service.adapters.http import MAX_RETRY_AFTER, Answer, _request_bytes, call_status, path_segment, retry_after
 from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
-from service.orders.providers import DECLINED_STATUSES, EmailsClient, PaymentsClient, _answer
+from service.orders.providers import FAILED_STATUSES, UNDONE_STATUSES, EmailsClient, PaymentsClient, _answer
 from service.policy.effects import Found, LookupFailed, Missing, Refused, Sent, Unknown
 
 
@@ -160,35 +160,63 @@ def test_a_capture_answered_without_a_usable_payment_id_is_left_to_a_look_up(bod
     assert _answer(Answer(201, {}, orjson.dumps(body)), "payment_id") == Unknown(ErrorCode.UNEXPECTED_ERROR)
 
 
-@pytest.mark.parametrize("status", ["failed", "FAILED", "declined", " Rejected ", "canceled", "Voided", "expired"])
+@pytest.mark.parametrize(
+    ("kind", "status"),
+    [
+        ("capture", "failed"),
+        ("capture", "FAILED"),
+        ("capture", "declined"),
+        ("capture", " Rejected "),
+        ("capture", "canceled"),
+        ("capture", "Voided"),
+        ("capture", "expired"),
+        ("refund", "failed"),
+        ("refund", "refused"),
+    ],
+)
 @pytest.mark.parametrize("code", [200, 201])
-async def test_a_payment_answered_with_a_failed_status_is_declined_and_a_look_up_finds_no_payment(
-    status: str, code: int
+async def test_a_payment_answered_with_a_status_that_took_no_money_is_declined_and_a_look_up_finds_none(
+    kind: str, status: str, code: int
 ) -> None:
-    # Given a provider that answers a capture, and a look-up of its key, with a payment whose status says it failed
+    # Given a provider that answers a payment, and a look-up of its key, with a status that says it took no money
     body = {"payment_id": "pay-1", "status": status}
 
     # When the call's outcome and the look-up's are read
-    called = _answer(Answer(code, {}, orjson.dumps(body)), "payment_id")
-    found = await PaymentsClient(_Answering(body), "http://payments.test").find("A-1/payment.capture")  # type: ignore[arg-type]
+    called = _answer(Answer(code, {}, orjson.dumps(body)), "payment_id", kind)
+    found = await PaymentsClient(_Answering(body), "http://payments.test").find(f"A-1/payment.{kind}", kind)  # type: ignore[arg-type]
 
-    # Then the capture is declined, as with a 402 (not `sent`, no `payment.captured`), and the look-up says no
-    # payment took the money (a refund then has nothing to refund)
+    # Then it is declined, as with a 402 (not `sent`, no `payment.captured`), and the look-up says no payment took
+    # the money (a refund then has nothing to refund)
     assert called == Refused(OrderCode.PAYMENT_DECLINED)
     assert found == Missing()
 
 
-@given(st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=12)))
-@example("captured")
-@example("pending")
-@example("failed-ish")
-async def test_a_payment_with_any_other_status_is_sent_with_its_id(status: object) -> None:
+@pytest.mark.parametrize("status", ["voided", "Canceled", "cancelled", "expired"])
+async def test_a_refund_answered_voided_or_canceled_is_done(status: str) -> None:
+    # Given a refund the provider made as a void: it answers the refund, and its look-up, with `voided` or `canceled`
+    body = {"payment_id": "ref-1", "status": status}
+
+    # When the call's outcome and the look-up's are read, Then the refund is sent (for a capture the same words
+    # would say it took no money)
+    assert _answer(Answer(201, {}, orjson.dumps(body)), "payment_id", "refund") == Sent("ref-1")
+    found = await PaymentsClient(_Answering(body), "http://payments.test").find("A-1/payment.refund", "refund")  # type: ignore[arg-type]
+    assert found == Found("ref-1")
+
+
+@given(
+    st.sampled_from(["capture", "refund"]),
+    st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=12)),
+)
+@example("capture", "captured")
+@example("capture", "pending")
+@example("capture", "failed-ish")
+async def test_a_payment_with_any_other_status_is_sent_with_its_id(kind: str, status: object) -> None:
     # Given a 201 with a payment id and any other status (or none, or not a text)
-    if isinstance(status, str) and status.strip().lower() in DECLINED_STATUSES:
+    if isinstance(status, str) and status.strip().lower() in FAILED_STATUSES | UNDONE_STATUSES:
         return
     body = {"payment_id": "pay-1", "status": status}
 
     # When the call's outcome and the look-up's are read, Then both record the payment
-    assert _answer(Answer(201, {}, orjson.dumps(body)), "payment_id") == Sent("pay-1")
-    found = await PaymentsClient(_Answering(body), "http://payments.test").find("A-1/payment.capture")  # type: ignore[arg-type]
+    assert _answer(Answer(201, {}, orjson.dumps(body)), "payment_id", kind) == Sent("pay-1")
+    found = await PaymentsClient(_Answering(body), "http://payments.test").find(f"A-1/payment.{kind}", kind)  # type: ignore[arg-type]
     assert found == Found("pay-1")
