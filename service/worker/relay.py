@@ -16,7 +16,6 @@ import structlog
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
     CorruptRecordException,
-    InvalidTimestampError,
     KafkaError,
     KafkaTimeoutError,
     MessageSizeTooLargeError,
@@ -57,20 +56,21 @@ _REBALANCE_SECONDS = 1.0
 # Longer than the producer's request timeout (15 s), so that Kafka's own answer, when there is one, comes first.
 _WAITING_LOG_SECONDS = 20.0
 # The errors that say Kafka will never take this record as it is, whatever the retry, and the code its row is
-# set aside with: too large, or content the broker refuses (a timestamp outside the topic's window).
+# set aside with: too large, or content the broker refuses. Not INVALID_TIMESTAMP: the relay's records carry its
+# own clock's time, so that answer is about the clock (or the topic's window), and waited out like an outage.
 SET_ASIDE_TOO_LARGE = "MESSAGE_TOO_LARGE"
 SET_ASIDE_INVALID = "MESSAGE_INVALID"
 _REFUSALS: dict[type[KafkaError], str] = {
     MessageSizeTooLargeError: SET_ASIDE_TOO_LARGE,
     RecordTooLargeError: SET_ASIDE_TOO_LARGE,
     RecordListTooLargeError: SET_ASIDE_TOO_LARGE,
-    InvalidTimestampError: SET_ASIDE_INVALID,
     InvalidRecordError: SET_ASIDE_INVALID,  # e.g. a record without a key on a compacted topic (Kafka 2.5 and later)
 }
 _REFUSED = tuple(_REFUSALS)
 # The answer a record's content gets from Kafka before 2.5 (a record without a key on a compacted topic), but a CRC
-# error in transit too: a row that gets it when sent alone is sent once more after a pause, and set aside as
-# MESSAGE_INVALID when the broker says it again. Any other answer (an unexpected server error, a format or
+# error in transit too: a row that gets it when sent alone is sent once more, after a pause the first time in a pass
+# (a pass of such rows would otherwise take a second each), and set aside as MESSAGE_INVALID when the broker says
+# it again. Any other answer (an unexpected server error, a format or
 # compression the topic does not take) is an outage of the topic, waited out: setting rows aside for it would
 # reorder their keys.
 _SUSPECT = (CorruptRecordException,)
@@ -80,7 +80,10 @@ _SUSPECT_PAUSE_SECONDS = 1.0
 # a set-aside row); the relay asks the broker for it again this often. Telling it from an outage takes the broker's
 # list of topics: aiokafka gives up on a topic's metadata with the same error in both cases.
 _MISSING_TOPIC_CHECK_SECONDS = 30.0
-_LISTING_SECONDS = 3.0  # the longest the relay waits for the broker's list of topics
+# The longest the relay waits for the broker's list of topics: at a re-check, in the loop that publishes; when a
+# topic's metadata did not come, as long as the producer's requests (aiokafka asks the known brokers in turn).
+_RECHECK_LISTING_SECONDS = 3.0
+_LISTING_SECONDS = 15.0
 
 
 class TopicMissing(Exception):
@@ -273,13 +276,14 @@ class Relay:
                 "outbox_topic_missing", topic=topic, rows=found[topic], retry_in_seconds=_MISSING_TOPIC_CHECK_SECONDS
             )
         if found.keys() - self._missing:
+            if not self._missing:  # (a topic found missing later does not put off the check of those before it)
+                self._missing_checked = time.monotonic()
             self._missing |= found.keys()
-            self._missing_checked = time.monotonic()
 
     async def _look_for_missing(self, producer: AIOKafkaProducer) -> None:
         """Ask the broker for the missing topics again: those it has now are claimed again."""
         self._missing_checked = time.monotonic()
-        present = await _topics(producer)
+        present = await _topics(producer, _RECHECK_LISTING_SECONDS)
         if present is None:
             return  # no answer: asked again at the next check
         for topic in sorted(self._missing & present):
@@ -298,12 +302,15 @@ class Relay:
         try:
             await producer.start()
             partitions: dict[str, list[int]] = {}
+            paused = False
             for row in rows:
                 try:
                     try:
                         await (await _send_row(producer, row, partitions))
                     except _SUSPECT:
-                        await asyncio.sleep(_SUSPECT_PAUSE_SECONDS)
+                        if not paused:
+                            await asyncio.sleep(_SUSPECT_PAUSE_SECONDS)
+                            paused = True
                         await (await _send_row(producer, row, partitions))
                 except _REFUSED + _SUSPECT as refusal:
                     refused.append((row, refusal))
@@ -331,9 +338,9 @@ async def _said_while_waiting(sending: Coroutine[Any, Any, T], previous: asyncio
     """Await a send, with one log line per interval while it waits (said by the oldest batch in flight only: the
     others wait for the same broker).
 
-    aiokafka waits for a topic's first metadata without end while the broker is away (its metadata update
-    retries forever). Cancelling that send would not help: stopping the producer flushes what it holds, and
-    the rows would go out twice. So the relay waits, and says so.
+    A send waits while the broker is away: aiokafka's sender retries a batch it holds, and `_submit` waits for room
+    behind it. Cancelling that send would not help: stopping the producer flushes what it holds, and the rows would
+    go out twice. So the relay waits, and says so.
     """
     task = asyncio.ensure_future(sending)
     waited = 0.0
@@ -415,20 +422,28 @@ async def _resolve(producer: AIOKafkaProducer, topics: set[str], partitions: dic
         try:
             partitions[topic] = sorted(await producer.partitions_for(topic))
         except UnknownTopicOrPartitionError:
-            present = await _topics(producer)
+            present = await _topics(producer, _LISTING_SECONDS)
             if present is None or topic in present:
                 raise  # the broker is away, or the topic's metadata is late: an outage, waited out
             missing.add(topic)
 
-    await asyncio.gather(*(one(topic) for topic in topics))
+    asked = [asyncio.ensure_future(one(topic)) for topic in topics]
+    try:
+        await asyncio.gather(*asked)
+    except BaseException:
+        # The first failure ends the batch: the other questions go with it, not on into a producer about to stop.
+        for question in asked:
+            question.cancel()
+        await asyncio.gather(*asked, return_exceptions=True)
+        raise
     return missing
 
 
-async def _topics(producer: AIOKafkaProducer) -> frozenset[str] | None:
-    """The topics the broker has, or None when no broker answered within a few seconds (aiokafka tries each known
-    broker in turn, each up to its request timeout)."""
+async def _topics(producer: AIOKafkaProducer, within: float) -> frozenset[str] | None:
+    """The topics the broker has, or None when no broker answered `within` seconds (aiokafka tries each known broker
+    in turn, each up to its request timeout)."""
     try:
-        async with asyncio.timeout(_LISTING_SECONDS):
+        async with asyncio.timeout(within):
             listing = await producer.client.fetch_all_metadata()
     except (KafkaError, TimeoutError):
         return None

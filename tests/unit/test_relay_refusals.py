@@ -15,6 +15,7 @@ from aiokafka.errors import (
     NotLeaderForPartitionError,
     RecordListTooLargeError,
     RecordTooLargeError,
+    TopicAuthorizationFailedError,
     UnknownError,
     UnknownTopicOrPartitionError,
     for_code,
@@ -32,7 +33,6 @@ from service.worker.relay import _REFUSED, Relay, TopicMissing, _resolve, _set_a
         (MessageSizeTooLargeError(), "MESSAGE_TOO_LARGE"),
         (RecordTooLargeError(), "MESSAGE_TOO_LARGE"),
         (RecordListTooLargeError(), "MESSAGE_TOO_LARGE"),
-        (InvalidTimestampError(), "MESSAGE_INVALID"),
     ],
 )
 def test_a_refusal_for_content_sets_the_row_aside_with_its_code(error: KafkaError, code: str) -> None:
@@ -40,8 +40,17 @@ def test_a_refusal_for_content_sets_the_row_aside_with_its_code(error: KafkaErro
     assert _set_aside_code(error) == code
 
 
-@pytest.mark.parametrize("error", [KafkaConnectionError(), NotLeaderForPartitionError(), CorruptRecordException()])
-def test_an_outage_or_a_leader_change_is_not_a_refusal(error: Exception) -> None:
+@pytest.mark.parametrize(
+    "error",
+    [
+        KafkaConnectionError(),
+        NotLeaderForPartitionError(),
+        CorruptRecordException(),  # sent again before it is taken for one (below)
+        InvalidTimestampError(),  # the relay's records carry its clock's time: the clock is wrong, not the row
+        UnknownError(),
+    ],
+)
+def test_an_outage_a_leader_change_or_a_clock_is_not_a_refusal(error: Exception) -> None:
     assert not isinstance(error, _REFUSED)
 
 
@@ -220,3 +229,53 @@ async def test_a_batchs_topics_are_asked_for_at_once_so_missing_ones_cost_one_wa
     # Then all three were asked at once, the two missing ones are told apart from the present one
     assert producer.most_in_flight == 3
     assert (missing, partitions) == ({"gone-1", "gone-2"}, {"present": [0, 1]})
+
+
+async def test_a_pass_of_corrupt_answers_pauses_once_not_once_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given three rows that a broker before Kafka 2.5 refuses, each time, as corrupt (keyless, compacted topic)
+    pauses: list[float] = []
+
+    async def pause(seconds: float) -> None:
+        pauses.append(seconds)
+
+    monkeypatch.setattr(relay_module.asyncio, "sleep", pause)
+    producer = _ScriptedProducer(
+        {value: [CorruptRecordException(), CorruptRecordException()] for value in (b"1", b"2", b"3")}
+    )
+    relay = Relay(None, None, None, lambda: None, lambda: producer)  # type: ignore[arg-type]
+    rows = [ClaimedRow(n, "t", None, (), value, None) for n, value in enumerate([b"1", b"2", b"3"])]
+
+    # When the relay sends them one by one
+    _, refused, error = await relay._one_by_one(rows)
+
+    # Then all three are set aside after two answers each, and the pass paused once
+    assert ([row.payload for row, _ in refused], error) == ([b"1", b"2", b"3"], None)
+    assert pauses == [relay_module._SUSPECT_PAUSE_SECONDS]
+
+
+class _DeniedAndSlow:
+    """Refuses one topic at once (no permission to describe it) and never answers for the other."""
+
+    def __init__(self) -> None:
+        self.cancelled: list[str] = []
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        if topic == "denied":
+            raise TopicAuthorizationFailedError(topic)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(topic)
+            raise
+        return set()
+
+
+async def test_a_topic_that_fails_ends_the_questions_about_the_batchs_other_topics() -> None:
+    # Given a batch with a topic the relay may not describe and one whose metadata does not come
+    producer = _DeniedAndSlow()
+
+    # When the relay resolves the batch's topics, Then the failure ends it, and the other question is cancelled,
+    # not left running into a producer that stops
+    with pytest.raises(TopicAuthorizationFailedError):
+        await _resolve(producer, {"denied", "slow"}, {})  # type: ignore[arg-type]
+    assert producer.cancelled == ["slow"]
