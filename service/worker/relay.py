@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaProducer
+from aiokafka import errors as kafka_errors
 from aiokafka.errors import (
     CorruptRecordException,
     KafkaError,
@@ -237,7 +238,7 @@ class Relay:
             ]
             refused: list[tuple[ClaimedRow, KafkaError]] = []
             error: BaseException | None = None
-            if failed and (self.spoiled or any(isinstance(outcome, _REFUSED + _SUSPECT) for _, outcome in failed)):
+            if failed and (self.spoiled or any(isinstance(outcome, _refusals() + _SUSPECT) for _, outcome in failed)):
                 # After a refusal the idempotent producer's sequence for that partition is broken (the records
                 # after it fail `OutOfOrderSequenceNumber`): it is replaced, and the failed rows go one by one.
                 self.spoiled = True
@@ -312,7 +313,7 @@ class Relay:
                             await asyncio.sleep(_SUSPECT_PAUSE_SECONDS)
                             paused = True
                         await (await _send_row(producer, row, partitions))
-                except _REFUSED + _SUSPECT as refusal:
+                except _refusals() + _SUSPECT as refusal:
                     refused.append((row, refusal))
                 else:
                     published.append(row)
@@ -327,6 +328,13 @@ async def _settle(in_flight: deque[tuple[asyncio.Task[int], frozenset[str]]]) ->
     """Wait for the batches in flight to settle, oldest first (raising the error of one that failed)."""
     while in_flight:
         await in_flight.popleft()[0]
+
+
+def _refusals() -> tuple[type[KafkaError], ...]:
+    """The refusals, with the class aiokafka answers INVALID_RECORD with: ours once registered, or a later aiokafka's
+    own (which `register_error_codes` leaves in place)."""
+    invalid_record = kafka_errors.kafka_errors.get(InvalidRecordError.errno)
+    return _REFUSED if invalid_record in (None, InvalidRecordError) else (*_REFUSED, invalid_record)
 
 
 def _set_aside_code(refusal: KafkaError) -> str:

@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from aiokafka import errors as kafka_errors
 from aiokafka.errors import (
     CorruptRecordException,
     InvalidTimestampError,
@@ -21,7 +22,8 @@ from aiokafka.errors import (
     for_code,
 )
 
-from service.adapters.kafka import InvalidRecordError, register_error_codes
+from service.adapters.kafka import InvalidRecordError, make_producer, register_error_codes
+from service.orders.settings import OrderSettings
 from service.store.outbox import ClaimedRow
 from service.worker import relay as relay_module
 from service.worker.relay import _REFUSED, Relay, TopicMissing, _resolve, _set_aside_code
@@ -279,3 +281,32 @@ async def test_a_topic_that_fails_ends_the_questions_about_the_batchs_other_topi
     with pytest.raises(TopicAuthorizationFailedError):
         await _resolve(producer, {"denied", "slow"}, {})  # type: ignore[arg-type]
     assert producer.cancelled == ["slow"]
+
+
+async def test_the_relays_producers_teach_aiokafka_invalid_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given an aiokafka that does not know INVALID_RECORD (87) yet
+    monkeypatch.delitem(kafka_errors.kafka_errors, 87, raising=False)
+    assert for_code(87) is UnknownError
+
+    # When a relay's producer is made, Then the broker's 87 reaches the relay as InvalidRecordError
+    producer = make_producer(OrderSettings())
+    assert for_code(87) is InvalidRecordError
+    await producer.stop()
+
+
+async def test_a_later_aiokafkas_own_invalid_record_error_is_a_refusal_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given an aiokafka that knows INVALID_RECORD itself (registration leaves its class in place)
+    class TheirInvalidRecord(kafka_errors.BrokerResponseError):  # type: ignore[misc]
+        errno = 87
+
+    monkeypatch.setitem(kafka_errors.kafka_errors, 87, TheirInvalidRecord)
+    register_error_codes()
+    producer = _ScriptedProducer({b"keyless": [TheirInvalidRecord()]})
+    relay = Relay(None, None, None, lambda: None, lambda: producer)  # type: ignore[arg-type]
+
+    # When a row gets it, sent alone
+    published, refused, error = await relay._one_by_one([ClaimedRow(1, "t", None, (), b"keyless", None)])
+
+    # Then it is set aside as invalid, not waited out for ever
+    assert (published, error) == ([], None)
+    assert [(row.id, _set_aside_code(refusal)) for row, refusal in refused] == [(1, "MESSAGE_INVALID")]
