@@ -62,7 +62,7 @@ class _Payment:
 
     async def look_up(self, effect: EffectRow) -> LookupOutcome:
         """The payment made under the effect's idempotency key, if any."""
-        return await self._payments.find(effect.idempotency_key, str(effect.payload.get("kind")))
+        return await self._payments.find(effect.idempotency_key, "capture" if self.spec is CAPTURE else "refund")
 
     async def on_outcomes(self, connection: AsyncConnection, topics: Topics, settled: Sequence[Settled]) -> None:
         """Each sent or failed payment: the order's payment status, its version, and one `payment.*` event."""

@@ -41,12 +41,14 @@ def _json(response: Answer) -> Any:
         return None
 
 
-# A payment's `status` (contract §6 leaves its values open) that says the provider did not take the money: the
+# A payment's `status` (contract §6 leaves its values open) that says the provider did not move the money: the
 # capture or refund failed as with a 402, whatever the HTTP status. Compared without case; the words payment
-# providers commonly answer a failed payment with, and for a capture also an undone one (a refund made as a void
-# may answer `voided` or `canceled`: for a refund those say it was done).
-FAILED_STATUSES = frozenset({"failed", "failure", "declined", "rejected", "refused", "error"})
-UNDONE_STATUSES = frozenset({"canceled", "cancelled", "voided", "expired", "requires_payment_method"})
+# providers commonly answer a failed or cancelled payment with, and for a capture also a voided one (a refund
+# made as a void of the capture may answer `voided`: for a refund that says it was done).
+FAILED_STATUSES = frozenset(
+    {"failed", "failure", "declined", "rejected", "refused", "error", "canceled", "cancelled", "expired"}
+)
+UNDONE_STATUSES = frozenset({"voided", "requires_payment_method"})
 
 
 def _declined(document: Any, kind: str) -> bool:

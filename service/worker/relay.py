@@ -22,6 +22,7 @@ from aiokafka.errors import (
     MessageSizeTooLargeError,
     RecordListTooLargeError,
     RecordTooLargeError,
+    UnknownError,
     UnknownTopicOrPartitionError,
 )
 from aiokafka.producer.message_accumulator import BatchBuilder
@@ -70,12 +71,14 @@ _REFUSALS: dict[type[KafkaError], str] = {
 _REFUSED = tuple(_REFUSALS)
 # The answer a record's content gets from Kafka before 2.5 (a record without a key on a compacted topic), but a CRC
 # error in transit too: a row that gets it when sent alone is sent once more, after a pause the first time in a pass
-# (a pass of such rows would otherwise take a second each), and set aside as MESSAGE_INVALID when the broker says
-# it again. Any other answer (an unexpected server error, a format or
+# (a pass of such rows would otherwise take a second each). Said again, the row is set aside as MESSAGE_INVALID
+# when its partition took another row in the pass, or when it got it in three passes (the relay's backoff between
+# them); else the pass ends there, as for an outage. Any other answer (an unexpected server error, a format or
 # compression the topic does not take) is an outage of the topic, waited out: setting rows aside for it would
 # reorder their keys.
 _SUSPECT = (CorruptRecordException,)
 _SUSPECT_PAUSE_SECONDS = 1.0
+_SUSPECT_PASSES = 3
 # A topic the broker answers for and does not have (auto-creation is off, or the name is not one Kafka takes): its
 # rows wait in the outbox, unclaimed, while every other topic's flow (and their keys' rows of other topics: as behind
 # a set-aside row); the relay asks the broker for it again this often. Telling it from an outage takes the broker's
@@ -110,6 +113,7 @@ class Relay:
         self.spoiled = False  # the producer must be replaced (a refused record broke its sequence numbers)
         self._batches = 0  # batches committed with rows published: a restart that published resets the backoff
         self._missing: frozenset[str] = frozenset()  # topics the broker does not have: their rows are not claimed
+        self._suspected: Counter[int] = Counter()  # per outbox id, the passes it got a corrupt answer twice in
         self._missing_checked = 0.0  # when the broker was last asked for them (monotonic)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -303,8 +307,10 @@ class Relay:
         try:
             await producer.start()
             partitions: dict[str, list[int]] = {}
+            took: set[tuple[str, int]] = set()  # the partitions that took a row in this pass
             paused = False
             for row in rows:
+                target = (row.topic, await _partition(producer, row, partitions))
                 try:
                     try:
                         await (await _send_row(producer, row, partitions))
@@ -313,10 +319,20 @@ class Relay:
                             await asyncio.sleep(_SUSPECT_PAUSE_SECONDS)
                             paused = True
                         await (await _send_row(producer, row, partitions))
-                except _refusals() + _SUSPECT as refusal:
+                except _refusals() as refusal:
                     refused.append((row, refusal))
+                except _SUSPECT as suspect:
+                    # Twice in a row: the row's content, if its partition took another row meanwhile or the row got
+                    # it in pass after pass (a partition of such rows only); else a fault, ended and waited out.
+                    self._suspected[row.id] += 1
+                    if target not in took and self._suspected[row.id] < _SUSPECT_PASSES:
+                        raise
+                    del self._suspected[row.id]
+                    refused.append((row, suspect))
                 else:
                     published.append(row)
+                    took.add(target)
+                    self._suspected.pop(row.id, None)
         except KafkaError as error:
             return published, refused, error
         finally:
@@ -334,7 +350,9 @@ def _refusals() -> tuple[type[KafkaError], ...]:
     """The refusals, with the class aiokafka answers INVALID_RECORD with: ours once registered, or a later aiokafka's
     own (which `register_error_codes` leaves in place)."""
     invalid_record = kafka_errors.kafka_errors.get(InvalidRecordError.errno)
-    return _REFUSED if invalid_record in (None, InvalidRecordError) else (*_REFUSED, invalid_record)
+    if invalid_record is None or invalid_record is InvalidRecordError or issubclass(UnknownError, invalid_record):
+        return _REFUSED  # (never a class an unexpected server error is too: that would set rows aside for a fault)
+    return (*_REFUSED, invalid_record)
 
 
 def _set_aside_code(refusal: KafkaError) -> str:

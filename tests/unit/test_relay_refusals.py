@@ -234,25 +234,52 @@ async def test_a_batchs_topics_are_asked_for_at_once_so_missing_ones_cost_one_wa
 
 
 async def test_a_pass_of_corrupt_answers_pauses_once_not_once_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Given three rows that a broker before Kafka 2.5 refuses, each time, as corrupt (keyless, compacted topic)
+    # Given a row its partition takes, then three that a broker before Kafka 2.5 refuses, each time, as corrupt
+    # (keyless rows for a compacted topic)
     pauses: list[float] = []
 
     async def pause(seconds: float) -> None:
         pauses.append(seconds)
 
     monkeypatch.setattr(relay_module.asyncio, "sleep", pause)
-    producer = _ScriptedProducer(
-        {value: [CorruptRecordException(), CorruptRecordException()] for value in (b"1", b"2", b"3")}
-    )
+    corrupt = {value: [CorruptRecordException(), CorruptRecordException()] for value in (b"1", b"2", b"3")}
+    producer = _ScriptedProducer(corrupt)
     relay = Relay(None, None, None, lambda: None, lambda: producer)  # type: ignore[arg-type]
-    rows = [ClaimedRow(n, "t", None, (), value, None) for n, value in enumerate([b"1", b"2", b"3"])]
+    rows = [ClaimedRow(n, "t", None, (), value, None) for n, value in enumerate([b"ok", b"1", b"2", b"3"])]
 
     # When the relay sends them one by one
-    _, refused, error = await relay._one_by_one(rows)
+    published, refused, error = await relay._one_by_one(rows)
 
-    # Then all three are set aside after two answers each, and the pass paused once
-    assert ([row.payload for row, _ in refused], error) == ([b"1", b"2", b"3"], None)
+    # Then the three are set aside after two answers each (their partition took a row: it is healthy), and the
+    # pass paused once
+    assert ([row.payload for row in published], [row.payload for row, _ in refused], error) == (
+        [b"ok"],
+        [b"1", b"2", b"3"],
+        None,
+    )
     assert pauses == [relay_module._SUSPECT_PAUSE_SECONDS]
+
+
+async def test_corrupt_answers_on_a_partition_that_takes_nothing_end_the_pass_until_they_repeat_pass_after_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given rows of one key whose partition answers every send as corrupt (a fault that lasts, or keyless rows of a
+    # compacted topic on a broker before Kafka 2.5: the relay cannot tell which)
+    monkeypatch.setattr(relay_module, "_SUSPECT_PAUSE_SECONDS", 0.0)
+    producer = _ScriptedProducer({value: [CorruptRecordException()] * 100 for value in (b"1", b"2")})
+    relay = Relay(None, None, None, lambda: None, lambda: producer)  # type: ignore[arg-type]
+    rows = [ClaimedRow(n, "t", "K", (), value, None) for n, value in enumerate([b"1", b"2"])]
+
+    # When the relay sends them one by one in three passes (its backoff between them)
+    passes = [await relay._one_by_one(rows) for _ in range(3)]
+
+    # Then the first two passes set nothing aside and end with the error (the key keeps its order), and the third
+    # sets the first row aside, the answer being the row's
+    assert [(published, [row.id for row, _ in refused], type(error)) for published, refused, error in passes] == [
+        ([], [], CorruptRecordException),
+        ([], [], CorruptRecordException),
+        ([], [0], CorruptRecordException),
+    ]
 
 
 class _DeniedAndSlow:
