@@ -14,28 +14,10 @@ from typing import Any, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaProducer
-from aiokafka import errors as kafka_errors
-from aiokafka.errors import (
-    CorruptRecordException,
-    KafkaError,
-    KafkaTimeoutError,
-    MessageSizeTooLargeError,
-    RecordListTooLargeError,
-    RecordTooLargeError,
-    UnknownError,
-    UnknownTopicOrPartitionError,
-)
-from aiokafka.producer.message_accumulator import BatchBuilder
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from aiokafka.errors import KafkaError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.adapters.kafka import (
-    MAX_UNCOMPRESSED_MESSAGE,
-    InvalidRecordError,
-    partition_of,
-    start_with_backoff,
-    stop_quietly,
-)
+from service.adapters.kafka import start_with_backoff, stop_quietly
 from service.config import Settings
 from service.errors import ConcurrentWrite, InfrastructureUnavailable
 from service.faults import crash_point
@@ -44,6 +26,16 @@ from service.stopping import sleep_unless_stopped
 from service.store import outbox, wakeups
 from service.store.outbox import ClaimedRow
 from service.store.uow import UnitOfWork
+from service.worker.publishing import (
+    SUSPECT,
+    TopicMissing,
+    broker_topics,
+    partition_for,
+    refusals,
+    send_all,
+    send_row,
+    set_aside_code,
+)
 from service.worker.spacing import SPACING_SECONDS, Spacing
 
 log = structlog.get_logger("order_service.relay")
@@ -57,26 +49,10 @@ _IN_FLIGHT = 5
 _REBALANCE_SECONDS = 1.0
 # Longer than the producer's request timeout (15 s), so that Kafka's own answer, when there is one, comes first.
 _WAITING_LOG_SECONDS = 20.0
-# The errors that say Kafka will never take this record as it is, whatever the retry, and the code its row is
-# set aside with: too large, or content the broker refuses. Not INVALID_TIMESTAMP: the relay's records carry its
-# own clock's time, so that answer is about the clock (or the topic's window), and waited out like an outage.
-SET_ASIDE_TOO_LARGE = "MESSAGE_TOO_LARGE"
-SET_ASIDE_INVALID = "MESSAGE_INVALID"
-_REFUSALS: dict[type[KafkaError], str] = {
-    MessageSizeTooLargeError: SET_ASIDE_TOO_LARGE,
-    RecordTooLargeError: SET_ASIDE_TOO_LARGE,
-    RecordListTooLargeError: SET_ASIDE_TOO_LARGE,
-    InvalidRecordError: SET_ASIDE_INVALID,  # e.g. a record without a key on a compacted topic (Kafka 2.5 and later)
-}
-_REFUSED = tuple(_REFUSALS)
-# The answer a record's content gets from Kafka before 2.5 (a record without a key on a compacted topic), but a CRC
-# error in transit too: a row that gets it when sent alone is sent once more, after a pause the first time in a pass
-# (a pass of such rows would otherwise take a second each). Said again, the row is set aside as MESSAGE_INVALID
-# when its partition took another row in the pass, or when it got it in three passes (the relay's backoff between
-# them); else the pass ends there, as for an outage. Any other answer (an unexpected server error, a format or
-# compression the topic does not take) is an outage of the topic, waited out: setting rows aside for it would
-# reorder their keys.
-_SUSPECT = (CorruptRecordException,)
+# A row answered corrupt (publishing.SUSPECT) when sent alone is sent once more, after a pause the first time in a
+# pass (a pass of such rows would otherwise take a second each). Said again, the row is set aside as MESSAGE_INVALID
+# when its partition took another row in the pass, or when it got it in this many passes (the relay's backoff between
+# them); else the pass ends there, as for an outage.
 _SUSPECT_PAUSE_SECONDS = 1.0
 _SUSPECT_PASSES = 3
 # A topic the broker answers for and does not have (auto-creation is off, or the name is not one Kafka takes): its
@@ -84,14 +60,7 @@ _SUSPECT_PASSES = 3
 # a set-aside row); the relay asks the broker for it again this often. Telling it from an outage takes the broker's
 # list of topics: aiokafka gives up on a topic's metadata with the same error in both cases.
 _MISSING_TOPIC_CHECK_SECONDS = 30.0
-# The longest the relay waits for the broker's list of topics: at a re-check, in the loop that publishes; when a
-# topic's metadata did not come, as long as the producer's requests (aiokafka asks the known brokers in turn).
-_RECHECK_LISTING_SECONDS = 3.0
-_LISTING_SECONDS = 15.0
-
-
-class TopicMissing(Exception):
-    """The broker answers and has no such topic: the row waits for it, neither published nor set aside."""
+_RECHECK_LISTING_SECONDS = 3.0  # the longest a re-check waits for the list, in the loop that publishes
 
 
 class Relay:
@@ -229,7 +198,7 @@ class Relay:
             rows = claim.rows
             if not rows:
                 return 0
-            outcomes = await _said_while_waiting(_send_all(producer, rows), previous)
+            outcomes = await _said_while_waiting(send_all(producer, rows), previous)
             if previous is not None:
                 # The batch before settles first: a refusal there spoils the producer for this one's failures too.
                 await asyncio.wait({previous})
@@ -242,7 +211,7 @@ class Relay:
             ]
             refused: list[tuple[ClaimedRow, KafkaError]] = []
             error: BaseException | None = None
-            if failed and (self.spoiled or any(isinstance(outcome, _refusals() + _SUSPECT) for _, outcome in failed)):
+            if failed and (self.spoiled or any(isinstance(outcome, refusals() + SUSPECT) for _, outcome in failed)):
                 # After a refusal the idempotent producer's sequence for that partition is broken (the records
                 # after it fail `OutOfOrderSequenceNumber`): it is replaced, and the failed rows go one by one.
                 self.spoiled = True
@@ -253,7 +222,7 @@ class Relay:
             crash_point("after-publish", self._settings.fault_crash_at)
             # What Kafka acknowledged is marked even when others failed: else it would go out again each round.
             await outbox.mark_published(uow.connection, [row.id for row in published])
-            codes = [(row, _set_aside_code(refusal)) for row, refusal in refused]
+            codes = [(row, set_aside_code(refusal)) for row, refusal in refused]
             for code in sorted({code for _, code in codes}):
                 await outbox.set_aside(uow.connection, [row.id for row, kept in codes if kept == code], code)
             await uow.commit()
@@ -267,7 +236,7 @@ class Relay:
                 "outbox_row_set_aside",
                 outbox_id=row.id,
                 topic=row.topic,
-                code=_set_aside_code(refusal),
+                code=set_aside_code(refusal),
                 error=type(refusal).__name__,
                 bytes=row.size,
             )
@@ -288,7 +257,7 @@ class Relay:
     async def _look_for_missing(self, producer: AIOKafkaProducer) -> None:
         """Ask the broker for the missing topics again: those it has now are claimed again."""
         self._missing_checked = time.monotonic()
-        present = await _topics(producer, _RECHECK_LISTING_SECONDS)
+        present = await broker_topics(producer, _RECHECK_LISTING_SECONDS)
         if present is None:
             return  # no answer: asked again at the next check
         for topic in sorted(self._missing & present):
@@ -310,18 +279,19 @@ class Relay:
             took: set[tuple[str, int]] = set()  # the partitions that took a row in this pass
             paused = False
             for row in rows:
-                target = (row.topic, await _partition(producer, row, partitions))
+                partition = await partition_for(producer, row, partitions)
+                target = (row.topic, partition)
                 try:
                     try:
-                        await (await _send_row(producer, row, partitions))
-                    except _SUSPECT:
+                        await (await send_row(producer, row, partition))
+                    except SUSPECT:
                         if not paused:
                             await asyncio.sleep(_SUSPECT_PAUSE_SECONDS)
                             paused = True
-                        await (await _send_row(producer, row, partitions))
-                except _refusals() as refusal:
+                        await (await send_row(producer, row, partition))
+                except refusals() as refusal:
                     refused.append((row, refusal))
-                except _SUSPECT as suspect:
+                except SUSPECT as suspect:
                     # Twice in a row: the row's content, if its partition took another row meanwhile or the row got
                     # it in pass after pass (a partition of such rows only); else a fault, ended and waited out.
                     self._suspected[row.id] += 1
@@ -346,25 +316,11 @@ async def _settle(in_flight: deque[tuple[asyncio.Task[int], frozenset[str]]]) ->
         await in_flight.popleft()[0]
 
 
-def _refusals() -> tuple[type[KafkaError], ...]:
-    """The refusals, with the class aiokafka answers INVALID_RECORD with: ours once registered, or a later aiokafka's
-    own (which `register_error_codes` leaves in place)."""
-    invalid_record = kafka_errors.kafka_errors.get(InvalidRecordError.errno)
-    if invalid_record is None or invalid_record is InvalidRecordError or issubclass(UnknownError, invalid_record):
-        return _REFUSED  # (never a class an unexpected server error is too: that would set rows aside for a fault)
-    return (*_REFUSED, invalid_record)
-
-
-def _set_aside_code(refusal: KafkaError) -> str:
-    """The code a row Kafka refused for its content is set aside with."""
-    return next((code for kind, code in _REFUSALS.items() if isinstance(refusal, kind)), SET_ASIDE_INVALID)
-
-
 async def _said_while_waiting(sending: Coroutine[Any, Any, T], previous: asyncio.Task[int] | None) -> T:
     """Await a send, with one log line per interval while it waits (said by the oldest batch in flight only: the
     others wait for the same broker).
 
-    A send waits while the broker is away: aiokafka's sender retries a batch it holds, and `_submit` waits for room
+    A send waits while the broker is away: aiokafka's sender retries a batch it holds, and `send_all` waits for room
     behind it. Cancelling that send would not help: stopping the producer flushes what it holds, and the rows would
     go out twice. So the relay waits, and says so.
     """
@@ -380,140 +336,3 @@ async def _said_while_waiting(sending: Coroutine[Any, Any, T], previous: asyncio
                 log.warning("kafka_publish_waiting", waited_seconds=waited)
     finally:
         task.cancel()  # (a no-op once it is done; else the send ends with the caller)
-
-
-async def _send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[BaseException | None]:
-    """Send the rows at once; each one's error (`TopicMissing` for a topic the broker does not have), or None once
-    Kafka acknowledged it.
-
-    The rows go out in record batches built here, one partition each (the producer's batch API, much cheaper per
-    record than `send`: docs/performance.md). A row goes to the partition `send` would pick, and a partition's rows
-    are appended in id order and its batches submitted one after the other, so each key's rows keep their order.
-    The relay relies on aiokafka's `BatchBuilder` and `DefaultRecordBatchBuilder.estimate_size_in_bytes` as they
-    are in the versions its dependency range allows.
-    """
-    outcomes: list[BaseException | None] = [None] * len(rows)
-    partitions: dict[str, list[int]] = {}
-    missing = await _resolve(producer, {row.topic for row in rows}, partitions)
-    chains: dict[tuple[str, int], list[tuple[BatchBuilder, list[int]]]] = {}
-    for index, row in enumerate(rows):
-        headers = list(row.headers)
-        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(row.kafka_key, row.payload, headers)
-        if size > MAX_UNCOMPRESSED_MESSAGE:
-            # What `send` would refuse before sending: it never reaches the broker, and is set aside.
-            outcomes[index] = MessageSizeTooLargeError(f"{row.size} bytes, over the producer's request limit")
-            continue
-        if row.topic in missing:
-            outcomes[index] = TopicMissing(row.topic)
-            continue
-        target = (row.topic, await _partition(producer, row, partitions))
-        chain = chains.setdefault(target, [])
-        if (
-            not chain
-            or chain[-1][0].append(timestamp=None, key=row.kafka_key, value=row.payload, headers=headers) is None
-        ):
-            builder = producer.create_batch()
-            builder.append(timestamp=None, key=row.kafka_key, value=row.payload, headers=headers)  # a first always fits
-            chain.append((builder, []))
-        chain[-1][1].append(index)
-
-    async def one_partition(target: tuple[str, int], chain: list[tuple[BatchBuilder, list[int]]]) -> None:
-        # A partition's batches one after the other, each once Kafka took the one before: the broker keeps no
-        # sequence for a fresh idempotent producer whose first batch it refused, and would take the next one, whose
-        # rows would overtake the refused batch's rows of the same keys. A refused batch's rows and every later
-        # batch's go to `_one_by_one` unsent, in order.
-        for position, (builder, _) in enumerate(chain):
-            try:
-                await (await _submit(producer, builder, target))
-            except Exception as error:
-                for _, later in chain[position:]:
-                    for index in later:
-                        outcomes[index] = error
-                return
-
-    await asyncio.gather(*(one_partition(target, chain) for target, chain in chains.items()))
-    return outcomes
-
-
-async def _resolve(producer: AIOKafkaProducer, topics: set[str], partitions: dict[str, list[int]]) -> set[str]:
-    """Ask for the topics' partitions, all at once (into `partitions`); return those the broker does not have.
-
-    aiokafka waits for a topic's metadata up to its request timeout (15 s) before it gives up on it, the same way
-    whether the broker is away or has no such topic: asked one after another, three new missing topics held the
-    batch for 45 s.
-    """
-    missing: set[str] = set()
-
-    async def one(topic: str) -> None:
-        try:
-            partitions[topic] = sorted(await producer.partitions_for(topic))
-        except UnknownTopicOrPartitionError:
-            present = await _topics(producer, _LISTING_SECONDS)
-            if present is None or topic in present:
-                raise  # the broker is away, or the topic's metadata is late: an outage, waited out
-            missing.add(topic)
-
-    asked = [asyncio.ensure_future(one(topic)) for topic in topics]
-    try:
-        await asyncio.gather(*asked)
-    except BaseException:
-        # The first failure ends the batch: the other questions go with it, not on into a producer about to stop.
-        for question in asked:
-            question.cancel()
-        await asyncio.gather(*asked, return_exceptions=True)
-        raise
-    return missing
-
-
-async def _topics(producer: AIOKafkaProducer, within: float) -> frozenset[str] | None:
-    """The topics the broker has, or None when no broker answered `within` seconds (aiokafka tries each known broker
-    in turn, each up to its request timeout)."""
-    try:
-        async with asyncio.timeout(within):
-            listing = await producer.client.fetch_all_metadata()
-    except (KafkaError, TimeoutError):
-        return None
-    return frozenset(listing.topics())
-
-
-async def _submit(producer: AIOKafkaProducer, builder: BatchBuilder, target: tuple[str, int]) -> asyncio.Future[Any]:
-    """Hand a built batch to the producer; the future of Kafka's answer for all its records.
-
-    The producer queues one built batch per partition at a time: the next waits until the sender has taken it,
-    and gives up after the request timeout (`KafkaTimeoutError`) while the broker is away and the sender keeps
-    retrying the one before. Giving up here would drop the outcomes of the batches already handed over, and roll
-    back rows the producer still holds (they would go out twice), so the relay waits for the broker, as it does
-    for a topic's first metadata (`_said_while_waiting` says so). A producer that is closed or failed raises.
-    """
-    builder.close()
-    topic, partition = target
-    while True:
-        try:
-            future: asyncio.Future[Any] = await producer.send_batch(builder, topic, partition=partition)
-        except KafkaTimeoutError:
-            continue
-        return future
-
-
-async def _partition(producer: AIOKafkaProducer, row: ClaimedRow, partitions: dict[str, list[int]]) -> int:
-    """The partition `send` would pick for the row (`partitions`: each topic's, as far as this batch asked).
-
-    A copy of a record that had no key goes out without one, to the partition its ordering key picks (as a keyed
-    copy would), so the copies of one order keep their order.
-    """
-    if row.topic not in partitions:
-        partitions[row.topic] = sorted(await producer.partitions_for(row.topic))
-    of_topic = partitions[row.topic]
-    key = row.kafka_key if row.kafka_key is not None else row.key.encode() if row.key is not None else None
-    return partition_of(key, of_topic)
-
-
-async def _send_row(
-    producer: AIOKafkaProducer, row: ClaimedRow, partitions: dict[str, list[int]]
-) -> asyncio.Future[Any]:
-    """Hand one row to the producer (`partitions`: each topic's partitions, as far as this batch asked)."""
-    partition = await _partition(producer, row, partitions)
-    future: asyncio.Future[Any] = await producer.send(
-        row.topic, row.payload, key=row.kafka_key, partition=partition, headers=list(row.headers)
-    )
-    return future

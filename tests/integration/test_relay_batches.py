@@ -14,7 +14,7 @@ from aiokafka.protocol.produce import ProduceRequest
 
 from service.adapters.kafka import MAX_UNCOMPRESSED_MESSAGE, make_producer, partition_of
 from service.store.outbox import ClaimedRow
-from service.worker.relay import _send_all
+from service.worker.publishing import send_all
 from tests.support import Topics, read_topic, settings_for
 
 pytestmark = pytest.mark.slow
@@ -70,7 +70,7 @@ async def test_three_batches_in_flight_on_one_partition_each_get_every_rows_outc
         )
         batches = []
         for rows in (first, second, third):
-            batches.append(asyncio.create_task(_send_all(producer, rows)))
+            batches.append(asyncio.create_task(send_all(producer, rows)))
             await asyncio.sleep(0.3)  # (the interleaving, not a wait for a result: each claimed after the one before)
         # And the broker comes back after longer than the request timeout (the outage itself)
         await asyncio.sleep(_AWAY_SECONDS)
@@ -101,7 +101,7 @@ async def test_a_row_over_the_producers_request_limit_is_refused_before_sending_
         huge.payload = b"x" * (MAX_UNCOMPRESSED_MESSAGE + 1)
 
         # When the relay sends them in one go
-        outcomes = await _send_all(producer, [*before, huge, *after])
+        outcomes = await send_all(producer, [*before, huge, *after])
     finally:
         await producer.stop()
 

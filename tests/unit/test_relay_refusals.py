@@ -26,7 +26,8 @@ from service.adapters.kafka import InvalidRecordError, make_producer, register_e
 from service.orders.settings import OrderSettings
 from service.store.outbox import ClaimedRow
 from service.worker import relay as relay_module
-from service.worker.relay import _REFUSED, Relay, TopicMissing, _resolve, _set_aside_code
+from service.worker.publishing import TopicMissing, _resolve, refusals, set_aside_code
+from service.worker.relay import Relay
 
 
 @pytest.mark.parametrize(
@@ -38,8 +39,8 @@ from service.worker.relay import _REFUSED, Relay, TopicMissing, _resolve, _set_a
     ],
 )
 def test_a_refusal_for_content_sets_the_row_aside_with_its_code(error: KafkaError, code: str) -> None:
-    assert isinstance(error, _REFUSED)
-    assert _set_aside_code(error) == code
+    assert isinstance(error, refusals())
+    assert set_aside_code(error) == code
 
 
 @pytest.mark.parametrize(
@@ -53,7 +54,7 @@ def test_a_refusal_for_content_sets_the_row_aside_with_its_code(error: KafkaErro
     ],
 )
 def test_an_outage_a_leader_change_or_a_clock_is_not_a_refusal(error: Exception) -> None:
-    assert not isinstance(error, _REFUSED)
+    assert not isinstance(error, refusals())
 
 
 class _ScriptedProducer:
@@ -109,7 +110,7 @@ async def test_a_row_alone_is_set_aside_for_a_corrupt_answer_only_when_the_broke
     # Then the fault passed with the second try; the corrupt answer said twice, and the refusals said once, set the
     # rows aside with their codes; each row was sent at most twice, in order
     assert [row.payload for row in published] == [b"once", b"fine"]
-    assert [(row.payload, _set_aside_code(refusal)) for row, refusal in refused] == [
+    assert [(row.payload, set_aside_code(refusal)) for row, refusal in refused] == [
         (b"twice", "MESSAGE_INVALID"),
         (b"invalid", "MESSAGE_INVALID"),
         (b"large", "MESSAGE_TOO_LARGE"),
@@ -139,8 +140,8 @@ def test_invalid_record_is_told_apart_from_an_unexpected_server_error() -> None:
     # When the broker answers INVALID_RECORD (87) or UNKNOWN_SERVER_ERROR (-1), Then the first is a refusal of the
     # content, the second is not
     assert for_code(87) is InvalidRecordError
-    assert isinstance(for_code(87)(), _REFUSED)
-    assert not isinstance(for_code(-1)(), _REFUSED)
+    assert isinstance(for_code(87)(), refusals())
+    assert not isinstance(for_code(-1)(), refusals())
 
 
 def test_a_relay_that_published_since_its_last_start_backs_off_from_the_first_step_again() -> None:
@@ -336,4 +337,4 @@ async def test_a_later_aiokafkas_own_invalid_record_error_is_a_refusal_too(monke
 
     # Then it is set aside as invalid, not waited out for ever
     assert (published, error) == ([], None)
-    assert [(row.id, _set_aside_code(refusal)) for row, refusal in refused] == [(1, "MESSAGE_INVALID")]
+    assert [(row.id, set_aside_code(refusal)) for row, refusal in refused] == [(1, "MESSAGE_INVALID")]
