@@ -91,6 +91,10 @@ class EffectDecision:
     unmade: bool = False
 
 
+# The answers that are about our configuration, not the effect (401/403, 404/405 to a call).
+_OUR_CONFIGURATION = frozenset({ErrorCode.PROVIDER_UNAUTHORIZED, ErrorCode.PROVIDER_MISCONFIGURED})
+
+
 def after_call(
     outcome: CallOutcome,
     attempts: int,
@@ -110,7 +114,7 @@ def after_call(
         return EffectDecision("failed", outcome.code)
     if isinstance(outcome, Unknown):
         return EffectDecision("uncertain", outcome.code)
-    if outcome.code is ErrorCode.PROVIDER_UNAUTHORIZED or outcome.code is ErrorCode.PROVIDER_MISCONFIGURED:
+    if outcome.code in _OUR_CONFIGURATION:
         # Our credentials or URL, not this effect: wait as long as backoff ever does, and keep the budget whole.
         return EffectDecision("pending", outcome.code, retry_in=policy.max_delay, unmade=True)
     if attempts >= policy.max_attempts:
