@@ -39,11 +39,12 @@ _ROUNDS_IN_FLIGHT = 3
 # The most context look-ups (HTTP calls) a consumer makes at once: what its share of an HTTP client must hold.
 CONTEXT_LOOKUPS = _ROUNDS_IN_FLIGHT * LOOKUP_CONCURRENCY
 # While the lanes hold less than a round's worth that no round has taken, and the broker held less than that beyond
-# what was fetched, the next round starts at least this long after the one before: at a steady rate a round for each
-# fetch pays a transaction and an offset commit for a few records, and fewer, larger rounds leave that CPU to the rest
-# of the pipeline, for a few milliseconds more per record (docs/performance.md). A record after a quiet spell, and
-# every round behind a backlog, start at once: spaced, a drain's rounds started behind the decoding of the next
-# records. Records held for a later retry count as held: behind a round's worth of them, rounds start unspaced.
+# what was fetched (of the partitions not paused), the next round starts at least this long after the one before: at
+# a steady rate a round for each fetch pays a transaction and an offset commit for a few records, and fewer, larger
+# rounds leave that CPU to the rest of the pipeline, for a few milliseconds more per record (docs/performance.md). A
+# record after a quiet spell, and every round behind a backlog, start without the spacing (behind a backlog, as soon
+# as a round's worth is fetched: ConsumerLoop._may_start). Records held for a later retry count as held: behind a
+# round's worth of them, rounds start unspaced.
 _ROUND_SPACING_SECONDS = SPACING_SECONDS
 # Records fetched and not terminal, in rounds. With two rounds in flight and only their records fetched, both
 # tended to finish together and leave nothing to start until the fetcher had decoded the next records, with
@@ -114,8 +115,7 @@ class ConsumerLoop:
                 await self._release_parked(loop.time())
                 now = loop.time()
                 spaced_until = self._round_started + _ROUND_SPACING_SECONDS
-                may_start = now >= spaced_until or self._lanes.waiting() + self._unfetched(consumer) >= self._round_size
-                if len(self._rounds) < _ROUNDS_IN_FLIGHT and may_start:
+                if len(self._rounds) < _ROUNDS_IN_FLIGHT and self._may_start(consumer, now, spaced_until):
                     taken = self._lanes.take(now, list(self._rounds.values()))
                     if taken.due:
                         self._round_started = now
@@ -312,10 +312,29 @@ class ConsumerLoop:
             consumer.resume(*resume)
         self._paused = wanted
 
-    def _unfetched(self, consumer: AIOKafkaConsumer) -> int:
-        """Records the broker held, at the last fetch, beyond what this loop has fetched (no request is made)."""
+    def _may_start(self, consumer: AIOKafkaConsumer, now: float, spaced_until: float) -> bool:
+        """Whether a round may start now, a slot being free.
+
+        Behind a backlog (what the lanes hold and what the partitions it may fetch hold beyond make a round's
+        worth), a round starts at once, and full: while another is in flight and the lanes have room, it waits for
+        the fetcher to bring a round's worth. Started with what had been decoded when a slot freed, a drain's
+        rounds took a few records to two thirds of a round, each paying a round's fixed costs in the consumer and
+        PostgreSQL (docs/performance.md, "Fifteenth session"). Without a backlog, a round that would not be full
+        starts at least the spacing after the one before.
+        """
+        waiting = self._lanes.waiting()
+        if waiting + self._fetchable(consumer) < self._round_size:
+            return now >= spaced_until
+        return waiting >= self._round_size or not self._rounds or self._lanes.room() <= 0
+
+    def _fetchable(self, consumer: AIOKafkaConsumer) -> int:
+        """Records the broker held, at the last fetch, beyond what this loop has fetched, on the partitions it may
+        fetch now (no request is made): a paused partition's backlog would keep rounds waiting for records that do
+        not come."""
         behind = 0
         for partition in consumer.assignment():  # (the client asserts that a partition asked about is assigned)
+            if partition in self._paused:
+                continue
             fetched_to = self._fetched_to.get(partition)
             high = consumer.highwater(partition) if fetched_to is not None else None
             if high is not None and fetched_to is not None and high > fetched_to:

@@ -1,6 +1,7 @@
 """The consumer loop against a fake Kafka client and a fake processor: overlapping rounds commit offsets only
-up to what is terminal, at its bound the fetcher stops asking Kafka without pausing, and rounds that would not be
-full are spaced while full ones start at once. The fake processor
+up to what is terminal, at its bound the fetcher stops asking Kafka without pausing, rounds that would not be
+full are spaced while full ones start at once, and behind a backlog a round waits for a round's worth while another
+is in flight. The fake processor
 holds each round until the test releases it; the fake client serves records and records commits and pauses."""
 
 from __future__ import annotations
@@ -330,6 +331,96 @@ async def test_behind_a_backlog_not_fetched_yet_rounds_start_at_once(monkeypatch
 
     # Then they were not full: each took what was decoded, as a drain's rounds do
     assert all(size < 100 for size in sizes)
+
+
+class _HeldBehind(_Consumer):
+    """One record a fetch, about two milliseconds apart, from partitions the broker holds far more of."""
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[ConsumerRecord[Any, Any]]]:
+        await asyncio.sleep(0.002)
+        return await super().getmany(timeout_ms, 1)
+
+    def highwater(self, partition: TopicPartition) -> int | None:
+        return self.fetched + 10_000
+
+
+async def test_behind_a_backlog_a_round_waits_for_a_rounds_worth_while_another_is_in_flight() -> None:
+    # Given a backlog decoded one record at a time, rounds of 100 (batches of 50) and rounds that do not finish
+    processor = _Processor()
+    consumer = _HeldBehind(available=10_000, partitions=2)
+    running, stop = _running(consumer, processor, batch_size=50)
+
+    # When three rounds have started
+    await eventually(lambda: _true(len(processor.rounds) >= 3), timeout=10, interval=0.01)
+
+    # Then the first started with what had been decoded (nothing else was in flight), and each later one waited for
+    # a round's worth: started with what had been decoded when the slot freed, a drain's rounds took a few records
+    # each
+    first, second, third = (len(deliveries) for deliveries, _ in processor.rounds[:3])
+    assert first < 100
+    assert (second, third) == (100, 100)
+    stop.set()
+    for _, release in processor.rounds:
+        release.set()
+    await asyncio.wait_for(running, timeout=5)
+
+
+class _PausedBacklog(_Consumer):
+    """Partition 0 serves its first record, then only what is fetched while it is not paused, and the broker holds
+    thousands more of it; partition 1 serves one record a fetch, about two milliseconds apart, and nothing beyond."""
+
+    def __init__(self) -> None:
+        super().__init__(available=10_000, partitions=2)
+        self.served = {0: 0, 1: 0}
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[ConsumerRecord[Any, Any]]]:
+        await asyncio.sleep(0.002)
+        self.fetches += 1
+        partition = 0 if self.served[0] == 0 or TopicPartition(TOPIC, 0) not in self.paused else 1
+        if partition == 0 and self.served[0] > 0:
+            return {}  # partition 0 is not paused yet: nothing more of it until the round that stalls it ends
+        offset = self.served[partition]
+        self.served[partition] += 1
+        key = f"K{partition}-{offset}"
+        headers = (("message-id", f"{key}.1".encode()),)
+        record = ConsumerRecord(TOPIC, partition, offset, 0, 0, key.encode(), b"{}", None, 2, 2, headers)
+        return {TopicPartition(TOPIC, partition): [record]}
+
+    def highwater(self, partition: TopicPartition) -> int | None:
+        return 10_000 if partition.partition == 0 else self.served[1]
+
+
+class _SlowDownstream(_Processor):
+    """A downstream asks the records of partition 0 to wait a minute (backpressure); rounds of the others are held
+    until the test releases them."""
+
+    async def attempt_round(self, due: dict[Delivery, RetryState], stop: asyncio.Event) -> Attempted:
+        if all(delivery.record.partition == 0 for delivery in due):
+            later = RetryState(due=asyncio.get_running_loop().time() + 60, backpressure=True)
+            return Attempted(frozenset(), dict.fromkeys(due, later))
+        return await super().attempt_round(due, stop)
+
+
+async def test_the_backlog_of_a_paused_partition_does_not_keep_rounds_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a partition paused by a downstream's backpressure, whose backlog the broker holds, another partition
+    # whose records come one at a time with nothing beyond them, rounds of 100 spaced 30 ms, and rounds of the
+    # second partition that do not finish
+    monkeypatch.setattr(consumer_module, "_ROUND_SPACING_SECONDS", 0.03)
+    processor = _SlowDownstream()
+    consumer = _PausedBacklog()
+    running, stop = _running(consumer, processor, batch_size=50)
+
+    # When two rounds of the second partition have started
+    await eventually(lambda: _true(len(processor.rounds) >= 2), timeout=10, interval=0.01)
+
+    # Then the second started the spacing after the first with what had come meanwhile: it did not wait for a
+    # round's worth of records that the paused partition cannot bring
+    assert TopicPartition(TOPIC, 0) in consumer.paused
+    assert len(processor.rounds[1][0]) < 50
+    stop.set()
+    for _, release in processor.rounds:
+        release.set()
+    await asyncio.wait_for(running, timeout=5)
 
 
 class _ParkedFlood(_Processor):
