@@ -38,14 +38,18 @@ _ROUND_BATCHES = 2  # a round attempts up to this many fetch batches
 _ROUNDS_IN_FLIGHT = 3
 # The most context look-ups (HTTP calls) a consumer makes at once: what its share of an HTTP client must hold.
 CONTEXT_LOOKUPS = _ROUNDS_IN_FLIGHT * LOOKUP_CONCURRENCY
-# While the lanes hold less than a round's worth that no round has taken, and the broker held less than that beyond
-# what was fetched (of the partitions not paused), the next round starts at least this long after the one before: at
-# a steady rate a round for each fetch pays a transaction and an offset commit for a few records, and fewer, larger
-# rounds leave that CPU to the rest of the pipeline, for a few milliseconds more per record (docs/performance.md). A
-# record after a quiet spell, and every round behind a backlog, start without the spacing (behind a backlog, as soon
-# as a round's worth is fetched: ConsumerLoop._may_start). Records held for a later retry count as held: behind a
-# round's worth of them, rounds start unspaced.
+# While the records the lanes hold that no round has taken and those the broker held beyond what was fetched (of the
+# partitions not paused) make less than a round's worth, the next round starts at least this long after the one
+# before: at a steady rate a round for each fetch pays a transaction and an offset commit for a few records, and
+# fewer, larger rounds leave that CPU to the rest of the pipeline, for a few milliseconds more per record
+# (docs/performance.md). A record after a quiet spell, and every round behind a backlog, start without the spacing
+# (behind a large one, once a round's worth is fetched: ConsumerLoop._may_start). Records held for a later retry count
+# as held: behind a round's worth of them, rounds start unspaced.
 _ROUND_SPACING_SECONDS = SPACING_SECONDS
+# The longest a round behind a backlog waits for a round's worth of records (ConsumerLoop._may_start). A drain's
+# fetcher brings one in 70-100 ms on this machine; a backlog the broker reported and does not serve (a partition
+# whose leader went away since) must not hold the other partitions' records for longer than this.
+_FILL_SECONDS = 0.25
 # Records fetched and not terminal, in rounds. With two rounds in flight and only their records fetched, both
 # tended to finish together and leave nothing to start until the fetcher had decoded the next records, with
 # PostgreSQL idle meanwhile; a third round's worth fixed that. With three in flight they finish one at a time, and a
@@ -88,6 +92,7 @@ class ConsumerLoop:
         self._uncommitted: dict[TopicPartition, int] = {}
         self._next_release = 0.0
         self._round_started = float("-inf")  # when the last round started (loop time)
+        self._filled_by: float | None = None  # while a round waits for a round's worth: the latest it starts
         self._committing: asyncio.Task[None] | None = None
         self._committed: dict[TopicPartition, int] = {}
         self._fetched_to: dict[TopicPartition, int] = {}  # the offset of the next record to fetch, per partition
@@ -116,6 +121,7 @@ class ConsumerLoop:
                 now = loop.time()
                 spaced_until = self._round_started + _ROUND_SPACING_SECONDS
                 if len(self._rounds) < _ROUNDS_IN_FLIGHT and self._may_start(consumer, now, spaced_until):
+                    self._filled_by = None
                     taken = self._lanes.take(now, list(self._rounds.values()))
                     if taken.due:
                         self._round_started = now
@@ -237,6 +243,8 @@ class ConsumerLoop:
             times.append(spaced_until)
         if (next_due := self._lanes.next_due(now)) is not None:
             times.append(next_due)
+        if self._filled_by is not None and self._filled_by > now:
+            times.append(self._filled_by)
         timeout = min(times) - now
         self._arrived.clear()
         await wait_unless_stopped(stop, self._arrived, timeout)
@@ -315,17 +323,22 @@ class ConsumerLoop:
     def _may_start(self, consumer: AIOKafkaConsumer, now: float, spaced_until: float) -> bool:
         """Whether a round may start now, a slot being free.
 
-        Behind a backlog (what the lanes hold and what the partitions it may fetch hold beyond make a round's
-        worth), a round starts at once, and full: while another is in flight and the lanes have room, it waits for
-        the fetcher to bring a round's worth. Started with what had been decoded when a slot freed, a drain's
-        rounds took a few records to two thirds of a round, each paying a round's fixed costs in the consumer and
-        PostgreSQL (docs/performance.md, "Fifteenth session"). Without a backlog, a round that would not be full
-        starts at least the spacing after the one before.
+        Behind a backlog (the broker held a round's worth beyond what was fetched, on the partitions that may fetch),
+        while another round is in flight, a round waits until the lanes hold a round's worth (due or not), for at
+        most `_FILL_SECONDS`. Started with what had been decoded when a slot freed, a drain's rounds took from one
+        record to two thirds of a round, each paying a round's fixed costs in the consumer and PostgreSQL
+        (docs/performance.md, "Fifteenth session"). With less beyond what was fetched, a round starts at once if
+        what is fetched and what is left make a round's worth, else at least the spacing after the one before.
+        The lanes' bound leaves a round's worth of room while a slot is free.
         """
-        waiting = self._lanes.waiting()
-        if waiting + self._fetchable(consumer) < self._round_size:
+        waiting, fetchable = self._lanes.waiting(), self._fetchable(consumer)
+        if waiting + fetchable < self._round_size:
             return now >= spaced_until
-        return waiting >= self._round_size or not self._rounds or self._lanes.room() <= 0
+        if waiting >= self._round_size or fetchable < self._round_size or not self._rounds:
+            return True
+        if self._filled_by is None:
+            self._filled_by = now + _FILL_SECONDS
+        return now >= self._filled_by
 
     def _fetchable(self, consumer: AIOKafkaConsumer) -> int:
         """Records the broker held, at the last fetch, beyond what this loop has fetched, on the partitions it may

@@ -1,7 +1,7 @@
 """The consumer loop against a fake Kafka client and a fake processor: overlapping rounds commit offsets only
 up to what is terminal, at its bound the fetcher stops asking Kafka without pausing, rounds that would not be
-full are spaced while full ones start at once, and behind a backlog a round waits for a round's worth while another
-is in flight. The fake processor
+full are spaced while full ones start at once, and behind a backlog a round waits (for a while) for a round's worth
+while another is in flight. The fake processor
 holds each round until the test releases it; the fake client serves records and records commits and pauses."""
 
 from __future__ import annotations
@@ -344,8 +344,12 @@ class _HeldBehind(_Consumer):
         return self.fetched + 10_000
 
 
-async def test_behind_a_backlog_a_round_waits_for_a_rounds_worth_while_another_is_in_flight() -> None:
-    # Given a backlog decoded one record at a time, rounds of 100 (batches of 50) and rounds that do not finish
+async def test_behind_a_backlog_a_round_waits_for_a_rounds_worth_while_another_is_in_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a backlog decoded one record at a time, rounds of 100 (batches of 50), rounds that do not finish, and
+    # a wait for a round's worth longer than the test's deadline
+    monkeypatch.setattr(consumer_module, "_FILL_SECONDS", 60.0)
     processor = _Processor()
     consumer = _HeldBehind(available=10_000, partitions=2)
     running, stop = _running(consumer, processor, batch_size=50)
@@ -359,6 +363,63 @@ async def test_behind_a_backlog_a_round_waits_for_a_rounds_worth_while_another_i
     first, second, third = (len(deliveries) for deliveries, _ in processor.rounds[:3])
     assert first < 100
     assert (second, third) == (100, 100)
+    stop.set()
+    for _, release in processor.rounds:
+        release.set()
+    await asyncio.wait_for(running, timeout=5)
+
+
+async def test_a_round_waits_for_a_rounds_worth_no_longer_than_the_fill_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given a backlog the broker reports and serves one record at a time (as when the partition that holds it lost
+    # its leader since), rounds of 100 that do not finish, and a wait for a round's worth of 50 ms
+    monkeypatch.setattr(consumer_module, "_FILL_SECONDS", 0.05)
+    processor = _Processor()
+    consumer = _HeldBehind(available=10_000, partitions=2)
+    loop = _Timed(processor, Metrics(), lambda: consumer, [TOPIC], 50)  # type: ignore[arg-type]
+    loop.started = []
+    stop = asyncio.Event()
+    running = asyncio.create_task(loop.run(stop))
+
+    # When two rounds have started
+    await eventually(lambda: _true(len(processor.rounds) >= 2), timeout=10, interval=0.01)
+
+    # Then the second waited for the fill time, then started with what had come: records of other partitions are
+    # not held behind a round that may take the processing timeout
+    waited = loop.started[1] - loop.started[0]
+    assert 0.05 - 1e-9 <= waited < 1.0, waited
+    assert len(processor.rounds[1][0]) < 100
+    stop.set()
+    for _, release in processor.rounds:
+        release.set()
+    await asyncio.wait_for(running, timeout=5)
+
+
+class _CommitMarkers(_Trickle):
+    """A steady trickle from a transactional producer: on each of many partitions, the broker's high watermark is
+    one past the last record, its commit marker, which the client never returns as a record."""
+
+    def highwater(self, partition: TopicPartition) -> int | None:
+        served = (self.fetched - partition.partition + self.partitions - 1) // self.partitions
+        return served + 1 if served else None
+
+
+async def test_commit_markers_on_many_partitions_do_not_make_a_steady_rate_wait_for_full_rounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given records one at a time on 80 partitions, each with a commit marker after its last record, rounds of 100
+    # that do not finish, and a spacing and a wait for a round's worth longer than the test's deadline
+    monkeypatch.setattr(consumer_module, "_ROUND_SPACING_SECONDS", 60.0)
+    monkeypatch.setattr(consumer_module, "_FILL_SECONDS", 60.0)
+    processor = _Processor()
+    consumer = _CommitMarkers(available=10_000, partitions=80)
+    running, stop = _running(consumer, processor, batch_size=50)
+
+    # When two rounds have started
+    await eventually(lambda: _true(len(processor.rounds) >= 2), timeout=10, interval=0.01)
+
+    # Then the second started once what was fetched and the markers made a round's worth, as behind a backlog, and
+    # did not wait for a round's worth of records: 80 markers are not a backlog of a round's worth
+    assert len(processor.rounds[1][0]) < 100
     stop.set()
     for _, release in processor.rounds:
         release.set()
