@@ -18,11 +18,13 @@ from service.orders.providers import EmailsClient, PaymentsClient
 from service.policy.effects import (
     CallOutcome,
     EffectDecision,
+    Found,
     LookupFailed,
     LookupOutcome,
     Missing,
     NotSent,
     Refused,
+    Sent,
 )
 from service.policy.envelope import event_headers
 from service.store import outbox
@@ -55,6 +57,13 @@ class _Payment:
             # provider: ask before deciding that there is nothing to refund.
             captured = await self._payments.find(f"{effect.aggregate_id}/{CAPTURE.name}", "capture")
             if isinstance(captured, Missing):
+                # A capture reads as gone after a refund made as its void: this refund's own, if an earlier
+                # attempt of it reached the provider and its answer was lost.
+                refunded = await self._payments.find(effect.idempotency_key, "refund")
+                if isinstance(refunded, Found):
+                    return Sent(refunded.reference)
+                if isinstance(refunded, LookupFailed):
+                    return NotSent(refunded.code)
                 return Refused(OrderCode.CAPTURE_FAILED)
             if isinstance(captured, LookupFailed):
                 return NotSent(captured.code)

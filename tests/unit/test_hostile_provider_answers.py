@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 from service.adapters.http import MAX_RETRY_AFTER, Answer, _request_bytes, call_status, path_segment, retry_after
 from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
+from service.orders.effects import order_effects
 from service.orders.providers import FAILED_STATUSES, UNDONE_STATUSES, EmailsClient, PaymentsClient, _answer
-from service.policy.effects import Found, LookupFailed, Missing, Refused, Sent, Unknown
+from service.policy.effects import Found, LookupFailed, Missing, NotSent, Refused, Sent, Unknown
+from service.store.effects import EffectRow
 
 
 @pytest.mark.parametrize("value", ["99999999999999", "9" * 5000, "\u00b2"])
@@ -222,3 +224,52 @@ async def test_a_payment_with_any_other_status_is_sent_with_its_id(kind: str, st
     assert _answer(Answer(201, {}, orjson.dumps(body)), "payment_id", kind) == Sent("pay-1")
     found = await PaymentsClient(_Answering(body), "http://payments.test").find(f"A-1/payment.{kind}", kind)  # type: ignore[arg-type]
     assert found == Found("pay-1")
+
+
+class _Payments:
+    """A payment provider's look-ups by idempotency key: `answers` per key, each a status code and a JSON body (a
+    key without one is not known: 404); a payment call is recorded and answered 201."""
+
+    def __init__(self, answers: dict[str, tuple[int, object]]) -> None:
+        self._answers = answers
+        self.posted: list[str] = []
+
+    async def get(self, url: str, params: dict[str, str]) -> Answer:
+        status, body = self._answers.get(params["idempotency_key"], (404, {}))
+        return Answer(status, {}, orjson.dumps(body))
+
+    async def post(self, url: str, json: object = None, headers: dict[str, str] | None = None) -> Answer:
+        self.posted.append(str((headers or {}).get("Idempotency-Key")))
+        return Answer(201, {}, orjson.dumps({"payment_id": "new-1"}))
+
+
+_REFUND = EffectRow("A-1/payment.refund", "A-1", "payment.refund", {"kind": "refund"}, 1, 0, "failed")
+
+
+@pytest.mark.parametrize(
+    ("refund_answer", "outcome"),
+    [
+        ((200, {"payment_id": "ref-1", "status": "voided"}), Sent("ref-1")),
+        ((200, {"payment_id": "ref-1", "status": "succeeded"}), Sent("ref-1")),
+        ((404, {}), Refused(OrderCode.CAPTURE_FAILED)),
+        ((503, {}), NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)),
+    ],
+)
+async def test_a_refund_whose_capture_reads_as_voided_asks_for_itself_before_it_says_capture_failed(
+    refund_answer: tuple[int, object], outcome: object
+) -> None:
+    # Given a capture that failed on our side, and a refund of it sent again after an attempt whose answer was lost:
+    # the provider made that attempt as a void of the capture, whose look-up now answers `voided`
+    voided = (200, {"payment_id": "cap-1", "status": "voided"})
+    http = _Payments({"A-1/payment.capture": voided, "A-1/payment.refund": refund_answer})
+    clients = (PaymentsClient(http, "http://payments.test"), EmailsClient(None, "http://emails.test"))  # type: ignore[arg-type]
+    refund = order_effects(*clients)["payment.refund"]
+
+    # When the refund is called
+    called = await refund.call(_REFUND)
+
+    # Then it is the refund the provider made (not CAPTURE_FAILED, which would publish payment.failed for money that
+    # went back), or CAPTURE_FAILED when the provider knows no such refund, or a wait when it cannot say; nothing is
+    # posted again either way
+    assert called == outcome
+    assert http.posted == []
