@@ -236,8 +236,8 @@ class ConsumerLoop:
         self._arrived.set()
 
     async def _wait(self, stop: asyncio.Event, now: float, spaced_until: float) -> None:
-        """Wait for fetched records, a finished round, the next due time, the end of the rounds' spacing or half a
-        second, whichever is first."""
+        """Wait for fetched records, a finished round, the next due time, the end of the rounds' spacing or of a
+        wait for a full round, or half a second, whichever is first."""
         times = [now + _MAX_WAIT_SECONDS]
         if spaced_until > now:
             times.append(spaced_until)
