@@ -46,9 +46,9 @@ CONTEXT_LOOKUPS = _ROUNDS_IN_FLIGHT * LOOKUP_CONCURRENCY
 # (behind a large one, once a round's worth is fetched: ConsumerLoop._may_start). Records held for a later retry count
 # as held: behind a round's worth of them, rounds start unspaced.
 _ROUND_SPACING_SECONDS = SPACING_SECONDS
-# The longest a round behind a backlog waits for a round's worth of records (ConsumerLoop._may_start). A drain's
-# fetcher brings one in 70-100 ms on this machine; a backlog the broker reported and does not serve (a partition
-# whose leader went away since) must not hold the other partitions' records for longer than this.
+# The longest a round behind a backlog waits for a round's worth of records (ConsumerLoop._may_start): a few times
+# what a drain's fetcher takes to bring one (docs/performance.md), and short, because a backlog the broker reported
+# and does not serve (a partition whose leader went away since) makes every such round wait this long.
 _FILL_SECONDS = 0.25
 # Records fetched and not terminal, in rounds. With two rounds in flight and only their records fetched, both
 # tended to finish together and leave nothing to start until the fetcher had decoded the next records, with
@@ -325,9 +325,9 @@ class ConsumerLoop:
 
         Behind a backlog (the broker held a round's worth beyond what was fetched, on the partitions that may fetch),
         while another round is in flight, a round waits until the lanes hold a round's worth (due or not), for at
-        most `_FILL_SECONDS`. Started with what had been decoded when a slot freed, a drain's rounds took from one
-        record to two thirds of a round, each paying a round's fixed costs in the consumer and PostgreSQL
-        (docs/performance.md, "Fifteenth session"). With less beyond what was fetched, a round starts at once if
+        most `_FILL_SECONDS`: started with what had been decoded when a slot freed, a drain's rounds were mostly
+        fractions of a round, each paying a round's fixed costs in the consumer and PostgreSQL (docs/performance.md,
+        "Fifteenth session"). With less beyond what was fetched, a round starts at once if
         what is fetched and what is left make a round's worth, else at least the spacing after the one before.
         The lanes' bound leaves a round's worth of room while a slot is free.
         """
