@@ -98,6 +98,14 @@ class _Consumer:
         return None
 
 
+async def _stopped(running: asyncio.Task[None], stop: asyncio.Event, processor: _Processor) -> None:
+    """Stop the loop, releasing every round held, and wait for it to return."""
+    stop.set()
+    for _, release in processor.rounds:
+        release.set()
+    await asyncio.wait_for(running, timeout=5)
+
+
 async def _settle() -> None:
     for _ in range(10):
         await asyncio.sleep(0)
@@ -174,10 +182,7 @@ async def test_at_its_bound_the_fetcher_stops_asking_without_pausing_and_asks_ag
     await eventually(lambda: _true(consumer.fetched == 12 + len(round_)), timeout=5, interval=0.01)
     await _settle()
     assert consumer.fetched == 12 + len(round_)
-    stop.set()
-    for _, release in processor.rounds:
-        release.set()
-    await asyncio.wait_for(running, timeout=5)
+    await _stopped(running, stop, processor)
 
 
 async def test_a_revoked_partition_waits_for_its_round_in_flight_and_commits_it_before_it_goes() -> None:
@@ -200,10 +205,7 @@ async def test_a_revoked_partition_waits_for_its_round_in_flight_and_commits_it_
     release.set()
     await asyncio.wait_for(handing_over, timeout=5)
     assert consumer.commits[-1] == {partition: max(p.record.offset for p in round_) + 1}
-    stop.set()
-    for _, release in processor.rounds:
-        release.set()
-    await asyncio.wait_for(running, timeout=5)
+    await _stopped(running, stop, processor)
 
 
 class _SlowCommits(_Consumer):
@@ -363,10 +365,7 @@ async def test_behind_a_backlog_a_round_waits_for_a_rounds_worth_while_another_i
     first, second, third = (len(deliveries) for deliveries, _ in processor.rounds[:3])
     assert first < 100
     assert (second, third) == (100, 100)
-    stop.set()
-    for _, release in processor.rounds:
-        release.set()
-    await asyncio.wait_for(running, timeout=5)
+    await _stopped(running, stop, processor)
 
 
 async def test_a_round_waits_for_a_rounds_worth_no_longer_than_the_fill_time(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -388,10 +387,7 @@ async def test_a_round_waits_for_a_rounds_worth_no_longer_than_the_fill_time(mon
     waited = loop.started[1] - loop.started[0]
     assert 0.05 - 1e-9 <= waited < 1.0, waited
     assert len(processor.rounds[1][0]) < 100
-    stop.set()
-    for _, release in processor.rounds:
-        release.set()
-    await asyncio.wait_for(running, timeout=5)
+    await _stopped(running, stop, processor)
 
 
 class _CommitMarkers(_Trickle):
@@ -420,10 +416,7 @@ async def test_commit_markers_on_many_partitions_do_not_make_a_steady_rate_wait_
     # Then the second started once what was fetched and the markers made a round's worth, as behind a backlog, and
     # did not wait for a round's worth of records: 80 markers are not a backlog of a round's worth
     assert len(processor.rounds[1][0]) < 100
-    stop.set()
-    for _, release in processor.rounds:
-        release.set()
-    await asyncio.wait_for(running, timeout=5)
+    await _stopped(running, stop, processor)
 
 
 class _PausedBacklog(_Consumer):
@@ -478,10 +471,7 @@ async def test_the_backlog_of_a_paused_partition_does_not_keep_rounds_waiting(mo
     # round's worth of records that the paused partition cannot bring
     assert TopicPartition(TOPIC, 0) in consumer.paused
     assert len(processor.rounds[1][0]) < 50
-    stop.set()
-    for _, release in processor.rounds:
-        release.set()
-    await asyncio.wait_for(running, timeout=5)
+    await _stopped(running, stop, processor)
 
 
 class _ParkedFlood(_Processor):
