@@ -368,6 +368,26 @@ async def test_behind_a_backlog_a_round_waits_for_a_rounds_worth_while_another_i
     await _stopped(running, stop, processor)
 
 
+async def test_a_round_waiting_for_a_rounds_worth_starts_when_no_other_is_in_flight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a backlog the broker serves one record at a time, rounds of 100, a wait for a round's worth longer than
+    # the test's deadline, and a first round held in flight while a few records come
+    monkeypatch.setattr(consumer_module, "_FILL_SECONDS", 60.0)
+    processor = _Processor()
+    consumer = _HeldBehind(available=10_000, partitions=2)
+    running, stop = _running(consumer, processor, batch_size=50)
+    await eventually(lambda: _true(len(processor.rounds) == 1 and consumer.fetched >= 10), timeout=10, interval=0.01)
+
+    # When the first round ends
+    processor.rounds[0][1].set()
+
+    # Then the next starts at once with what came, without waiting for a round's worth: PostgreSQL would be idle
+    await eventually(lambda: _true(len(processor.rounds) >= 2), timeout=5, interval=0.01)
+    assert len(processor.rounds[1][0]) < 100
+    await _stopped(running, stop, processor)
+
+
 async def test_a_round_waits_for_a_rounds_worth_no_longer_than_the_fill_time(monkeypatch: pytest.MonkeyPatch) -> None:
     # Given a backlog the broker reports and serves one record at a time (as when the partition that holds it lost
     # its leader since), rounds of 100 that do not finish, and a wait for a round's worth of 50 ms
