@@ -121,7 +121,6 @@ class ConsumerLoop:
                 now = loop.time()
                 spaced_until = self._round_started + _ROUND_SPACING_SECONDS
                 if len(self._rounds) < _ROUNDS_IN_FLIGHT and self._may_start(consumer, now, spaced_until):
-                    self._filled_by = None
                     taken = self._lanes.take(now, list(self._rounds.values()))
                     if taken.due:
                         self._round_started = now
@@ -332,13 +331,16 @@ class ConsumerLoop:
         The lanes' bound leaves a round's worth of room while a slot is free.
         """
         waiting, fetchable = self._lanes.waiting(), self._fetchable(consumer)
-        if waiting + fetchable < self._round_size:
-            return now >= spaced_until
-        if waiting >= self._round_size or fetchable < self._round_size or not self._rounds:
-            return True
+        filling = waiting < self._round_size <= fetchable and bool(self._rounds)
+        if not filling:
+            self._filled_by = None
+            return waiting + fetchable >= self._round_size or now >= spaced_until
         if self._filled_by is None:
             self._filled_by = now + _FILL_SECONDS
-        return now >= self._filled_by
+        if now < self._filled_by:
+            return False
+        self._filled_by = None
+        return True
 
     def _fetchable(self, consumer: AIOKafkaConsumer) -> int:
         """Records the broker held, at the last fetch, beyond what this loop has fetched, on the partitions it may
