@@ -44,6 +44,7 @@ class _Payment:
     def __init__(self, spec: EffectSpec, payments: PaymentsClient) -> None:
         self.spec = spec
         self._payments = payments
+        self._kind = "capture" if spec is CAPTURE else "refund"  # what the provider's statuses are read as
 
     @property
     def enabled(self) -> bool:
@@ -59,7 +60,7 @@ class _Payment:
             if isinstance(captured, Missing):
                 # A capture reads as gone after a refund made as its void: this refund's own, if an earlier
                 # attempt of it reached the provider and its answer was lost.
-                refunded = await self._payments.find(effect.idempotency_key, "refund")
+                refunded = await self._payments.find(effect.idempotency_key, self._kind)
                 if isinstance(refunded, Found):
                     return Sent(refunded.reference)
                 if isinstance(refunded, LookupFailed):
@@ -67,11 +68,11 @@ class _Payment:
                 return Refused(OrderCode.CAPTURE_FAILED)
             if isinstance(captured, LookupFailed):
                 return NotSent(captured.code)
-        return await self._payments.pay(effect.idempotency_key, effect.payload)
+        return await self._payments.pay(effect.idempotency_key, effect.payload, self._kind)
 
     async def look_up(self, effect: EffectRow) -> LookupOutcome:
         """The payment made under the effect's idempotency key, if any."""
-        return await self._payments.find(effect.idempotency_key, "capture" if self.spec is CAPTURE else "refund")
+        return await self._payments.find(effect.idempotency_key, self._kind)
 
     async def on_outcomes(self, connection: AsyncConnection, topics: Topics, settled: Sequence[Settled]) -> None:
         """Each sent or failed payment: the order's payment status, its version, and one `payment.*` event."""

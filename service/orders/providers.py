@@ -77,15 +77,15 @@ def _answer(response: Answer, reference_field: str, payment_kind: str | None = N
 class PaymentsClient(Downstream):
     """The idempotent payment provider: the same Idempotency-Key always returns the same payment."""
 
-    async def pay(self, idempotency_key: str, body: dict[str, Any]) -> CallOutcome:
-        """Capture or refund (`body["kind"]`), identified by the effect's idempotency key."""
+    async def pay(self, idempotency_key: str, body: dict[str, Any], kind: str) -> CallOutcome:
+        """A payment of this kind (`capture`, `refund`), identified by the effect's idempotency key."""
         try:
             response = await self._http.post(
                 f"{self._base_url}/payments", json=body, headers={"Idempotency-Key": idempotency_key}
             )
         except TransportError as error:
             return call_transport(error)
-        return _answer(response, "payment_id", str(body.get("kind")))
+        return _answer(response, "payment_id", kind)
 
     async def find(self, idempotency_key: str, kind: str) -> LookupOutcome:
         """Look a payment of this kind (`capture`, `refund`) up by its idempotency key."""
