@@ -24,16 +24,15 @@ _M = 0x5BD1E995
 def to_source(record: ConsumerRecord[bytes, bytes]) -> SourceRecord:
     """An aiokafka record as a library-neutral SourceRecord."""
     # By position (topic, partition, offset, timestamp_ms, key, value, headers), as it runs once per record
-    # (docs/performance.md, "Twelfth session"). A header without a value arrives as None; most records carry none.
-    headers = record.headers
+    # (docs/performance.md, "Twelfth session"). The client hands the headers over as a tuple of pairs, which
+    # `tuple` returns as it is; a header without a value arrives as None, and most records carry none.
+    headers = tuple(record.headers)
+    for _, value in headers:
+        if value is None:
+            headers = tuple([(name, value or b"") for name, value in headers])
+            break
     return SourceRecord(
-        record.topic,
-        record.partition,
-        record.offset,
-        record.timestamp,
-        record.key,
-        record.value,
-        tuple([(name, value or b"") for name, value in headers]) if headers else (),
+        record.topic, record.partition, record.offset, record.timestamp, record.key, record.value, headers
     )
 
 

@@ -26,16 +26,18 @@ class OutboxMessage:
     key: str | None
     # Our own headers as {name: text}; a copy's original headers as `service.policy.headers.to_json` stores them.
     headers: dict[str, str] | list[list[str]]
-    payload: bytes
+    payload: bytes | None  # None: the message's value is `text`
     # A copy's original Kafka key, exactly (`service.policy.records.pack_key`); None: publish `key` as UTF-8.
     # `key` stays the ordering key the relay keeps each key's rows in order by.
     kafka_key: bytes | None = None
+    # A JSON document's text, published as its UTF-8 bytes: it travels in the round's recordset as a JSON string,
+    # where bytes travel as base64 (docs/performance.md, "Sixteenth session").
+    text: str | None = None
 
     @staticmethod
     def json(topic: str, key: str | None, headers: dict[str, str], document: dict[str, Any]) -> OutboxMessage:
         """A message whose value is a compact JSON document."""
-        # Copied to its own size: orjson hands back its 4 KiB working buffer, and a round holds thousands of these.
-        return OutboxMessage(topic, key, headers, memoryview(orjson.dumps(document)).tobytes())
+        return OutboxMessage(topic, key, headers, None, text=orjson.dumps(document).decode())
 
 
 @dataclass(slots=True)  # not frozen (slower to build): one is built per row claimed
@@ -66,11 +68,17 @@ async def add(connection: AsyncConnection, messages: Sequence[OutboxMessage]) ->
 
 # Also part of a round's one write statement (service/store/batch.py).
 COLUMNS = Columns(
-    ("topic", "text"), ("key", "text"), ("headers", "jsonb"), ("payload", "bytea"), ("kafka_key", "bytea")
+    ("topic", "text"),
+    ("key", "text"),
+    ("headers", "jsonb"),
+    ("payload", "bytea"),
+    ("kafka_key", "bytea"),
+    ("text", "text"),
 )
 ADD_ROWS = f"""
     INSERT INTO outbox (topic, key, headers, payload, kafka_key)
-    SELECT topic, key, headers, payload, kafka_key FROM ({COLUMNS.select("outbox_rows")}) AS v"""
+    SELECT topic, key, headers, COALESCE(convert_to(text, 'UTF8'), payload), kafka_key
+    FROM ({COLUMNS.select("outbox_rows")}) AS v"""
 _ADD = text(ADD_ROWS + "\n    RETURNING id")
 
 

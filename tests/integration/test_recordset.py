@@ -6,10 +6,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.store import outbox
+from service.store.outbox import OutboxMessage
 from service.store.recordset import Columns
+from service.store.uow import UnitOfWork
 
 COLUMNS = Columns(
     ("name", "text"),
@@ -50,3 +56,43 @@ async def test_every_column_type_comes_back_as_it_was_sent_and_nulls_as_sql_null
         ('qu"ote \\ back ✓', 2**31 - 1, 2**62, {"a": [1, None, "x"]}, b"\x00\xff not utf-8", moment, False),
         (None, None, None, None, None, None, True),
     ]
+
+
+_JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(documents=st.lists(st.dictionaries(st.text(max_size=8), _JSON_VALUES, max_size=5), min_size=1, max_size=10))
+async def test_a_json_message_is_stored_as_the_exact_bytes_of_its_document_beside_raw_bytes(
+    documents: list[dict[str, Any]], engine: AsyncEngine
+) -> None:
+    # Given messages of generated JSON documents (any text: quotes, backslashes, NUL, other scripts) and, among
+    # them, a copy's raw bytes (Hypothesis prints the documents on failure)
+    messages = [OutboxMessage.json("t", "K", {"n": str(n)}, document) for n, document in enumerate(documents)]
+    messages.insert(len(messages) // 2, OutboxMessage("t", "K", {}, b"\x00\xff not utf-8"))
+
+    # When they are added in one statement (and rolled back: nothing is kept)
+    async with UnitOfWork(engine) as uow:
+        ids = await outbox.add(uow.connection, messages)
+        result = await uow.connection.execute(
+            text("SELECT payload FROM outbox WHERE id = ANY(:ids) ORDER BY id"), {"ids": ids}
+        )
+        stored = [row.payload for row in result]
+
+    # Then each document's payload is exactly the bytes orjson wrote for it, and the raw bytes are intact
+    expected = [orjson.dumps(document) for document in documents]
+    expected.insert(len(documents) // 2, b"\x00\xff not utf-8")
+    assert stored == expected
