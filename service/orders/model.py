@@ -166,8 +166,13 @@ def _place(message: OrderPlacedV1, current: Order | None, context: Context) -> A
 
 def capture_of(order: Order) -> Effect:
     """The capture of a new order's amount: the effect `placed` records."""
-    payload = {"order_id": order.order_id, "amount_cents": order.amount_cents, "currency": order.currency}
-    return Effect(order.order_id, "payment.capture", payload | {"kind": "capture"})
+    payload = {
+        "order_id": order.order_id,
+        "amount_cents": order.amount_cents,
+        "currency": order.currency,
+        "kind": "capture",
+    }
+    return Effect(order.order_id, "payment.capture", payload)
 
 
 def _ship(message: OrderShippedV1, current: Order) -> Applied:

@@ -57,9 +57,15 @@ class SourceRecord:
 
     def __post_init__(self) -> None:
         self.key_text = text_of(self.key) if self.key is not None and len(self.key) <= _MAX_KEY_TEXT else None
-        given = message_id_of(self.raw_header("message-id")) if self.headers else None
-        self.message_id = given or f"{self.topic}/{self.partition}/{self.offset}"
-        self.trace_id = _trace_id(self.header("traceparent")) if self.headers else None
+        # Both headers in one pass, the last value of each (as `raw_header`): it runs once per record.
+        given = parent = None
+        for name, value in self.headers:
+            if name == "message-id":
+                given = value
+            elif name == "traceparent":
+                parent = value
+        self.message_id = message_id_of(given) or f"{self.topic}/{self.partition}/{self.offset}"
+        self.trace_id = _trace_id(text_of(parent)) if parent is not None else None
 
     @property
     def coordinates(self) -> Coordinates:

@@ -260,7 +260,9 @@ def plan_round(
         elif delivery.failed:
             planner.quarantine(delivery, message.code, reopen)
         else:
-            before = aggregates.get(message.aggregate_id)
+            aggregate_id = delivery.aggregate_id  # the message's (it decoded), read once when the delivery was made
+            assert aggregate_id is not None
+            before = aggregates.get(aggregate_id)
             if before is not None and ordering.is_stale(mode, rules.sequence(message), before.sequence):
                 planner.terminal(Step(delivery, Write.STALE, reopen=reopen))
                 continue
@@ -268,8 +270,8 @@ def plan_round(
             if isinstance(result, Rejected):
                 planner.terminal(Step(delivery, Write.REJECT, result.code, reopen=reopen))
                 continue
-            aggregates[message.aggregate_id] = result.aggregate
-            touched[message.aggregate_id] = None
+            aggregates[aggregate_id] = result.aggregate
+            touched[aggregate_id] = None
             effects.extend(result.effects)
             step = Step(delivery, Write.APPLY, None, result, reopen)
             if delivery.reprocess or delivery.parked_id is not None or delivery.in_tier or message_id in stepped:
