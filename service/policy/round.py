@@ -150,8 +150,14 @@ class Rules(Protocol):
 
 def survey(due: Mapping[Delivery, RetryState], facts: Facts, mode: str) -> Round:
     """Route every due delivery (`mode`: ORDERS_ORDERING) and find the duplicates among them."""
-    routes = {delivery: _route(delivery, facts, mode) for delivery in due}
-    duplicates = {delivery for delivery, state in due.items() if _is_duplicate(delivery, state, facts)}
+    # The common round asks nothing of the database it does not know: no key is held, nothing was seen. Then every
+    # route is APPLY, and only a tier copy (not a reprocess) is a duplicate: the rules below, without a call per
+    # delivery.
+    routes = {delivery: _route(delivery, facts, mode) for delivery in due} if facts.keys else dict.fromkeys(due, _APPLY)
+    if facts.seen or facts.steps or facts.parked_ids:
+        duplicates = {delivery for delivery, state in due.items() if _is_duplicate(delivery, state, facts)}
+    else:
+        duplicates = {delivery for delivery in due if delivery.in_tier and not delivery.reprocess}
     return Round(due, facts, routes, duplicates, mode)
 
 

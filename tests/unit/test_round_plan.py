@@ -9,6 +9,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.domain.codes import ErrorCode
 from service.policy.delivery import FRESH, Delivery, RetryState
@@ -338,3 +340,39 @@ def test_only_a_delivery_the_rule_may_apply_wants_its_context_and_only_a_quarant
     round_: Round = survey({one: state}, facts(), "key")
 
     assert (round_.needs_context(one), round_.quarantine_bound(one)) == (expected_context, expected_bound)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kinds=st.lists(
+        st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans(), st.booleans()), min_size=1, max_size=8
+    ),
+    mode=st.sampled_from(["key", "versioned", "unordered"]),
+)
+def test_a_round_the_database_knows_nothing_about_is_routed_as_the_per_delivery_rules_route_it(
+    kinds: list[tuple[bool, bool, bool, bool, bool]], mode: str
+) -> None:
+    # Given deliveries of every kind (with or without a key, a tier copy, a reprocess, a parked record, one that
+    # failed to decode); Hypothesis prints the kinds on failure
+    due: dict[Delivery, RetryState] = {}
+    for offset, (keyed, in_tier, reprocess, parked, failed) in enumerate(kinds):
+        message = DecodeFailure(ErrorCode.MALFORMED_PAYLOAD) if failed else Message(f"T-{offset % 3}")
+        one = delivery(
+            offset,
+            message,
+            key=f"T-{offset % 3}" if keyed else None,
+            parked_id=offset if parked else None,
+            in_tier=in_tier,
+            reprocess=reprocess,
+        )
+        history = AttemptHistory(1, NOW, NOW, tier_step=1) if in_tier else None
+        due[one] = RetryState(history) if history else FRESH
+
+    # When the round is surveyed with facts that say nothing (the shortcut), and with facts about other keys and
+    # messages only (the rule for each delivery)
+    quick = survey(due, facts(), mode)
+    ruled = survey(due, facts(seen={"other": "processed"}, keys={"other": KeyState(blocked=True)}), mode)
+
+    # Then both route every delivery alike and find the same duplicates
+    assert dict(quick.routes) == dict(ruled.routes)
+    assert set(quick.duplicates) == set(ruled.duplicates)
