@@ -16,6 +16,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
 )
+from typing_extensions import TypedDict
 
 from service.domain.codes import ErrorCode
 from service.domain.fields import AggregateId
@@ -42,14 +43,13 @@ class _Message(BaseModel):
         return self.order_id
 
 
-class Item(BaseModel):
-    """One order line."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
+class Item(TypedDict):
+    """One order line (unknown keys are ignored). A typed dict, not a model: an order is validated once per record,
+    and a model per line cost a tenth of it (docs/performance.md, "Sixteenth session")."""
 
     sku: NonEmpty
-    quantity: int = Field(gt=0, le=1_000_000)
-    unit_price_cents: int = Field(ge=0, le=10**12)
+    quantity: Annotated[int, Field(gt=0, le=1_000_000)]
+    unit_price_cents: Annotated[int, Field(ge=0, le=10**12)]
 
 
 class OrderPlacedV1(_Message):
@@ -64,7 +64,7 @@ class OrderPlacedV1(_Message):
     @property
     def amount_cents(self) -> int:
         """The order total."""
-        return sum(item.quantity * item.unit_price_cents for item in self.items)
+        return sum(item["quantity"] * item["unit_price_cents"] for item in self.items)
 
 
 class OrderPlacedV2(OrderPlacedV1):

@@ -224,7 +224,7 @@ def test_a_valid_placed_v1_decodes_with_every_field() -> None:
     assert message.tenant == "acme"
     assert message.customer_id == "C-7"
     assert message.currency == "EUR"
-    assert [(line.sku, line.quantity, line.unit_price_cents) for line in message.items] == [("SKU-1", 2, 1250)]
+    assert message.items == [{"sku": "SKU-1", "quantity": 2, "unit_price_cents": 1250}]
 
 
 def test_a_valid_placed_v2_decodes_with_an_aware_placed_at_and_its_sequence() -> None:
