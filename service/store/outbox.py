@@ -37,7 +37,7 @@ class OutboxMessage:
     @staticmethod
     def json(topic: str, key: str | None, headers: dict[str, str], document: dict[str, Any]) -> OutboxMessage:
         """A message whose value is a compact JSON document."""
-        return OutboxMessage(topic, key, headers, None, text=orjson.dumps(document).decode())
+        return OutboxMessage(topic, key, headers, None, None, orjson.dumps(document).decode())
 
 
 @dataclass(slots=True)  # not frozen (slower to build): one is built per row claimed

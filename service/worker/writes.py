@@ -171,16 +171,18 @@ class RowMaker:
 
 
 def _inbox_row(delivery: Delivery, status: str, code: Code | None) -> InboxRow:
-    origin = delivery.origin
+    # By position (message id, status, source topic, partition and offset, aggregate, error code, received),
+    # as it runs once per record.
+    topic, partition, offset = delivery.origin
     return InboxRow(
-        message_id=delivery.message_id,
-        status=status,
-        source_topic=origin.topic,
-        source_partition=origin.partition,
-        source_offset=origin.offset,
-        aggregate_id=delivery.aggregate_id,
-        error_code=code.value if code else None,
-        received_ms=delivery.record.timestamp_ms,
+        delivery.message_id,
+        status,
+        topic,
+        partition,
+        offset,
+        delivery.aggregate_id,
+        code.value if code else None,
+        delivery.record.timestamp_ms,
     )
 
 
