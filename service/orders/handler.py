@@ -26,6 +26,7 @@ class OrderHandler:
         self._customers = customers
         self._tenants = frozenset(known_tenants)
         self._contexts = {status: model.Context(self._tenants, status) for status in model.CustomerStatus}
+        self._active = self._contexts[model.CustomerStatus.ACTIVE]  # nothing looked up: every customer active
 
     rows = orders.ROWS
 
@@ -63,7 +64,8 @@ class OrderHandler:
 
     def apply(self, message: Any, current: Any | None, looked_up: Mapping[str, Any]) -> model.Applied | Rejected:
         """The order rules, with the customer's status when it was looked up (active when it was not asked)."""
-        return model.apply(message, current, self._contexts[_customer_status(looked_up, message)])
+        context = self._contexts[_customer_status(looked_up, message)] if looked_up else self._active
+        return model.apply(message, current, context)
 
     def event(self, event: Any, version: int, message_id: str) -> tuple[str, str, dict[str, Any]]:
         """An order event: `orderId`, `orderVersion` (the order's version after the change), `messageId`."""

@@ -284,10 +284,15 @@ def plan_round(
                 planner.terminal(step)
             else:
                 steps.append(step)  # the common case: nothing to book but the step
+    if current:
+        created = tuple(aggregates[key] for key in touched if key not in current)
+        changed = tuple(aggregates[key] for key in touched if key in current)
+    else:  # the common round only creates: every aggregate in `aggregates` was touched, in the same order
+        created, changed = tuple(aggregates.values()), ()
     return RoundPlan(
         steps=tuple(planner.steps),
-        created=tuple(aggregates[key] for key in touched if key not in current),
-        changed=tuple(aggregates[key] for key in touched if key in current),
+        created=created,
+        changed=changed,
         effects=tuple(effects),
         finished=tuple(planner.finished),
         orphans=tuple(planner.orphans),
