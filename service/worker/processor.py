@@ -24,7 +24,6 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from operator import attrgetter
 from typing import Any
 
 import structlog
@@ -75,7 +74,6 @@ class Attempted:
 
 
 _NOTHING = Attempted(frozenset(), {})
-_WRITE_AND_CODE = attrgetter("write", "code")  # what the outcome metrics count of a plan's step
 
 
 class Processor:
@@ -363,9 +361,11 @@ class Processor:
         """Log each delivery that left other than processed, and count the outcomes once per round."""
         for message_id in plan.orphans:
             log.warning("retry_orphan_removed", message_id=message_id)
-        counts: Counter[tuple[Write, Code | None]] = Counter(map(_WRITE_AND_CODE, plan.steps))
+        # Counted here, not with a Counter over every step: each step's key would hash an enum in Python.
+        counts: Counter[tuple[Write, Code | None]] = Counter()
         for delivery, write, code, _, _ in plan.steps:
             if write is not Write.APPLY:
+                counts[write, code] += 1
                 outcome = write.outcome
                 log.info(
                     f"record_{outcome.value}",
@@ -375,5 +375,8 @@ class Processor:
                     key=delivery.key if outcome in (Outcome.PARKED, Outcome.HELD) else None,
                     trace_id=delivery.record.trace_id,
                 )
+        applied = len(plan.steps) - counts.total()  # an applied step has no code
+        if applied:
+            counts[Write.APPLY, None] = applied
         for (write, code), count in counts.items():
             self._metrics.record(write.outcome.value, code.value if code else None, count)
