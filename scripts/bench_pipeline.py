@@ -253,7 +253,7 @@ async def raw_produce(bootstrap: str, topic: str, messages: Sequence[OutboxMessa
     try:
         started = time.monotonic()
         futures = [
-            await producer.send(topic, message.payload, key=(message.key or "").encode(), headers=headers(message))
+            await producer.send(topic, message.value, key=(message.key or "").encode(), headers=headers(message))
             for message in messages
         ]
         await producer.flush()

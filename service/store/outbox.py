@@ -34,6 +34,11 @@ class OutboxMessage:
     # where bytes travel as base64 (docs/performance.md, "Sixteenth session").
     text: str | None = None
 
+    @property
+    def value(self) -> bytes:
+        """The bytes published: `payload`, or `text` as UTF-8."""
+        return self.payload if self.payload is not None else (self.text or "").encode()
+
     @staticmethod
     def json(topic: str, key: str | None, headers: dict[str, str], document: dict[str, Any]) -> OutboxMessage:
         """A message whose value is a compact JSON document."""
