@@ -26,18 +26,21 @@ class OutboxMessage:
     key: str | None
     # Our own headers as {name: text}; a copy's original headers as `service.policy.headers.to_json` stores them.
     headers: dict[str, str] | list[list[str]]
-    payload: bytes | None  # None: the message's value is `text`
+    payload: bytes | None  # exactly one of `payload` and `text` is set (neither: the insert fails, NOT NULL)
     # A copy's original Kafka key, exactly (`service.policy.records.pack_key`); None: publish `key` as UTF-8.
     # `key` stays the ordering key the relay keeps each key's rows in order by.
     kafka_key: bytes | None = None
     # A JSON document's text, published as its UTF-8 bytes: it travels in the round's recordset as a JSON string,
-    # where bytes travel as base64 (docs/performance.md, "Sixteenth session").
+    # where bytes travel as base64 (docs/performance.md, "Sixteenth session"). The database must be UTF8.
     text: str | None = None
 
     @property
     def value(self) -> bytes:
-        """The bytes published: `payload`, or `text` as UTF-8."""
-        return self.payload if self.payload is not None else (self.text or "").encode()
+        """The bytes published, as the insert takes them: `text` as UTF-8, else `payload`."""
+        if self.text is not None:
+            return self.text.encode()
+        assert self.payload is not None, "an outbox message has a payload or a text"
+        return self.payload
 
     @staticmethod
     def json(topic: str, key: str | None, headers: dict[str, str], document: dict[str, Any]) -> OutboxMessage:

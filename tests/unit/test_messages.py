@@ -305,6 +305,18 @@ def test_the_amount_sums_quantity_times_unit_price_over_the_lines(lines: list[tu
             },
             ("items.0.quantity", "int_type"),
         ),
+        (
+            # A line that is not an object (lines are typed dicts since the sixteenth session: `model_type` before)
+            {
+                "schema": "order.placed.v1",
+                "order_id": "A-1",
+                "tenant": "acme",
+                "customer_id": "c",
+                "currency": "EUR",
+                "items": [["s", 2, 1]],
+            },
+            ("items.0", "dict_type"),
+        ),
         ({"order_id": "A-1"}, ("schema", "missing")),
     ],
 )
