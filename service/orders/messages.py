@@ -43,7 +43,7 @@ class _Message(BaseModel):
         return self.order_id
 
 
-# A typed dict, not a model: one model per line made a record's validation a fifth dearer (docs/performance.md,
+# A typed dict, not a model: a model per line made every record's validation dearer (docs/performance.md,
 # "Sixteenth session"). The rules read the lines and never change them.
 class Item(TypedDict):
     """One order line; unknown keys are ignored."""
