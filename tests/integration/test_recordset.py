@@ -92,7 +92,9 @@ async def test_a_json_message_is_stored_as_the_exact_bytes_of_its_document_besid
         )
         stored = [row.payload for row in result]
 
-    # Then each document's payload is exactly the bytes orjson wrote for it, and the raw bytes are intact
+    # Then each document's payload is exactly the bytes orjson wrote for it, the raw bytes are intact, and each
+    # message's `value` (what the bench's raw producer sends) is what was stored
     expected = [orjson.dumps(document) for document in documents]
     expected.insert(len(documents) // 2, b"\x00\xff not utf-8")
     assert stored == expected
+    assert [message.value for message in messages] == stored
