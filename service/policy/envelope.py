@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from service.domain.codes import ErrorCode
-from service.policy.records import BYTES_PREFIX, Coordinates, SourceRecord
+from service.policy.records import BYTES_PREFIX, Coordinates, SourceRecord, time_of
 from service.policy.retry import AttemptHistory
 
 
@@ -49,7 +49,7 @@ def failure_envelope(
     timestamp_ms: int | None = None,
 ) -> Envelope:
     """Build the envelope of a record that failed; `origin` is where it was first read, at `timestamp_ms`."""
-    when = record.timestamp if timestamp_ms is None else datetime.fromtimestamp(timestamp_ms / 1000, tz=UTC)
+    when = record.timestamp if timestamp_ms is None else time_of(timestamp_ms)
     source: dict[str, Any] = {
         "topic": origin.topic,
         "partition": origin.partition,

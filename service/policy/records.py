@@ -6,7 +6,7 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
@@ -18,6 +18,11 @@ BYTES_PREFIX = "base64:"  # (7 characters: message_id_of compares a slice, cheap
 # A longer key is not taken as text: keys are indexed (parked records, held keys, the outbox), and a b-tree
 # entry holds at most about 2,700 bytes. Order ids are at most 200 characters.
 _MAX_KEY_TEXT = 512
+# What a datetime holds, in milliseconds since the epoch: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59.999Z. A
+# record's timestamp is producer input, any int64 (Kafka 4 refuses one more than an hour ahead by default; older
+# brokers, and topics configured so, take it): outside this range it stands for the nearest instant inside.
+EARLIEST_MS, LATEST_MS = -62_135_596_800_000, 253_402_300_799_999
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class Coordinates(NamedTuple):
@@ -86,7 +91,12 @@ class SourceRecord:
     @property
     def timestamp(self) -> datetime:
         """The broker or producer timestamp."""
-        return datetime.fromtimestamp(self.timestamp_ms / 1000, tz=UTC)
+        return time_of(self.timestamp_ms)
+
+
+def time_of(ms: int) -> datetime:
+    """A timestamp in milliseconds since the epoch as a datetime, exactly, within what a datetime holds."""
+    return _EPOCH + timedelta(milliseconds=min(max(ms, EARLIEST_MS), LATEST_MS))
 
 
 def message_id_of(raw: bytes | None) -> str | None:

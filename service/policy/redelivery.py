@@ -9,10 +9,10 @@ A tier copy keeps the original key, value and headers, and adds:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from service.domain.codes import ErrorCode
-from service.policy.records import Coordinates, SourceRecord, id_bytes
+from service.policy.records import Coordinates, SourceRecord, id_bytes, time_of
 from service.policy.retry import AttemptHistory
 
 _OURS = frozenset(
@@ -52,7 +52,7 @@ def _count(value: str | None) -> int:
 
 
 def _moment(value: str | None) -> datetime:
-    return datetime.fromtimestamp(_count(value) / 1000, tz=UTC)
+    return time_of(_count(value))
 
 
 def tier_headers(

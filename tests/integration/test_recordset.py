@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.store import outbox
+from service.policy.records import EARLIEST_MS, LATEST_MS
+from service.store import inbox, outbox
+from service.store.inbox import InboxRow
 from service.store.outbox import OutboxMessage
 from service.store.recordset import Columns
 from service.store.uow import UnitOfWork
@@ -98,3 +100,25 @@ async def test_a_json_message_is_stored_as_the_exact_bytes_of_its_document_besid
     expected.insert(len(documents) // 2, b"\x00\xff not utf-8")
     assert stored == expected
     assert [message.value for message in messages] == stored
+
+
+@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stamps=st.lists(st.integers(min_value=EARLIEST_MS, max_value=LATEST_MS), min_size=1, max_size=20, unique=True))
+async def test_an_inbox_row_keeps_its_record_timestamp_to_the_millisecond(
+    stamps: list[int], engine: AsyncEngine
+) -> None:
+    # Given inbox rows whose records carry any timestamp a datetime holds (years 1 to 9999, in milliseconds)
+    rows = [InboxRow(f"m-{stamp}", "processed", "t", 0, n, None, None, stamp) for n, stamp in enumerate(stamps)]
+
+    # When the round's insert writes them (rolled back: nothing is kept)
+    async with UnitOfWork(engine) as uow:
+        await uow.connection.execute(text(inbox.ADD_ROWS), {"consumer": "c", "inbox_rows": inbox.COLUMNS.encode(rows)})
+        result = await uow.connection.execute(
+            text("SELECT message_id, received_at FROM inbox WHERE consumer_name = 'c'")
+        )
+        stored = dict(tuple(row) for row in result)
+
+    # Then each `received_at` is its timestamp exactly, with nothing below the millisecond
+    assert stored == {
+        f"m-{stamp}": datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=stamp) for stamp in stamps
+    }

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from service.domain.codes import ErrorCode
 from service.policy.envelope import event_headers, failure_envelope, iso
-from service.policy.records import Coordinates, SourceRecord
+from service.policy.records import EARLIEST_MS, LATEST_MS, Coordinates, SourceRecord, time_of
 from service.policy.retry import AttemptHistory
 
 TIMESTAMP_MS = 1_785_488_400_123  # 2026-07-31T09:00:00.123Z
@@ -199,6 +202,25 @@ def test_the_envelope_timestamps_are_utc_with_a_z() -> None:
     assert parse_z(envelope.document["firstFailedAt"]) == FIRST_FAILED
     assert parse_z(envelope.document["lastFailedAt"]) == LAST_FAILED
     assert parse_z(envelope.document["source"]["timestamp"]) == datetime(2026, 7, 31, 9, 0, 0, 123000, tzinfo=UTC)
+
+
+@given(stamp=st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_any_record_timestamp_is_a_moment_in_its_envelope(stamp: int) -> None:
+    # Given a record whose timestamp is any int64 (producer input; Hypothesis prints it on failure)
+    source = replace(record(), timestamp_ms=stamp)
+
+    # When its envelope is built
+    envelope = failure_envelope(
+        source, source.coordinates, consumer="c", history=history(), code=ErrorCode.INVALID_FIELD, payload_schema=None
+    )
+
+    # Then its time is the timestamp to the millisecond, or the nearest moment a datetime holds
+    written = parse_z(envelope.document["source"]["timestamp"])
+    assert written == time_of(stamp)
+    if EARLIEST_MS <= stamp <= LATEST_MS:
+        assert written == datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=stamp)
+    else:
+        assert written in (time_of(EARLIEST_MS), time_of(LATEST_MS))
 
 
 @pytest.mark.parametrize(
