@@ -367,7 +367,9 @@ class Processor:
             if write is not Write.APPLY:
                 counts[write, code] += 1
                 outcome = write.outcome
-                log.info(
+                # A duplicate is routine (a redelivery after a restart or a rebalance, a producer's retry): its
+                # count is enough at info, as an applied record's is; its line is for debugging.
+                (log.debug if write is Write.DUPLICATE else log.info)(
                     f"record_{outcome.value}",
                     message_id=delivery.message_id,
                     failure_id=delivery.origin.failure_id if due[delivery].history or code else None,

@@ -182,8 +182,9 @@ async def test_the_same_record_delivered_twice_has_one_effect(
 async def test_two_consumer_processes_racing_on_one_message_id_apply_it_once(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, tmp_path: Path
 ) -> None:
-    # Given two consumer processes in one group, each owning different partitions
-    settings = settings_for(database_url, kafka, topics)
+    # Given two consumer processes in one group, each owning different partitions (logging at debug: a duplicate's
+    # line is a debug line)
+    settings = settings_for(database_url, kafka, topics, log_level="debug")
     first = ServiceProcess("consume", settings, tmp_path / "first.log")
     second = ServiceProcess("consume", settings, tmp_path / "second.log")
     try:
@@ -265,8 +266,9 @@ async def test_a_consumer_killed_between_its_commit_and_the_offset_commit_does_n
     assert await scalar(engine, "SELECT count(*) FROM orders") == 1
     assert not await _committed(kafka, settings.consumer_name, topics.source, 0, 1)
 
-    # When a healthy consumer takes over and Kafka delivers the record again
-    healthy = ServiceProcess("consume", settings, tmp_path / "healthy.log")
+    # When a healthy consumer takes over and Kafka delivers the record again (logging at debug: a duplicate's line
+    # is a debug line)
+    healthy = ServiceProcess("consume", settings, tmp_path / "healthy.log", {"ORDERS_LOG_LEVEL": "debug"})
     try:
         await eventually(lambda: _committed(kafka, settings.consumer_name, topics.source, 0, 1), timeout=60)
     finally:

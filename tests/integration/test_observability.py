@@ -91,6 +91,10 @@ async def test_a_scripted_scenario_shows_exact_counts_a_growing_oldest_age_and_a
         assert consumer.terminate() == 0
         if relay is not None:
             assert relay.terminate() == 0
+    # And at info the duplicate is counted and not logged, where the quarantined and rejected records are both
+    events = {json.loads(line)["event"] for line in consumer.log().splitlines() if line.startswith("{")}
+    assert {"record_quarantined", "record_rejected"} <= events
+    assert "record_duplicate" not in events
 
 
 async def test_log_lines_of_a_failing_record_carry_its_ids_and_never_its_payload(
