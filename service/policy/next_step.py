@@ -41,11 +41,13 @@ class ToTier:
 
 @dataclass(frozen=True, slots=True)
 class Quarantine:
-    """Quarantine it with `code` on the next write: invalid input, or its budget is spent."""
+    """Quarantine it with `code` on the next write: invalid input, or its budget is spent. `delay`: its
+    quarantine was the write that failed, and the next one waits this long (see `next_step`)."""
 
     action: ClassVar[str] = Action.QUARANTINE.value
     state: RetryState
     code: ErrorCode
+    delay: timedelta | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,11 @@ class Pause:
 
 
 NextStep = RetryInPlace | ToTier | Quarantine | Pause
+
+# How long a record whose quarantine write failed waits before the next: a quarter of the time since its first
+# failure, within these bounds.
+_FIRST_QUARANTINE_WAIT = timedelta(seconds=1)
+_LONGEST_QUARANTINE_WAIT = timedelta(minutes=5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +109,16 @@ def next_step(
             due = loop_now + pause.total_seconds()
             return Pause(RetryState(history, due, True, state.verdict, state.next_tier, state.last_code), pause)
     history = state.history.failed_again(now) if state.history else AttemptHistory.first(now)
+    if state.verdict is not None:
+        # The attempt that failed was its quarantine (and the last resort's, which writes nothing taken from the
+        # record): a database that refuses it for other than an outage (a constraint, a trigger) refuses the next
+        # one too. The record holds its partition, as any record not yet terminal does, and waits longer the
+        # longer it is stuck, instead of trying again at once, for ever.
+        stuck = (now - history.first_failed_at) / 4
+        delay = min(max(stuck, _FIRST_QUARANTINE_WAIT), _LONGEST_QUARANTINE_WAIT)
+        due = loop_now + delay.total_seconds()
+        waiting = RetryState(history, due, False, state.verdict, None, failure.code)
+        return Quarantine(waiting, state.verdict, delay)
     policy = budgets.reprocess if delivery.reprocess else budgets.policy
     decision = classify(failure, history, policy, now, rng, in_tier=delivery.in_tier)
     if decision.action is Action.RETRY and decision.delay is not None:

@@ -23,7 +23,7 @@ from service.metrics import Metrics
 from service.policy.backpressure import BackpressurePolicy, run_after_round
 from service.policy.classify import Failure
 from service.policy.delivery import Delivery, RetryState
-from service.policy.next_step import Budgets, Pause, RetryInPlace, ToTier, next_step
+from service.policy.next_step import Budgets, Pause, Quarantine, RetryInPlace, ToTier, next_step
 from service.policy.round import Round
 from service.store import parking
 from service.store.uow import UnitOfWork
@@ -89,7 +89,7 @@ class Failures:
             if isinstance(step, Pause):
                 await self._log_pause(delivery, failure, step.duration)
                 continue
-            delay = step.delay if isinstance(step, RetryInPlace | ToTier) else None
+            delay = step.delay if isinstance(step, RetryInPlace | ToTier | Quarantine) else None
             log.info(
                 "record_failed",
                 message_id=delivery.message_id,

@@ -257,3 +257,38 @@ def test_a_retry_in_place_keeps_a_hand_off_decided_before_so_the_next_write_make
     retried = step(RetryState(next_tier=timedelta(seconds=30)), Failure(ErrorCode.UNEXPECTED_ERROR))
     assert isinstance(retried, RetryInPlace)
     assert retried.state.next_tier == timedelta(seconds=30)
+
+
+@pytest.mark.parametrize(
+    ("stuck_for", "wait"),
+    [
+        (timedelta(0), timedelta(seconds=1)),
+        (timedelta(seconds=2), timedelta(seconds=1)),
+        (timedelta(minutes=2), timedelta(seconds=30)),
+        (timedelta(hours=3), timedelta(minutes=5)),
+    ],
+    ids=["at once", "two seconds", "two minutes", "three hours"],
+)
+def test_a_quarantine_write_that_failed_is_tried_again_after_a_wait_that_grows_with_the_time_stuck(
+    stuck_for: timedelta, wait: timedelta
+) -> None:
+    # Given a delivery whose budget is spent (its next write is its quarantine), first failed `stuck_for` ago
+    spent = RetryState(
+        AttemptHistory(5, NOW - stuck_for, NOW), LOOP_NOW, verdict=ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED
+    )
+
+    # When that quarantine write fails too (the database refused it, as it refused its last resort)
+    decided = step(spent, Failure(ErrorCode.UNEXPECTED_ERROR))
+
+    # Then it is still bound for quarantine with the same code, and waits a quarter of the time stuck, from 1 s to
+    # 5 min, instead of trying again at once
+    assert decided == Quarantine(
+        RetryState(
+            AttemptHistory(6, NOW - stuck_for, NOW),
+            LOOP_NOW + wait.total_seconds(),
+            verdict=ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED,
+            last_code=ErrorCode.UNEXPECTED_ERROR,
+        ),
+        ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED,
+        wait,
+    )
