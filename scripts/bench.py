@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
+import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
@@ -48,8 +49,12 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 
 from service.domain.codes import ErrorCode
+from service.orders import model as order_rules
+from service.orders.handler import event_document
+from service.orders.messages import decode as decode_order
 from service.orders.tables import orders
-from service.policy.envelope import failure_envelope
+from service.policy.envelope import event_headers, failure_envelope
+from service.policy.handling import DecodeFailure
 from service.policy.owners import owner_for
 from service.policy.records import SourceRecord
 from service.policy.retry import AttemptHistory
@@ -624,7 +629,7 @@ class RawRows:
                 continue
             message_id = headers[0][1].decode()
             append(rows.inbox, message_id, "processed", partition, offset, key.decode(), None, now)
-            rows.add_order(json.loads(value), message_id)
+            rows.add_order(value, message_id)
         return rows
 
     def add_invalid(self, record: SourceRecord, now: datetime) -> None:
@@ -645,16 +650,28 @@ class RawRows:
         append(self.quarantine, envelope.failure_id, code.value, owner_for(code), key, document, record.value, now, now)
         append(self.outbox, f"{self.topic}.quarantine", key, json.dumps(envelope.headers()), document.encode())
 
-    def add_order(self, order: dict[str, Any], message_id: str) -> None:
-        """A new order's row, its capture effect and its order.accepted event."""
-        order_id = order["order_id"]
-        amount = sum(item["quantity"] * item["unit_price_cents"] for item in order["items"])
-        append(self.orders, order_id, order["tenant"], order["customer_id"], "placed", amount, order["currency"], 1)
-        capture = {"order_id": order_id, "amount_cents": amount, "currency": order["currency"], "kind": "capture"}
-        append(self.effects, f"{order_id}/payment.capture", order_id, "payment.capture", json.dumps(capture))
-        event = {"type": "order.accepted", "orderId": order_id, "messageId": message_id, "amountCents": amount}
-        headers = {"event-id": f"{message_id}/order.accepted", "message-id": message_id}
-        append(self.outbox, f"{self.topic}.events", order_id, json.dumps(headers), json.dumps(event).encode())
+    def add_order(self, value: bytes, message_id: str) -> None:
+        """A new order's row, its capture effect and its order.accepted event, as the service's own rule and
+        documents make them (before run BF the event had four of its eight fields, and no `event-type` header)."""
+        message = decode_order(value)
+        assert not isinstance(message, DecodeFailure), message
+        applied = order_rules.apply(message, None, order_rules.Context(frozenset(TENANTS)))
+        assert isinstance(applied, order_rules.Applied), applied
+        order, (capture,), (accepted,) = applied.aggregate, applied.effects, applied.events
+        append(
+            self.orders,
+            order.order_id,
+            order.tenant,
+            order.customer_id,
+            order.status.value,
+            order.amount_cents,
+            order.currency,
+            order.sequence,
+        )
+        append(self.effects, capture.idempotency_key, capture.aggregate_id, capture.kind, json.dumps(capture.payload))
+        headers = event_headers(message_id, accepted.type, None)
+        document = orjson.dumps(event_document(accepted, order.version, message_id))
+        append(self.outbox, f"{self.topic}.events", order.order_id, json.dumps(headers), document)
 
     async def write(self, connection: asyncpg.Connection, consumer: str) -> None:
         """Five statements, whatever the batch size."""

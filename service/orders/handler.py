@@ -69,14 +69,7 @@ class OrderHandler:
 
     def event(self, event: Any, version: int, message_id: str) -> tuple[str, str, dict[str, Any]]:
         """An order event: `orderId`, `orderVersion` (the order's version after the change), `messageId`."""
-        document = {
-            "type": event.type,
-            "orderId": event.order_id,
-            "orderVersion": version,
-            "messageId": message_id,
-            **event.payload,
-        }
-        return event.type, event.order_id, document
+        return event.type, event.order_id, event_document(event, version, message_id)
 
     def rejection(
         self,
@@ -102,6 +95,18 @@ class OrderHandler:
     async def lock(self, connection: AsyncConnection, ids: Iterable[str]) -> dict[str, Any]:
         """The existing orders, locked."""
         return await orders.lock(connection, ids)
+
+
+def event_document(event: model.Event, version: int, message_id: str) -> dict[str, Any]:
+    """The document of an order event: `orderId`, `orderVersion` (the order's version after the change),
+    `messageId`, and the event's own fields."""
+    return {
+        "type": event.type,
+        "orderId": event.order_id,
+        "orderVersion": version,
+        "messageId": message_id,
+        **event.payload,
+    }
 
 
 def _customer_status(looked_up: Mapping[str, Any], message: OrderMessage) -> model.CustomerStatus:
