@@ -31,9 +31,11 @@ def to_source(record: ConsumerRecord[bytes, bytes]) -> SourceRecord:
         if value is None:
             headers = tuple([(name, value or b"") for name, value in headers])
             break
-    return SourceRecord(
-        record.topic, record.partition, record.offset, record.timestamp, record.key, record.value, headers
-    )
+    # A record of the oldest format (magic 0) has no timestamp: the client gives None, Kafka's own "none" is -1.
+    timestamp = record.timestamp
+    if timestamp is None:
+        timestamp = -1
+    return SourceRecord(record.topic, record.partition, record.offset, timestamp, record.key, record.value, headers)
 
 
 # The longest the broker holds a fetch that has less than FETCH_MIN_BYTES to give. aiokafka sends one fetch per

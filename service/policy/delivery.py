@@ -29,6 +29,7 @@ class RetryState:
     verdict: ErrorCode | None = None  # budget spent: quarantine with this code on the next write
     next_tier: timedelta | None = None  # hand over to the retry tier with this delay on the next write
     last_code: ErrorCode | None = None
+    refused: int = 0  # how many times its quarantine write failed in a row (service/policy/next_step.py)
 
 
 FRESH = RetryState()  # a delivery that has not failed (yet)

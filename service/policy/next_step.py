@@ -61,8 +61,8 @@ class Pause:
 
 NextStep = RetryInPlace | ToTier | Quarantine | Pause
 
-# How long a record whose quarantine write failed waits before the next: a quarter of the time since its first
-# failure, within these bounds.
+# How long a record whose quarantine write failed waits before the next: the first wait, doubled with each
+# refusal in a row, up to the longest.
 _FIRST_QUARANTINE_WAIT = timedelta(seconds=1)
 _LONGEST_QUARANTINE_WAIT = timedelta(minutes=5)
 
@@ -109,16 +109,17 @@ def next_step(
             due = loop_now + pause.total_seconds()
             return Pause(RetryState(history, due, True, state.verdict, state.next_tier, state.last_code), pause)
     history = state.history.failed_again(now) if state.history else AttemptHistory.first(now)
-    if state.verdict is not None:
-        # The attempt that failed was its quarantine (and the last resort's, which writes nothing taken from the
-        # record): a database that refuses it for other than an outage (a constraint, a trigger) refuses the next
-        # one too. The record holds its partition, as any record not yet terminal does, and waits longer the
-        # longer it is stuck, instead of trying again at once, for ever.
-        stuck = (now - history.first_failed_at) / 4
-        delay = min(max(stuck, _FIRST_QUARANTINE_WAIT), _LONGEST_QUARANTINE_WAIT)
+    verdict = state.verdict or (delivery.decoded.code if delivery.failed else None)
+    if verdict is not None:
+        # The attempt that failed was its quarantine: a spent budget, or input that does not decode (quarantined
+        # with its own code, not an exhausted budget's). A database that refuses it, and its last resort, for
+        # other than an outage (a constraint, a trigger) refuses the next one too; a lock or statement timeout is
+        # over soon. The record holds its key, as any record not yet terminal does, and the next try waits twice
+        # as long as the last one, from 1 s to 5 min, instead of following at once, for ever.
+        refused = state.refused + 1
+        delay = min(_FIRST_QUARANTINE_WAIT * 2 ** min(refused - 1, 16), _LONGEST_QUARANTINE_WAIT)
         due = loop_now + delay.total_seconds()
-        waiting = RetryState(history, due, False, state.verdict, None, failure.code)
-        return Quarantine(waiting, state.verdict, delay)
+        return Quarantine(RetryState(history, due, False, verdict, None, failure.code, refused), verdict, delay)
     policy = budgets.reprocess if delivery.reprocess else budgets.policy
     decision = classify(failure, history, policy, now, rng, in_tier=delivery.in_tier)
     if decision.action is Action.RETRY and decision.delay is not None:

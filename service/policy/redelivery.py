@@ -51,6 +51,16 @@ def _count(value: str | None) -> int:
     return int(value)
 
 
+def _stamp(value: str | None) -> int:
+    """A record timestamp header (milliseconds since the epoch): any int64, as the record had it."""
+    if value is None:
+        raise ValueError("no timestamp")
+    digits = value.removeprefix("-")
+    if not digits.isdigit() or len(digits) > 19 or not -(2**63) <= (stamp := int(value)) < 2**63:
+        raise ValueError("not a timestamp")
+    return stamp
+
+
 def _moment(value: str | None) -> datetime:
     return time_of(_count(value))
 
@@ -93,7 +103,7 @@ def parse(record: SourceRecord) -> Redelivery | None:
         )
         return Redelivery(
             origin=Coordinates(topic, _count(partition), _count(offset)),
-            origin_timestamp_ms=_count(record.header("origin-timestamp")),
+            origin_timestamp_ms=_stamp(record.header("origin-timestamp")),
             history=history,
             due_at=_moment(record.header("retry-due-at")),
         )
@@ -106,6 +116,6 @@ def origin_of(record: SourceRecord) -> tuple[Coordinates, int] | None:
     try:
         topic, partition, offset = (record.header("failure-id") or "").rsplit("/", 2)
         stamp = record.header("origin-timestamp")
-        return Coordinates(topic, _count(partition), _count(offset)), _count(stamp) if stamp else record.timestamp_ms
+        return Coordinates(topic, _count(partition), _count(offset)), _stamp(stamp) if stamp else record.timestamp_ms
     except (ValueError, OverflowError, OSError):
         return None

@@ -40,6 +40,9 @@ COLUMNS = Columns(
     ("error_code", "text"),
     ("received_ms", "bigint"),
 )
+# The record's timestamp is producer input, any int64: it is held to what the service's datetimes hold (records.py),
+# where PostgreSQL's range would fail the round, and converted in whole seconds and milliseconds apart, exact where a
+# double is not (past 2255) and without a `numeric` division (docs/performance.md, "Seventeenth session").
 ADD_ROWS = f"""
     INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset,
                        aggregate_id, error_code, received_at)
@@ -47,9 +50,6 @@ ADD_ROWS = f"""
            to_timestamp(ms / 1000) + (ms % 1000) * INTERVAL '1 millisecond'
     FROM ({COLUMNS.select("inbox_rows")}) AS v,
          LATERAL (SELECT LEAST(GREATEST(received_ms, {EARLIEST_MS}), {LATEST_MS}) AS ms) AS t"""
-# The record's timestamp is producer input, any int64: it is held to what the service's datetimes hold (records.py),
-# where PostgreSQL's range would fail the round. Whole seconds and milliseconds apart keep it exact (double
-# precision is not, past 2255), and cost 0.05 µs a row more; `/ 1000.0` divided as `numeric` (0.2 µs a row).
 
 
 _REOPEN = text(

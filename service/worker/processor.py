@@ -358,7 +358,8 @@ class Processor:
         return frozenset([step.delivery for step in plan.steps])
 
     def _report(self, plan: RoundPlan, due: Mapping[Delivery, RetryState]) -> None:
-        """Log each delivery that left other than processed, and count the outcomes once per round."""
+        """Log each delivery that left other than processed (at info; a duplicate at debug), and count the outcomes
+        once per round."""
         for message_id in plan.orphans:
             log.warning("retry_orphan_removed", message_id=message_id)
         # Counted here, not with a Counter over every step: each step's key would hash an enum in Python.

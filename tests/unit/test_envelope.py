@@ -204,6 +204,24 @@ def test_the_envelope_timestamps_are_utc_with_a_z() -> None:
     assert parse_z(envelope.document["source"]["timestamp"]) == datetime(2026, 7, 31, 9, 0, 0, 123000, tzinfo=UTC)
 
 
+@pytest.mark.parametrize(
+    ("stamp", "moment"),
+    [
+        (-(2**63), datetime(1, 1, 1, tzinfo=UTC)),
+        (EARLIEST_MS - 1, datetime(1, 1, 1, tzinfo=UTC)),
+        (EARLIEST_MS, datetime(1, 1, 1, tzinfo=UTC)),
+        (-1, datetime(1969, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC)),  # Kafka's "no timestamp"
+        (0, datetime(1970, 1, 1, tzinfo=UTC)),
+        (1_785_488_400_123, datetime(2026, 7, 31, 9, 0, 0, 123_000, tzinfo=UTC)),
+        (LATEST_MS, datetime(9999, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC)),
+        (LATEST_MS + 1, datetime(9999, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC)),
+        (2**63 - 1, datetime(9999, 12, 31, 23, 59, 59, 999_000, tzinfo=UTC)),
+    ],
+)
+def test_a_record_timestamp_is_its_moment_or_the_nearest_a_datetime_holds(stamp: int, moment: datetime) -> None:
+    assert time_of(stamp) == moment
+
+
 @given(stamp=st.integers(min_value=-(2**63), max_value=2**63 - 1))
 def test_any_record_timestamp_is_a_moment_in_its_envelope(stamp: int) -> None:
     # Given a record whose timestamp is any int64 (producer input; Hypothesis prints it on failure)

@@ -134,26 +134,28 @@ def test_a_reprocess_copy_takes_its_key_from_the_envelope_exactly() -> None:
 @given(
     partition=st.integers(0, 2**31 - 1),
     offset=st.integers(0, 2**63 - 1),
-    timestamp=st.integers(0, 2**63 - 1),
+    timestamp=st.none() | st.integers(-(2**63), 2**63 - 1),
     key=st.none() | st.binary(max_size=40),
     value=st.none() | st.binary(max_size=40),
     headers=st.lists(st.tuples(st.text(max_size=10), st.none() | st.binary(max_size=10)), max_size=3),
 )
 def test_an_aiokafka_record_becomes_a_source_record_field_by_field(
-    partition: int, offset: int, timestamp: int, key: bytes | None, value: bytes | None, headers: list[Any]
+    partition: int, offset: int, timestamp: int | None, key: bytes | None, value: bytes | None, headers: list[Any]
 ) -> None:
-    # Given a record as aiokafka hands it out (three integer coordinates that must not trade places)
+    # Given a record as aiokafka hands it out (three integer coordinates that must not trade places; no timestamp
+    # in the oldest record format)
     record = ConsumerRecord("orders", partition, offset, timestamp, 0, key, value, None, 0, 0, headers)
 
     # When it is translated
     source = to_source(record)
 
-    # Then each field lands where it belongs, and a header without a value has empty bytes
+    # Then each field lands where it belongs, a missing timestamp is Kafka's "none" (-1), and a header without a
+    # value has empty bytes
     assert (source.topic, source.partition, source.offset, source.timestamp_ms) == (
         "orders",
         partition,
         offset,
-        timestamp,
+        -1 if timestamp is None else timestamp,
     )
     assert (source.key, source.value) == (key, value)
     assert source.headers == tuple((name, header or b"") for name, header in headers)

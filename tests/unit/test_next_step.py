@@ -14,6 +14,7 @@ from service.domain.codes import ErrorCode
 from service.policy.backpressure import BackpressurePolicy
 from service.policy.classify import Failure
 from service.policy.delivery import FRESH, Delivery, RetryState
+from service.policy.handling import DecodeFailure
 from service.policy.next_step import Budgets, NextStep, Pause, Quarantine, RetryInPlace, ToTier, next_step
 from service.policy.records import SourceRecord
 from service.policy.retry import AttemptHistory, Budget, RetryPolicy
@@ -260,35 +261,68 @@ def test_a_retry_in_place_keeps_a_hand_off_decided_before_so_the_next_write_make
 
 
 @pytest.mark.parametrize(
-    ("stuck_for", "wait"),
+    ("refused_before", "wait"),
     [
-        (timedelta(0), timedelta(seconds=1)),
-        (timedelta(seconds=2), timedelta(seconds=1)),
-        (timedelta(minutes=2), timedelta(seconds=30)),
-        (timedelta(hours=3), timedelta(minutes=5)),
+        (0, timedelta(seconds=1)),
+        (1, timedelta(seconds=2)),
+        (3, timedelta(seconds=8)),
+        (8, timedelta(seconds=256)),
+        (9, timedelta(minutes=5)),
+        (10_000, timedelta(minutes=5)),
     ],
-    ids=["at once", "two seconds", "two minutes", "three hours"],
+    ids=["first refusal", "second", "fourth", "ninth", "tenth", "ten thousand and first"],
 )
-def test_a_quarantine_write_that_failed_is_tried_again_after_a_wait_that_grows_with_the_time_stuck(
-    stuck_for: timedelta, wait: timedelta
+def test_a_refused_quarantine_write_is_tried_again_after_a_wait_that_doubles_with_each_refusal(
+    refused_before: int, wait: timedelta
 ) -> None:
-    # Given a delivery whose budget is spent (its next write is its quarantine), first failed `stuck_for` ago
+    # Given a delivery whose budget is spent (its next write is its quarantine), refused `refused_before` times
     spent = RetryState(
-        AttemptHistory(5, NOW - stuck_for, NOW), LOOP_NOW, verdict=ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED
+        AttemptHistory(5, NOW - timedelta(minutes=6), NOW),
+        LOOP_NOW,
+        verdict=ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED,
+        refused=refused_before,
     )
 
-    # When that quarantine write fails too (the database refused it, as it refused its last resort)
+    # When that quarantine write fails again (the database refused it, as it refused its last resort)
     decided = step(spent, Failure(ErrorCode.UNEXPECTED_ERROR))
 
-    # Then it is still bound for quarantine with the same code, and waits a quarter of the time stuck, from 1 s to
-    # 5 min, instead of trying again at once
+    # Then it is still bound for quarantine with the same code, and waits 1 s doubled with each refusal, at most
+    # 5 min, however long ago its first failure was
     assert decided == Quarantine(
         RetryState(
-            AttemptHistory(6, NOW - stuck_for, NOW),
+            AttemptHistory(6, NOW - timedelta(minutes=6), NOW),
             LOOP_NOW + wait.total_seconds(),
             verdict=ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED,
             last_code=ErrorCode.UNEXPECTED_ERROR,
+            refused=refused_before + 1,
         ),
         ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED,
         wait,
+    )
+
+
+def test_invalid_input_whose_quarantine_write_fails_waits_and_keeps_its_own_code() -> None:
+    # Given a record whose bytes do not decode (its first write is its quarantine)
+    record = SourceRecord("things", 0, 7, 0, b"A-1", b"{not json")
+    invalid = Delivery(record, DecodeFailure(ErrorCode.MALFORMED_PAYLOAD), record.coordinates, 0)
+
+    # When that quarantine write fails
+    decided = next_step(
+        invalid,
+        FRESH,
+        Failure(ErrorCode.UNEXPECTED_ERROR),
+        budgets=BUDGETS,
+        backpressure=BACKPRESSURE,
+        failing=0,
+        now=NOW,
+        loop_now=LOOP_NOW,
+        rng=random.Random(7),
+    )
+
+    # Then it is tried again in 1 s, still as MALFORMED_PAYLOAD (not as an exhausted budget's UNEXPECTED_ERROR)
+    assert isinstance(decided, Quarantine)
+    assert (decided.code, decided.delay, decided.state.due) == (
+        ErrorCode.MALFORMED_PAYLOAD,
+        timedelta(seconds=1),
+        LOOP_NOW + 1,
     )

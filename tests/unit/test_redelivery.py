@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from service.domain.codes import ErrorCode
 from service.policy.records import Coordinates, SourceRecord
-from service.policy.redelivery import Redelivery, parse, tier_headers
+from service.policy.redelivery import Redelivery, origin_of, parse, tier_headers
 from service.policy.retry import AttemptHistory
 
 TIMESTAMP_MS = 1_785_488_400_123  # 2026-07-31T09:00:00.123Z
@@ -124,6 +127,27 @@ def test_headers_a_producer_set_under_our_names_are_replaced_not_duplicated() ->
 
     assert Counter(name for name, _ in copy.headers)["retry-attempt"] == 1
     assert parse(copy) == Redelivery(ORIGIN, TIMESTAMP_MS, HISTORY, DUE)
+
+
+@given(stamp=st.integers(min_value=-(2**63), max_value=2**63 - 1))
+def test_a_tier_copy_reads_back_with_any_original_timestamp(stamp: int) -> None:
+    # Given a record whose timestamp is any int64 (producer input; Kafka's "none" is -1; Hypothesis prints it)
+    record = replace(source(), timestamp_ms=stamp)
+
+    # When its tier copy is read back
+    headers = tier_headers(record, record.message_id, ORIGIN, stamp, HISTORY, DUE, ErrorCode.DOWNSTREAM_TIMEOUT)
+    copy = on_tier(headers)
+
+    # Then it is a redelivery of the original, with that timestamp (not a fresh record of the tier topic)
+    assert parse(copy) == Redelivery(origin=ORIGIN, origin_timestamp_ms=stamp, history=HISTORY, due_at=DUE)
+    assert origin_of(copy) == (ORIGIN, stamp)
+
+
+@pytest.mark.parametrize("stamp", [b"", b"-", b"--1", b"+1", b"1.5", b"9223372036854775808", b"-9223372036854775809"])
+def test_an_origin_timestamp_that_is_not_an_int64_reads_as_no_redelivery(stamp: bytes) -> None:
+    headers = [(name, stamp if name == "origin-timestamp" else value) for name, value in copy_of(source())]
+
+    assert parse(on_tier(headers)) is None
 
 
 def test_a_record_without_tier_headers_is_not_a_redelivery() -> None:
