@@ -4,7 +4,7 @@ its partition, as any record not yet terminal does, and is tried again after a g
 from __future__ import annotations
 
 import json
-import time
+from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import text
@@ -62,4 +62,4 @@ def _lines(consumer: ServiceProcess) -> list[dict[str, object]]:
 
 
 def _seconds(stamp: object) -> float:
-    return time.mktime(time.strptime(str(stamp)[:19], "%Y-%m-%dT%H:%M:%S")) + float("0" + str(stamp)[19:-1])
+    return datetime.fromisoformat(str(stamp)).timestamp()
