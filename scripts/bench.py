@@ -82,6 +82,8 @@ RAW_BATCH = 1_000
 STARTUP_ALLOWANCE = 60.0
 SLOWEST_RATE = 100.0
 STOP_GRACE = 30.0
+# A local broker (1 GB heap) of 15,000 partitions spent half its CPU collecting; 5,000 is a full suite's worth.
+MANY_PARTITIONS = 5_000
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,8 @@ class Results:
     error: str | None = None
     # Other work on the machine (the cluster and broker are shared) moves every figure: report it with them.
     load_at_start: float = field(default_factory=lambda: os.getloadavg()[0])
+    # So does the broker's size: its heap holds every partition's state (docs/performance.md, eighteenth session).
+    broker_partitions: int | None = None
 
 
 class BenchError(Exception):
@@ -303,6 +307,11 @@ class Bench:
         finally:
             await admin.close()
         self.databases.clear()
+
+    async def broker_partitions(self) -> int:
+        """How many partitions the broker holds (every topic's, Kafka's own included)."""
+        topics = await self.admin.describe_topics()
+        return sum(len(topic["partitions"]) for topic in topics)
 
     async def new_topic(self, what: str, *, derived: bool) -> str:
         """A fresh source topic, with the topics order-service derives from it when it will consume it."""
@@ -915,6 +924,13 @@ async def run(admin_url: str, bootstrap: str, sizes: Sizes, keep: bool) -> Resul
     console.print(f"bench {bench.stamp}: logs in {bench.workdir}")
     await bench.start()
     try:
+        results.broker_partitions = await bench.broker_partitions()
+        console.print(f"the broker has {results.broker_partitions:,} partitions")
+        if results.broker_partitions > MANY_PARTITIONS:
+            console.print(
+                f"[yellow]bench: more than {MANY_PARTITIONS:,} partitions on the broker: its collections may slow"
+                " every step (scripts/kafka-local reset empties a local broker)[/yellow]"
+            )
         await measure(bench, results)
     except BenchError as error:
         results.error = str(error)
@@ -970,6 +986,7 @@ def summary(results: Results) -> dict[str, Any]:
         "prefill_seconds": round(r.prefill_seconds, 1) if r.prefill_seconds is not None else None,
         "service_big_inbox_rps": rps(r.big_inbox),
         "load_1m_at_start": round(r.load_at_start, 2),
+        "broker_partitions_at_start": r.broker_partitions,
         **pipeline,
         "error": r.error,
     }

@@ -18,7 +18,7 @@ from pytest_postgresql import factories
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.orders.fakes import Downstream
-from tests.support import Topics, create_topics, kafka_reachable, make_engine
+from tests.support import Topics, create_topics, delete_topics, kafka_reachable, make_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_HOST = "127.0.0.1"
@@ -69,11 +69,15 @@ def kafka() -> str:
 
 
 @pytest.fixture
-async def topics(kafka: str) -> Topics:
-    """Fresh topic names for this test (source with 3 partitions), created on the broker."""
+async def topics(kafka: str) -> AsyncIterator[Topics]:
+    """Fresh topic names for this test (source with 3 partitions), created on the broker and deleted after it.
+
+    Deleted, because a broker keeps every partition's state in its heap: a suite's thousands of topics, left
+    there run after run, filled the local broker's heap until it collected without end (docs/performance.md)."""
     topics = Topics(f"t{uuid.uuid4().hex[:10]}")
     await create_topics(kafka, topics)
-    return topics
+    yield topics
+    await delete_topics(kafka, topics)
 
 
 @pytest.fixture

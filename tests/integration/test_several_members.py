@@ -27,12 +27,22 @@ from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
 from service.orders.fakes import Downstream
-from tests.support import ROOT, ServiceProcess, Topics, cli, eventually, produce_raw, read_topic, rows, settings_for
+from tests.support import (
+    ROOT,
+    ServiceProcess,
+    Topics,
+    cli,
+    delete_topics,
+    eventually,
+    produce_raw,
+    read_topic,
+    rows,
+    settings_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -381,18 +391,6 @@ async def create_topics(bootstrap: str, topics: Topics) -> None:
     await admin.start()
     try:
         await admin.create_topics([NewTopic(name, partitions.get(name, 1), 1) for name in topics.all()])
-    finally:
-        await admin.close()
-
-
-async def delete_topics(bootstrap: str, topics: Topics) -> None:
-    """Leave no topics behind: every topic on disk makes the next broker start slower."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    try:
-        await admin.start()
-        await admin.delete_topics(topics.all())
-    except KafkaError as error:
-        print(f"could not delete this test's topics: {type(error).__name__}")
     finally:
         await admin.close()
 

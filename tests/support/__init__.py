@@ -96,6 +96,18 @@ async def create_topics(bootstrap: str, topics: Topics, source_partitions: int =
         await admin.close()
 
 
+async def delete_topics(bootstrap: str, topics: Topics) -> None:
+    """Delete a test's topics: every topic named after its source (`<source>.wide` and the like included)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        names = [name for name in await admin.list_topics() if name.startswith(topics.source)]
+        if names:
+            await admin.delete_topics(names)
+    finally:
+        await admin.close()
+
+
 def settings_for(database_url: str, bootstrap: str, topics: Topics, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "database_url": database_url,
