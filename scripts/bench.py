@@ -925,7 +925,7 @@ async def run(admin_url: str, bootstrap: str, sizes: Sizes, keep: bool) -> Resul
     await bench.start()
     try:
         results.broker_partitions = await bench.broker_partitions()
-        console.print(f"the broker has {results.broker_partitions:,} partitions")
+        console.print(f"partitions on the broker at the start: {results.broker_partitions:,}")
         if results.broker_partitions > MANY_PARTITIONS:
             console.print(
                 f"[yellow]bench: more than {MANY_PARTITIONS:,} partitions on the broker: its collections may slow"
