@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
@@ -651,7 +652,10 @@ async def test_several_members_of_each_process_keep_every_guarantee_through_cras
         await cron.stop()
         members.kill_all()
         customers.stop()
-        await delete_topics(kafka, topics)
+        try:
+            await delete_topics(kafka, topics)
+        except KafkaError as error:  # (the broker restarted above: its failure to come back is the test's to tell)
+            print(f"could not delete this test's topics: {type(error).__name__}")
 
 
 async def check_database(engine: AsyncEngine, plan: Plan) -> list[str]:

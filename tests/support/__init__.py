@@ -30,6 +30,7 @@ from service.orders.settings import OrderSettings
 from service.policy.records import SourceRecord
 
 ROOT = Path(__file__).resolve().parents[2]
+_UNKNOWN_TOPIC = 3  # Kafka's UNKNOWN_TOPIC_OR_PARTITION
 T = TypeVar("T")
 
 
@@ -57,6 +58,10 @@ class Topics:
 
     def retry(self, label: str) -> str:
         return f"{self.source}.retry.{label}"
+
+    def owns(self, topic: str) -> bool:
+        """Whether `topic` is this test's: its source, or a topic named `<source>.<suffix>`."""
+        return topic == self.source or topic.startswith(f"{self.source}.")
 
     def all(self) -> list[str]:
         """Every topic a test may touch; the retry tiers tests use are 1s and 2s."""
@@ -97,15 +102,20 @@ async def create_topics(bootstrap: str, topics: Topics, source_partitions: int =
 
 
 async def delete_topics(bootstrap: str, topics: Topics) -> None:
-    """Delete a test's topics: every topic named after its source (`<source>.wide` and the like included)."""
+    """Delete a test's topics: its source and every `<source>.<suffix>` (those it made by writing to them too).
+    A deletion the broker refuses raises; a topic gone meanwhile is no error."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        names = [name for name in await admin.list_topics() if name.startswith(topics.source)]
-        if names:
-            await admin.delete_topics(names)
+        names = [name for name in await admin.list_topics() if topics.owns(name)]
+        if not names:
+            return
+        response = await admin.delete_topics(names)
     finally:
         await admin.close()
+    refused = [(name, code) for name, code in response.topic_error_codes if code not in (0, _UNKNOWN_TOPIC)]
+    if refused:
+        raise AssertionError(f"the broker did not delete these topics (name, error code): {refused}")
 
 
 def settings_for(database_url: str, bootstrap: str, topics: Topics, **overrides: Any) -> Settings:
@@ -336,7 +346,13 @@ class ServiceProcess:
         self._log.close()
 
     def wait(self, timeout: float = 60.0) -> int:
-        code = self.process.wait(timeout=timeout)
+        """Its exit code; one still running at the deadline is killed (so that it does not outlive the test and
+        make the topics the test's fixture deletes again), and the test fails on the timeout."""
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
         self._log.close()
         return code
 
