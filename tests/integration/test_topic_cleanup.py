@@ -24,7 +24,8 @@ async def _listed(kafka: str) -> set[str]:
 
 async def _none_left(kafka: str, of: list[Topics]) -> None:
     async def gone() -> bool:
-        return not any(topics.owns(name) for topics in of for name in await _listed(kafka))
+        listed = await _listed(kafka)
+        return not any(topics.owns(name) for topics in of for name in listed)
 
     await eventually(gone, timeout=30)
 
