@@ -82,8 +82,8 @@ RAW_BATCH = 1_000
 STARTUP_ALLOWANCE = 60.0
 SLOWEST_RATE = 100.0
 STOP_GRACE = 30.0
-# A local broker of 15,000 partitions (512 MB heap then) spent more of a core collecting than serving requests
-# (docs/performance.md, eighteenth session); a full test suite now leaves only the demo's 21, a bench run none.
+# Far more partitions than a test suite and a bench leave behind: a broker's heap holds every partition's state, and
+# one full of old topics slows every figure that goes through it (docs/performance.md, eighteenth session).
 MANY_PARTITIONS = 5_000
 
 

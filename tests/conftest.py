@@ -72,8 +72,8 @@ def kafka() -> str:
 async def topics(kafka: str) -> AsyncIterator[Topics]:
     """Fresh topic names for this test (source with 3 partitions), created on the broker and deleted after it.
 
-    Deleted, because a broker keeps every partition's state in its heap: a suite's thousands of topics, left
-    there run after run, filled the local broker's heap until it collected without end (docs/performance.md)."""
+    Deleted, because a broker keeps every partition's state in its heap: left there run after run, a suite's
+    topics filled the local broker's (docs/performance.md, eighteenth session)."""
     topics = Topics(f"t{uuid.uuid4().hex[:10]}")
     await create_topics(kafka, topics)
     yield topics

@@ -1,6 +1,5 @@
-"""Each test deletes its topics: a broker keeps every partition's state in its heap, and a suite's thousands of
-topics, left there run after run, filled the local broker's heap until it collected without end
-(docs/performance.md, eighteenth session)."""
+"""Each test deletes its topics: a broker keeps every partition's state in its heap, and a suite's topics, left
+there run after run, filled the local broker's (docs/performance.md, eighteenth session)."""
 
 from __future__ import annotations
 
