@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -12,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, Topics, delete_topics
 
 
 def _free_port() -> int:
@@ -53,3 +54,7 @@ def test_the_demo_exits_0_with_every_count_as_expected_and_leaves_a_console_to_l
         if pid_file.exists():
             os.kill(int(pid_file.read_text()), signal.SIGTERM)
             pid_file.unlink()
+        # A user's demo keeps its topics for the console it leaves; the suite's leaves none (tests/conftest.py).
+        consumed = re.search(r"is consuming (orders-demo-\d+)", result.stdout)
+        if consumed:
+            asyncio.run(delete_topics(kafka, Topics(consumed.group(1))))
