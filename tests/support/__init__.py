@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -30,7 +30,6 @@ from service.orders.settings import OrderSettings
 from service.policy.records import SourceRecord
 
 ROOT = Path(__file__).resolve().parents[2]
-_UNKNOWN_TOPIC = 3  # Kafka's UNKNOWN_TOPIC_OR_PARTITION
 T = TypeVar("T")
 
 
@@ -113,7 +112,8 @@ async def delete_topics(bootstrap: str, topics: Topics) -> None:
         response = await admin.delete_topics(names)
     finally:
         await admin.close()
-    refused = [(name, code) for name, code in response.topic_error_codes if code not in (0, _UNKNOWN_TOPIC)]
+    gone = UnknownTopicOrPartitionError.errno  # deleted meanwhile
+    refused = [(name, code) for name, code in response.topic_error_codes if code not in (0, gone)]
     if refused:
         raise AssertionError(f"the broker did not delete these topics (name, error code): {refused}")
 
