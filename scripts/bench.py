@@ -868,23 +868,25 @@ async def consume_steps(bench: Bench, results: Results, *, peer: bool) -> str:
     results.raw_consume = await bench.raw_consume(source, sizes.records)
     progress("raw aiokafka consume", results.raw_consume.rps)
     # The limit, the peer and the service are each measured twice, interleaved, and the better run counts: on a
-    # shared machine a run can be slowed by 20 % by whatever else runs at that moment. Each run starts after a
-    # CHECKPOINT, so that no run pays for flushing the pages the runs before it dirtied.
+    # shared machine a run can be slowed by 20 % by whatever else runs at that moment, and conditions drift over a
+    # stage, so each pair runs under the same ones (until the nineteenth session both limit runs came first:
+    # docs/performance.md). Each run starts after a CHECKPOINT, so that no run pays for flushing the pages the runs
+    # before it dirtied.
     runs: dict[str, list[Drain]] = {"raw": [], "peer": [], "svc": []}
-    for name in ("raw", "raw2"):
-        await bench.checkpoint()
-        runs["raw"].append(await bench.raw_db(source, sizes.records, name))
-    results.raw_db = best(*runs["raw"])
-    progress("raw asyncpg write (best of two)", results.raw_db.rps)
     sample = await bench.new_topic("peer", derived=False) if peer else None
     if sample is not None:
         await bench.produce(sample, map(record_at, range(sizes.peer)))
     for suffix in ("", "b"):
+        await bench.checkpoint()
+        runs["raw"].append(await bench.raw_db(source, sizes.records, f"raw{suffix}"))
+        progress("raw asyncpg write", runs["raw"][-1].rps)
         if sample is not None:
             await bench.checkpoint()
             runs["peer"].append(await bench.peer(sample, sizes.peer, f"peer{suffix}"))
         await bench.checkpoint()
         runs["svc"].append(await bench.service(source, sizes.records, f"svc{suffix}"))
+    results.raw_db = best(*runs["raw"])
+    progress("raw asyncpg write (best of two)", results.raw_db.rps)
     if sample is not None:
         results.peer = best(*runs["peer"])
         progress(f"FastStream peer on the first {sizes.peer:,} records (best of two)", results.peer.rps)
