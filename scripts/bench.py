@@ -885,6 +885,7 @@ async def consume_steps(bench: Bench, results: Results, *, peer: bool) -> str:
             runs["peer"].append(await bench.peer(sample, sizes.peer, f"peer{suffix}"))
         await bench.checkpoint()
         runs["svc"].append(await bench.service(source, sizes.records, f"svc{suffix}"))
+        progress("order-service consume, 1 process", runs["svc"][-1].rps)
     results.raw_db = best(*runs["raw"])
     progress("raw asyncpg write (best of two)", results.raw_db.rps)
     if sample is not None:
