@@ -867,11 +867,10 @@ async def consume_steps(bench: Bench, results: Results, *, peer: bool) -> str:
     progress(f"produced {sent:,} records to {source}", sent / seconds)
     results.raw_consume = await bench.raw_consume(source, sizes.records)
     progress("raw aiokafka consume", results.raw_consume.rps)
-    # The limit, the peer and the service are each measured twice, interleaved, and the better run counts: on a
-    # shared machine a run can be slowed by 20 % by whatever else runs at that moment, and conditions drift over a
-    # stage, so each pair runs under the same ones (until the nineteenth session both limit runs came first:
-    # docs/performance.md). Each run starts after a CHECKPOINT, so that no run pays for flushing the pages the runs
-    # before it dirtied.
+    # The raw write, the peer and the service each run twice, in turn (raw, peer, svc, raw, peer, svc), and the
+    # better run of each counts: on a shared machine a run can be slowed by 20 % by whatever else runs at that
+    # moment, and conditions drift over a stage, for all three alike. Each run starts after a CHECKPOINT, so that
+    # no run pays for flushing the pages the runs before it dirtied.
     runs: dict[str, list[Drain]] = {"raw": [], "peer": [], "svc": []}
     sample = await bench.new_topic("peer", derived=False) if peer else None
     if sample is not None:
@@ -879,15 +878,16 @@ async def consume_steps(bench: Bench, results: Results, *, peer: bool) -> str:
     for suffix in ("", "b"):
         await bench.checkpoint()
         runs["raw"].append(await bench.raw_db(source, sizes.records, f"raw{suffix}"))
+        results.raw_db = best(*runs["raw"])  # set already, should a service run fail
         progress("raw asyncpg write", runs["raw"][-1].rps)
         if sample is not None:
             await bench.checkpoint()
             runs["peer"].append(await bench.peer(sample, sizes.peer, f"peer{suffix}"))
+            progress(f"FastStream peer on the first {sizes.peer:,} records", runs["peer"][-1].rps)
         await bench.checkpoint()
         runs["svc"].append(await bench.service(source, sizes.records, f"svc{suffix}"))
         progress("order-service consume, 1 process", runs["svc"][-1].rps)
-    results.raw_db = best(*runs["raw"])
-    progress("raw asyncpg write (best of two)", results.raw_db.rps)
+    progress("raw asyncpg write (best of two)", best(*runs["raw"]).rps)
     if sample is not None:
         results.peer = best(*runs["peer"])
         progress(f"FastStream peer on the first {sizes.peer:,} records (best of two)", results.peer.rps)
