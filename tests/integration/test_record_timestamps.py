@@ -27,7 +27,8 @@ STAMPS = (0, 253_402_300_799_999, 253_402_300_800_000, 9_224_318_015_999_999, 2*
 
 
 _AFTER_MAX = "message.timestamp.after.max.ms"
-# How long a far-future record is sent again while the broker has not applied the topic's new config.
+# How long, and how often, a refused far-future record is sent again while the broker has not applied the topic's
+# new config.
 _APPLIED_WITHIN = 30.0
 _RESEND_EVERY = 0.1
 
@@ -69,6 +70,7 @@ class _Writer:
         self.refused = 0
 
     async def write(self, records: list[tuple[bytes, int | None]]) -> None:
+        """Write (value, timestamp or None for now) records; raise if the broker still refuses one at the end."""
         left = list(records)
         deadline: float | None = None
         while left:
