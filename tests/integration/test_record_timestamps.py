@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import InvalidTimestampError
@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.orders.fakes import Downstream
 from service.policy.envelope import iso
 from service.policy.records import time_of
-from tests.support import ServiceProcess, Topics, eventually, rows, scalar, settings_for
+from tests.support import ServiceProcess, Topics, eventually, read_topic, rows, scalar, settings_for
 from tests.support.orders import placed
 
 # The epoch, the last millisecond Python's datetime holds (9999-12-31), the first one past it, the last one a
@@ -123,20 +123,12 @@ async def test_a_record_refused_until_the_topic_takes_its_timestamp_is_written_o
         writing.cancel()
 
     # Then each record is on the partition once, in order, with its own timestamp
-    consumer = AIOKafkaConsumer(bootstrap_servers=kafka, auto_offset_reset="earliest", enable_auto_commit=False)
-    await consumer.start()
-    try:
-        partition = TopicPartition(topics.source, 0)
-        consumer.assign([partition])
-        read: list[tuple[bytes | None, int]] = []
-        deadline = time.monotonic() + 30
-        while len(read) < 3 and time.monotonic() < deadline:
-            for batch in (await consumer.getmany(partition, timeout_ms=500)).values():
-                read += [(record.value, record.timestamp) for record in batch]
-        assert (await consumer.end_offsets([partition]))[partition] == 3
-    finally:
-        await consumer.stop()
-    assert read == [(b"first", 0), (b"far", far), (b"later", later)]
+    read = await read_topic(kafka, topics.source, expect=3)
+    assert [(record.partition, record.value, record.timestamp) for record in read] == [
+        (0, b"first", 0),
+        (0, b"far", far),
+        (0, b"later", later),
+    ]
 
 
 async def test_records_with_any_timestamp_end_terminal_with_the_consumer_alive(
