@@ -8,6 +8,12 @@ while the downstream keeps it; plain or TLS (certificates checked). Left out, be
 redirects (the answer is handed back as it is), proxies, cookies, compression (`Accept-Encoding: identity`),
 HTTP/2.
 
+An answer belongs to the request it follows: HTTP/1.1 has nothing else to tell whose answer it is. So a connection
+that receives a byte while no request of ours is outstanding on it, or more bytes than an answer's framing, is
+closed and never used again; and before a kept connection carries a request, it is polled for bytes (or an end) that
+came while the loop was busy elsewhere. What arrives after a request is written cannot be told from its answer:
+a client of a downstream that echoes the request's identity checks it (service/orders/providers.py, payments).
+
 Errors say how far an exchange got: `ConnectFailed` (no byte of the request left), `TimedOut` (sent, no answer in
 time) and `Cut` (sent, and the connection broke or the answer could not be read).
 """
@@ -15,6 +21,7 @@ time) and `Cut` (sent, and the connection broke or the answer could not be read)
 from __future__ import annotations
 
 import asyncio
+import select
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -83,6 +90,7 @@ class _Connection(asyncio.Protocol):
         self.origin = origin
         self._loop = pool.loop
         self._transport: asyncio.Transport | None = None
+        self._readable = select.poll()  # polled before a request goes out on the connection again
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[Answer] | None = None
         self._reads = 0  # data_received calls: the pool's sweep tells a silent exchange by it
@@ -103,6 +111,8 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+        # The socket itself, under TLS too: bytes of a TLS record are bytes nobody asked for as well.
+        self._readable.register(transport.get_extra_info("socket").fileno(), select.POLLIN)
 
     def data_received(self, data: bytes) -> None:
         waiter = self._waiter
@@ -149,8 +159,8 @@ class _Connection(asyncio.Protocol):
     def on_message_begin(self) -> None:
         waiter = self._waiter
         if waiter is not None and waiter.done():
-            # A second answer to one request: the connection is out of step with its requests.
-            self.reusable = False
+            # A second answer to one request (or more bytes than its framing): the connection is out of step with its
+            # requests.
             self.close()
         self._headers = []
         self._body = bytearray()
@@ -169,6 +179,9 @@ class _Connection(asyncio.Protocol):
             self._body += body
 
     def on_message_complete(self) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return  # a second answer to one request: on_message_begin closed the connection
         if self._size > MAX_ANSWER_BYTES:
             return  # data_received ends it as Cut
         status = self._parser.get_status_code()
@@ -209,13 +222,21 @@ class _Connection(asyncio.Protocol):
         """Neither lost nor closing."""
         return not self.lost and self._transport is not None and not self._transport.is_closing()
 
+    def quiet(self) -> bool:
+        """Nothing is waiting to be read on the socket: no byte and no end came since the last answer was read.
+        data_received closes the connection on such bytes, but only once the loop has read them: bytes that came
+        while it was busy elsewhere would otherwise be read after the next request is written, as its answer."""
+        return not self._readable.poll(0)
+
     def close(self) -> None:
         """Close the connection; an exchange under way ends as Cut when its waiter is still waiting."""
+        self.reusable = False
         if self._transport is not None:
             self._transport.close()
 
     def abort(self) -> None:
         """Drop the connection at once (an exchange given up on: its answer must not reach the next one)."""
+        self.reusable = False
         if self._transport is not None:
             self._transport.abort()
 
@@ -359,6 +380,9 @@ class Pool:
         while idle:
             connection, _ = idle.popitem()  # the most recently used: the least likely to have been closed by now
             if not connection.usable:
+                continue
+            if not connection.quiet():
+                connection.close()
                 continue
             if now - connection.idle_since < connection.keep_for:
                 return connection

@@ -17,7 +17,7 @@ from service.config import Settings
 from service.domain.codes import ErrorCode
 from service.policy.delivery import RetryState
 from service.policy.records import SourceRecord
-from tests.support import ServiceProcess, Topics, cli, eventually, rows, running, settings_for
+from tests.support import ServiceProcess, Topics, cli, eventually, order_service, rows, running, settings_for
 
 # Commands that read or change the store and end on their own.
 SHORT = [
@@ -200,3 +200,25 @@ async def test_a_reprocess_run_that_cannot_reach_kafka_ends_failed_in_its_audit_
     [run] = await rows(engine, "SELECT outcome, stop_reason FROM reprocess_runs")
     assert run["outcome"] == "failed"
     assert "Kafka is unreachable" in run["stop_reason"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("ORDERS_PAYMENTS_URL", "http://127.0.0.1:474010"),
+        ("ORDERS_CUSTOMERS_URL", "http://orders:s3cret-pw@customers.internal/"),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", ""),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1"),
+        ("ORDERS_DATABASE_URL", "postgresql+asyncpg://orders:s3cret-pw@127.0.0.1:5743a/orders"),
+    ],
+)
+def test_an_address_that_cannot_be_connected_to_is_one_line_and_exit_2(variable: str, value: str) -> None:
+    # Given an address setting no connection can be made to (a port out of range, credentials in a downstream's URL,
+    # no broker, a broker without its port), When the consumer starts
+    finished = order_service("consume", env={variable: value})
+
+    # Then it stops at once in one line naming the variable, without the URL's password, instead of waiting for ever
+    line = _one_line(finished.stderr)
+    assert finished.returncode == 2, finished.stderr
+    assert line.startswith(f"invalid configuration: {variable}: ")
+    assert "s3cret-pw" not in finished.stderr

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy.engine import make_url
 
 from service.config import ConfigurationError, load_settings
 from service.durations import format_duration, parse_duration
@@ -312,3 +316,181 @@ def test_a_window_shorter_than_the_retry_horizon_is_refused_in_one_line(
 def test_the_log_level_is_taken_in_any_case(monkeypatch: pytest.MonkeyPatch, value: str, level: str) -> None:
     monkeypatch.setenv("ORDERS_LOG_LEVEL", value)
     assert load_settings(OrderSettings).log_level == level
+
+
+# ---------------------------------------------------------------- addresses: URLs and servers (issue 43)
+
+SECRET = "s3cret-pw"  # a password no message may show
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "field", "expected"),
+    [
+        ("ORDERS_PAYMENTS_URL", "http://[::1]:8080/", "payments_url", "http://[::1]:8080"),
+        ("ORDERS_PAYMENTS_URL", "http://127.0.0.1:1", "payments_url", "http://127.0.0.1:1"),
+        (
+            "ORDERS_PAYMENTS_URL",
+            "https://payments.internal:65535/v1/",
+            "payments_url",
+            "https://payments.internal:65535/v1",
+        ),
+        ("ORDERS_PAYMENTS_URL", "HTTPS://Payments.Internal.", "payments_url", "HTTPS://Payments.Internal."),
+        ("ORDERS_EMAILS_URL", "http://emails_fake:8080/api%20v2", "emails_url", "http://emails_fake:8080/api%20v2"),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", "kafka-0.kafka:9092", "kafka_bootstrap_servers", "kafka-0.kafka:9092"),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", " k0:9092 , k1:9093,", "kafka_bootstrap_servers", "k0:9092,k1:9093"),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", "[::1]:9092,10.0.0.7:1", "kafka_bootstrap_servers", "[::1]:9092,10.0.0.7:1"),
+        (
+            "ORDERS_DATABASE_URL",
+            f"postgresql+asyncpg://orders:{SECRET}@db.internal:6432/orders?ssl=verify-full",
+            "database_url",
+            f"postgresql+asyncpg://orders:{SECRET}@db.internal:6432/orders?ssl=verify-full",
+        ),
+        ("ORDERS_DATABASE_URL", "postgresql+asyncpg://u@[::1]/o", "database_url", "postgresql+asyncpg://u@[::1]/o"),
+        (  # no host: libpq's default, here a Unix socket's directory
+            "ORDERS_DATABASE_URL",
+            "postgresql+asyncpg:///orders?host=/run/postgresql",
+            "database_url",
+            "postgresql+asyncpg:///orders?host=/run/postgresql",
+        ),
+    ],
+)
+def test_an_address_that_can_be_connected_to_is_read(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, field: str, expected: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+
+    assert getattr(load_settings(OrderSettings), field) == expected
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "problem"),
+    [
+        ("ORDERS_PAYMENTS_URL", "http://127.0.0.1:474010", "the port must be a number from 1 to 65535"),
+        ("ORDERS_PAYMENTS_URL", "http://127.0.0.1:99999/", "the port must be a number from 1 to 65535"),
+        ("ORDERS_PAYMENTS_URL", "http://127.0.0.1:0", "the port must be a number from 1 to 65535"),
+        ("ORDERS_PAYMENTS_URL", "http://payments:80a", "the port must be a number from 1 to 65535"),
+        ("ORDERS_PAYMENTS_URL", "http://payments:/", "the port must be a number from 1 to 65535"),
+        ("ORDERS_PAYMENTS_URL", "http://payments:+80", "the port must be a number from 1 to 65535"),
+        ("ORDERS_PAYMENTS_URL", f"http://user:{SECRET}@payments/", "must not hold credentials"),
+        ("ORDERS_CUSTOMERS_URL", f"https://{SECRET}@customers.internal", "must not hold credentials"),
+        ("ORDERS_PAYMENTS_URL", "http://payments/?tenant=acme", "must not have a query or a fragment"),
+        ("ORDERS_PAYMENTS_URL", "http://payments/api#v1", "must not have a query or a fragment"),
+        ("ORDERS_PAYMENTS_URL", "http://payments?", "must not have a query or a fragment"),
+        ("ORDERS_EMAILS_URL", "http:///emails", "the host must be a host name or an IP address"),
+        ("ORDERS_EMAILS_URL", "http://:8080", "the host must be a host name or an IP address"),
+        ("ORDERS_EMAILS_URL", "http://a..b/", "the host must be a host name or an IP address"),
+        ("ORDERS_EMAILS_URL", "http://10.0.0.256/", "the host must be a host name or an IP address"),
+        ("ORDERS_EMAILS_URL", "http://::1:8080/", "an IPv6 address must be written in brackets"),
+        ("ORDERS_EMAILS_URL", "http://[::1/", "brackets must hold an IPv6 address"),
+        ("ORDERS_EMAILS_URL", "http://[127.0.0.1]:80", "brackets must hold an IPv6 address"),
+        ("ORDERS_EMAILS_URL", "http://[::1]x/", "brackets must hold an IPv6 address"),
+        ("ORDERS_EMAILS_URL", "http://emails internal/", "must be visible ASCII"),
+        ("ORDERS_EMAILS_URL", "http://bücher.example/", "must be visible ASCII"),
+        ("ORDERS_EMAILS_URL", "http:/emails", "must start with http:// or https://"),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", "", "needs at least one server"),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", " , ", "needs at least one server"),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1", "every server needs its port"),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", "k0:9092,k1", "every server needs its port"),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", "[::1]", "every server needs its port"),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", "k0:99999", "the port must be a number from 1 to 65535"),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", "k0:0", "the port must be a number from 1 to 65535"),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", "k0:", "the port must be a number from 1 to 65535"),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", "k0 9092", "the host must be a host name or an IP address"),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", "::1:9092", "an IPv6 address must be written in brackets"),
+        ("ORDERS_KAFKA_BOOTSTRAP_SERVERS", "PLAINTEXT://k0:9092", "without a scheme"),
+        ("ORDERS_DATABASE_URL", f"postgresql+asyncpg://orders:{SECRET}@db:5743a/orders", "SQLAlchemy can read"),
+        ("ORDERS_DATABASE_URL", f"postgresql+asyncpg://orders:{SECRET}@db:99999/orders", "from 1 to 65535"),
+        ("ORDERS_DATABASE_URL", f"postgresql+asyncpg://orders:{SECRET}@db:0/orders", "from 1 to 65535"),
+        ("ORDERS_DATABASE_URL", f"postgresql+asyncpg://orders:{SECRET}@a:1,b:2/orders", "SQLAlchemy can read"),
+        ("ORDERS_DATABASE_URL", f"postgresql+asyncpg://orders:{SECRET}@@db/orders", "the host must be"),
+        ("ORDERS_DATABASE_URL", f"postgresql://orders:{SECRET}@db/orders", "postgresql+asyncpg://"),
+    ],
+)
+def test_an_address_that_cannot_be_connected_to_stops_start_up_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, problem: str
+) -> None:
+    message = configuration_error(monkeypatch, variable, value)
+
+    # Then one line names the variable, what is wrong and what is allowed, and shows no password
+    assert message.startswith(f"invalid configuration: {variable}: ")
+    assert problem in message
+    assert "allowed: " in message
+    assert "\n" not in message
+    assert SECRET not in message
+
+
+def loaded_or_refused(**overrides: str) -> tuple[OrderSettings | None, str]:
+    """The settings these overrides give, or None and the ConfigurationError's message."""
+    try:
+        return load_settings(OrderSettings, **overrides), ""
+    except ConfigurationError as refused:
+        return None, str(refused)
+
+
+# The characters URLs are made of, so that the pieces drawn reach every check (the first branch of `urls` draws any
+# text at all).
+_URLISH = st.text(st.sampled_from("aZ09.-_:/@?#[]%+"), max_size=12)
+
+
+@st.composite
+def urls(draw: st.DrawFn) -> tuple[str, str | None]:
+    """Any text, or a URL of any scheme, host, port and rest, with a password (returned too, `Pw…`) or not."""
+    if draw(st.integers(0, 3)) == 0:
+        return draw(st.text(max_size=60)), None
+    password = draw(st.none() | _URLISH.map("Pw{}".format))
+    userinfo = "" if password is None else f"{draw(_URLISH)}:{password}@"
+    scheme = draw(st.sampled_from(["http", "https", "HTTP", "ftp", "postgresql+asyncpg", "postgresql+asyncpg", ""]))
+    host = draw(st.sampled_from(["payments", "10.0.0.1", "[::1]", "", "a..b", "10.0.0.256"]) | _URLISH)
+    port = draw(st.sampled_from(["", ":", ":0", ":80", ":65535", ":65536", ":474010", ":5743a"]) | _URLISH)
+    rest = draw(st.sampled_from(["", "/", "/orders", "/v1?x=1", "#f"]) | _URLISH)
+    return f"{scheme}://{userinfo}{host}{port}{rest}", password
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(field=st.sampled_from(["customers_url", "payments_url", "emails_url", "database_url"]), url=urls())
+def test_any_text_given_as_a_url_is_read_or_refused_in_one_line_without_its_password(
+    field: str, url: tuple[str, str | None]
+) -> None:
+    value, password = url
+
+    # Given any text as a URL setting, When the settings load
+    loaded, message = loaded_or_refused(**{field: value})
+
+    # Then either it is refused in one line naming the variable, never showing the URL's password
+    if loaded is None:
+        assert message.startswith(f"invalid configuration: ORDERS_{field.upper()}: ")
+        assert "\n" not in message
+        assert password is None or password not in message
+    # Or it is a URL the service can connect to
+    elif field == "database_url":
+        parsed = make_url(loaded.database_url)
+        assert parsed.drivername == "postgresql+asyncpg"
+        assert parsed.port is None or 1 <= parsed.port <= 65535
+    elif (read := getattr(loaded, field)) is not None:
+        parts = urlsplit(read)
+        assert parts.scheme in ("http", "https")
+        assert parts.hostname
+        assert parts.port is None or 1 <= parts.port <= 65535
+        assert (parts.username, parts.password, parts.query, parts.fragment) == (None, None, "", "")
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.text(max_size=40)
+    | st.lists(st.sampled_from(["k0", "[::1]", "10.0.0.1", ":", "9092", "0", ",", " "])).map("".join)
+)
+def test_any_text_given_as_bootstrap_servers_is_read_or_refused_in_one_line(value: str) -> None:
+    # Given any text as the bootstrap servers, When the settings load
+    loaded, message = loaded_or_refused(kafka_bootstrap_servers=value)
+
+    # Then either it is refused in one line naming the variable
+    if loaded is None:
+        assert message.startswith("invalid configuration: ORDERS_KAFKA_BOOTSTRAP_SERVERS: ")
+        assert "\n" not in message
+        return
+    # Or it is a list of host:port, each port one a client can connect to
+    for server in loaded.kafka_bootstrap_servers.split(","):
+        host, _, port = server.rpartition(":")
+        assert host.strip() == host != ""
+        assert port.isascii()
+        assert 1 <= int(port) <= 65535
