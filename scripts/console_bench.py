@@ -175,15 +175,15 @@ _RUNS = """
 """
 # Reprocessed records (about 5 %, none of the last day), each sent by the first run after it failed.
 _REPROCESS_ITEMS = """
-    INSERT INTO reprocess_items (run_id, failure_id, message_id, stage, attempt, outcome, detail, published_at,
-                                 verified_at)
-    SELECT run_id, failure_id, message_id, CASE WHEN row_number() OVER (PARTITION BY run_id) <= 20 THEN 'sample'
-                                                ELSE 'main' END,
+    INSERT INTO reprocess_items (run_id, consumer_name, failure_id, message_id, stage, attempt, outcome, detail,
+                                 published_at, verified_at)
+    SELECT run_id, consumer_name, failure_id, message_id,
+           CASE WHEN row_number() OVER (PARTITION BY run_id) <= 20 THEN 'sample' ELSE 'main' END,
            1, outcome, CASE outcome WHEN 'reprocessed' THEN 'inbox processed, 1 effects'
                                     WHEN 'noop' THEN 'already processed' ELSE 'quarantined again (repeat 1)' END,
            started_at + interval '1 minute', started_at + interval '2 minutes'
     FROM (
-        SELECT q.failure_id, q.message_id, run.id AS run_id, run.started_at,
+        SELECT q.consumer_name, q.failure_id, q.message_id, run.id AS run_id, run.started_at,
                CASE WHEN random() < 0.03 THEN 'noop' WHEN random() < 0.02 THEN 'failed_again' ELSE 'reprocessed' END
                    AS outcome
         FROM quarantine q
@@ -204,12 +204,14 @@ _RUN_COUNTS = """
 """
 _REPROCESSED = """
     UPDATE quarantine q SET status = 'reprocessed', updated_at = i.verified_at
-    FROM reprocess_items i WHERE i.failure_id = q.failure_id AND i.outcome IN ('reprocessed', 'noop')
+    FROM reprocess_items i
+    WHERE i.consumer_name = q.consumer_name AND i.failure_id = q.failure_id AND i.outcome IN ('reprocessed', 'noop')
 """
 _FAILED_AGAIN = """
     UPDATE quarantine q SET repeat_failures = 1, attempts = q.attempts + 1, last_failed_at = i.verified_at,
                             updated_at = i.verified_at
-    FROM reprocess_items i WHERE i.failure_id = q.failure_id AND i.outcome = 'failed_again'
+    FROM reprocess_items i
+    WHERE i.consumer_name = q.consumer_name AND i.failure_id = q.failure_id AND i.outcome = 'failed_again'
 """
 # About a tenth resolved by an operator (none of the last day), and a few records being reprocessed now.
 _RESOLVED = """
@@ -227,8 +229,8 @@ _REPROCESSING = """
                          ORDER BY first_failed_at DESC LIMIT 50)
 """
 _ANNOTATIONS = """
-    INSERT INTO quarantine_annotations (failure_id, author, note, created_at)
-    SELECT failure_id, (ARRAY['alice', 'bob', 'carol', 'dave'])[1 + floor(random() * 4)::int],
+    INSERT INTO quarantine_annotations (consumer_name, failure_id, author, note, created_at)
+    SELECT consumer_name, failure_id, (ARRAY['alice', 'bob', 'carol', 'dave'])[1 + floor(random() * 4)::int],
            (ARRAY['looking into it', 'producer ticket opened', 'same as INC-4102', 'waiting for the provider'])
                [1 + floor(random() * 4)::int],
            last_failed_at + interval '1 hour'
@@ -343,11 +345,6 @@ _AUDIT = """
            jsonb_build_object('done', true)
     FROM generate_series(1, $10::int) AS n
 """
-_PAUSES = f"""
-    INSERT INTO pauses (consumer_name, topic, partition, downstream, error_code, seconds, paused_at)
-    SELECT '{CONSUMER}', 'orders', n % 12, 'customers', 'RATE_LIMITED', 30, now() - interval '1 hour' * n
-    FROM generate_series(1, 200) AS n
-"""
 SEED: tuple[tuple[str, str], ...] = (
     ("quarantine", _QUARANTINE),
     ("reprocess runs", _RUNS),
@@ -367,7 +364,6 @@ SEED: tuple[tuple[str, str], ...] = (
     ("outbox", _OUTBOX),
     ("reconcile runs", _RECONCILE_RUNS),
     ("audit log", _AUDIT),
-    ("pauses", _PAUSES),
 )
 _COUNTED = (
     "quarantine",

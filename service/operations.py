@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from service.store import audit, parking, quarantine
 from service.store import effects as effects_store
 from service.store import reprocess as reprocess_store
+from service.store.quarantine import RecordKey
 
 LARGEST_SELECTION = 100_000  # a selection larger than this is refused: narrow it, or work through it in parts
 
@@ -29,37 +30,77 @@ class SelectionTooLarge(Exception):
         self.total = total
 
 
+class SeveralConsumers(Exception):
+    """A failure id, or a selection, is quarantined under several consumer names and none was named: each consumer
+    keeps its own record of a failure (contract §7), so an action must say whose it means."""
+
+    def __init__(self, consumers: Sequence[str], failure_id: str | None = None) -> None:
+        names = ", ".join(consumers)
+        said = f"{failure_id} is quarantined" if failure_id is not None else "the selection spans"
+        super().__init__(f"{said} under several consumers: {names}")
+        self.consumers, self.failure_id = list(consumers), failure_id
+
+
+@dataclass(frozen=True)
+class Picked:
+    """The records a selection means: one consumer's failure ids (in the order asked or listed), and the named
+    failure ids that no record has (under that consumer, when one was named)."""
+
+    consumer: str | None  # None: no record was found
+    failure_ids: tuple[str, ...] = ()
+    missing: tuple[str, ...] = ()
+
+    @property
+    def records(self) -> list[RecordKey]:
+        """The records themselves."""
+        return [RecordKey(self.consumer, one) for one in self.failure_ids] if self.consumer is not None else []
+
+    @property
+    def named(self) -> list[str]:
+        """Every failure id the selection stands for, found or not: what an operator is told and asked about."""
+        return [*self.failure_ids, *self.missing]
+
+
 @dataclass(frozen=True)
 class Wanted:
     """What an operator asked for: failure ids, or open records matching code, key and age (or both: the ids
-    among the matching ones)."""
+    among the matching ones), of one consumer when it is named."""
 
     ids: tuple[str, ...] = ()
     error_code: str | None = None
     key: str | None = None
     older_than: timedelta | None = None
+    consumer: str | None = None
 
     @property
     def selecting(self) -> bool:
         """Whether the filters select records (rather than only naming them)."""
         return self.error_code is not None or self.key is not None or self.older_than is not None
 
-    async def pick(self, connection: AsyncConnection) -> list[str]:
-        """The failure ids this selection means, now (SelectionTooLarge when the filters match too many)."""
+    async def pick(self, connection: AsyncConnection) -> Picked:
+        """The records this selection means, now: SelectionTooLarge when the filters match too many, and
+        SeveralConsumers when they, or a named failure id, are several consumers' and no consumer was named."""
         if not self.selecting:
-            return list(self.ids)
+            found = await quarantine.consumers_of(connection, self.ids, self.consumer)
+            return _one_consumer(
+                [(one, name) for one in self.ids for name in found.get(one, [])],
+                missing=[one for one in self.ids if one not in found],
+                default=self.consumer,
+            )
         rows, total = await quarantine.listing(
             connection,
             error_code=self.error_code,
             status="open",
             older_than=self.older_than,
             key=self.key,
+            consumer=self.consumer,
             limit=LARGEST_SELECTION,
         )
         if total > LARGEST_SELECTION and not self.ids:
             raise SelectionTooLarge(total)
-        picked = [row["failure_id"] for row in rows]
-        return [one for one in picked if one in set(self.ids)] if self.ids else picked
+        named = set(self.ids)
+        listed = [(row["failure_id"], row["consumer_name"]) for row in rows if not named or row["failure_id"] in named]
+        return _one_consumer(listed, missing=[], default=self.consumer)
 
     def described(self) -> dict[str, Any]:
         """The selection as the audit keeps it."""
@@ -68,60 +109,85 @@ class Wanted:
             "error_code": self.error_code,
             "key": self.key,
             "older_than_seconds": self.older_than.total_seconds() if self.older_than else None,
+            "consumer": self.consumer,
         }
 
 
+def _one_consumer(found: list[tuple[str, str]], *, missing: list[str], default: str | None) -> Picked:
+    """The picked records when they are one consumer's (SeveralConsumers otherwise, naming a failure id that
+    several consumers hold, if one does)."""
+    consumers = sorted({name for _, name in found})
+    if len(consumers) > 1:
+        holders: dict[str, list[str]] = {}
+        for failure_id, name in found:
+            holders.setdefault(failure_id, []).append(name)
+        shared = [(one, names) for one, names in holders.items() if len(names) > 1]
+        raise SeveralConsumers(shared[0][1], shared[0][0]) if shared else SeveralConsumers(consumers)
+    consumer = consumers[0] if consumers else default
+    return Picked(consumer, tuple(failure_id for failure_id, _ in found), tuple(missing))
+
+
+async def locate(connection: AsyncConnection, failure_id: str, consumer: str | None) -> RecordKey | None:
+    """The record a failure id names (under `consumer` when given); None when there is none, SeveralConsumers when
+    several consumers have one and none was named."""
+    names = (await quarantine.consumers_of(connection, [failure_id], consumer)).get(failure_id, [])
+    if len(names) > 1:
+        raise SeveralConsumers(names, failure_id)
+    return RecordKey(names[0], failure_id) if names else None
+
+
 async def reveal(
-    connection: AsyncConnection, failure_id: str, actor: str, shown_as: Sequence[str], *, via: str = "cli"
+    connection: AsyncConnection, record: RecordKey, actor: str, shown_as: Sequence[str], *, via: str = "cli"
 ) -> dict[str, Any] | None:
     """One quarantined record with its payload, the reveal audited and written to the record's timeline (None:
     no such record, nothing audited)."""
-    found = await quarantine.get(connection, failure_id)
+    found = await quarantine.get(connection, record)
     if found is None:
         return None
     await audit.record(
         connection,
         actor,
         "quarantine.reveal",
-        {"failure_id": failure_id, "as": list(shown_as), "via": via},
+        {"consumer": record.consumer_name, "failure_id": record.failure_id, "as": list(shown_as), "via": via},
         {"revealed": True},
     )
-    await quarantine.log_event(connection, failure_id, "payload revealed", actor, f"as {', '.join(shown_as)}")
+    await quarantine.log_event(connection, record, "payload revealed", actor, f"as {', '.join(shown_as)}")
     return found
 
 
-async def annotate(
-    connection: AsyncConnection, wanted: Wanted, selection: Sequence[str], actor: str, note: str
-) -> list[str]:
-    """Append `note` to each selected record; the ids that exist (and got it)."""
-    added = [one for one in selection if await quarantine.annotate(connection, one, actor, note)]
+async def annotate(connection: AsyncConnection, wanted: Wanted, picked: Picked, actor: str, note: str) -> list[str]:
+    """Append `note` to each picked record; the failure ids that exist (and got it)."""
+    added = [
+        record.failure_id for record in picked.records if await quarantine.annotate(connection, record, actor, note)
+    ]
     await audit.record(
         connection,
         actor,
         "quarantine.annotate",
-        {**wanted.described(), "picked": list(selection)},
+        {**wanted.described(), "consumer": picked.consumer, "picked": list(picked.failure_ids)},
         {"annotated": len(added)},
     )
     return added
 
 
 async def resolve(
-    connection: AsyncConnection, wanted: Wanted, selection: Sequence[str], actor: str, reason: str
+    connection: AsyncConnection, wanted: Wanted, picked: Picked, actor: str, reason: str
 ) -> dict[str, str | None]:
-    """Close each selected open record without reprocessing it, freeing the key it held; per id, its previous
-    status (`open`: resolved now; None: no such record)."""
+    """Close each picked open record without reprocessing it, freeing the key it held; per failure id (the missing
+    ones too), its previous status (`open`: resolved now; None: no such record)."""
     outcomes: dict[str, str | None] = {}
-    for one in selection:
-        previous = await quarantine.resolve(connection, one, reason, actor)
+    for record in picked.records:
+        previous = await quarantine.resolve(connection, record, reason, actor)
         if previous == "open":
-            await parking.unblock_failures(connection, [one])
-        outcomes[one] = previous
+            await parking.unblock_failures(connection, record.consumer_name, [record.failure_id])
+        outcomes[record.failure_id] = previous
+    outcomes |= dict.fromkeys(picked.missing)
     resolved = sum(previous == "open" for previous in outcomes.values())
     await audit.record(
         connection,
         actor,
         "quarantine.resolve",
-        {**wanted.described(), "picked": list(selection), "reason": reason},
+        {**wanted.described(), "consumer": picked.consumer, "picked": list(picked.failure_ids), "reason": reason},
         {"resolved": resolved},
     )
     return outcomes

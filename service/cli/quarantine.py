@@ -30,6 +30,7 @@ from service.cli.selection import (
     CodeOption,
     FileOption,
     KeyOption,
+    RecordConsumerOption,
     age_of,
     check_code,
     go_ahead,
@@ -54,6 +55,12 @@ def quarantine_list(
     message_id: Annotated[str | None, typer.Option("--message-id", help="Only records of this message id.")] = None,
     since: Annotated[str | None, typer.Option("--since", help="First failed at or after (RFC 3339).")] = None,
     until: Annotated[str | None, typer.Option("--until", help="First failed before (RFC 3339).")] = None,
+    consumer: Annotated[
+        str | None,
+        typer.Option(
+            "--consumer", help="Only the records of this consumer name (each keeps its own record of a failure)."
+        ),
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000, help="Show at most this many.")] = 100,
     offset: Annotated[int, typer.Option(min=0, help="Skip this many first (paging).")] = 0,
     as_json: JsonFlag = False,
@@ -78,6 +85,7 @@ def quarantine_list(
                 message_id=message_id,
                 since=after,
                 until=before,
+                consumer=consumer,
                 limit=limit,
                 offset=offset,
             ),
@@ -95,7 +103,17 @@ def quarantine_list(
             writer.writerow([utc(v) if isinstance(v, datetime) else ("" if v is None else v) for v in row.values()])
         return
     show_rows(
-        ("failure id", "message id", "error code", "status", "owner", "key", "attempts", "first failed (UTC)"),
+        (
+            "failure id",
+            "message id",
+            "error code",
+            "status",
+            "owner",
+            "key",
+            "attempts",
+            "first failed (UTC)",
+            "consumer",
+        ),
         [
             (
                 row["failure_id"],
@@ -106,6 +124,7 @@ def quarantine_list(
                 row["ordering_key"] or "",
                 str(row["attempts"]),
                 utc(row["first_failed_at"]),
+                row["consumer_name"],
             )
             for row in rows
         ],
@@ -123,6 +142,14 @@ def quarantine_show(
     author: Annotated[
         str | None, typer.Option("--author", help="Who reveals the payload (audited; default: $USER).")
     ] = None,
+    consumer: Annotated[
+        str | None,
+        typer.Option(
+            "--consumer",
+            help="The consumer name whose record to show: needed when several consumer names quarantined this "
+            "failure id (each keeps its own record); without it that is refused (exit 2).",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Show one quarantined record: envelope, attempts, annotations, timeline; for invalid input, the failing
@@ -134,13 +161,20 @@ def quarantine_show(
     shown_as = [name for name, asked in (("base64", include_payload), ("text", payload_as_text)) if asked]
 
     async def look(connection: Any) -> dict[str, Any] | None:
+        try:
+            record = await operations.locate(connection, failure_id, consumer)
+        except operations.SeveralConsumers as error:
+            typer.echo(f"quarantine show: {error}: pass --consumer", err=True)
+            raise typer.Exit(2) from None
+        if record is None:
+            return None
         if revealing:
-            return await operations.reveal(connection, failure_id, who, shown_as)
-        return await quarantine.get(connection, failure_id)
+            return await operations.reveal(connection, record, who, shown_as)
+        return await quarantine.get(connection, record)
 
     row = run_async(lambda _: with_connection(settings, look, commit=revealing))
     if row is None:
-        typer.echo(f"no quarantined record with failure id {failure_id}", err=True)
+        typer.echo(f"no quarantined record with failure id {failure_id}{_under(consumer)}", err=True)
         raise typer.Exit(1)
     payload = row.get("payload")
     if row["error_code"] == "INVALID_FIELD":
@@ -216,30 +250,33 @@ def quarantine_annotate(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be annotated; change nothing.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Annotate a selection without asking.")] = False,
     author: Annotated[str | None, typer.Option("--author", help="Who writes it (default: $USER).")] = None,
+    consumer: RecordConsumerOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Append a note to quarantined records (append-only), one by id or a selection of open ones (code, key, age,
-    a file of ids), with --dry-run first."""
+    a file of ids), with --dry-run first; a selection of several is asked about first and exactly the records
+    counted then get the note."""
     settings = configured()
     if not note.strip():
         raise typer.BadParameter("say what you found or did: --note", param_hint="--note")
     who = who_acts(author)
-    wanted = wanted_of(failure_id, from_file, error_code, key, older_than)
-    selection = run_async(lambda _: with_connection(settings, lambda c: picked(c, wanted)))
+    wanted = wanted_of(failure_id, from_file, error_code, key, older_than, consumer)
+    chosen = run_async(lambda _: with_connection(settings, lambda c: picked(c, wanted, "quarantine annotate")))
+    selection = chosen.named
     if not go_ahead("quarantine annotate", "annotate", selection, dry_run=dry_run, yes=yes):
         return
 
     added = run_async(
-        lambda _: with_connection(settings, lambda c: operations.annotate(c, wanted, selection, who, note), commit=True)
+        lambda _: with_connection(settings, lambda c: operations.annotate(c, wanted, chosen, who, note), commit=True)
     )
     missing = [one for one in selection if one not in added]
     if as_json:
-        print_json({"annotated": added, "skipped": {one: "not found" for one in missing}})
+        print_json({"consumer": chosen.consumer, "annotated": added, "skipped": {one: "not found" for one in missing}})
     else:
         for one in added:
             typer.echo(f"{one}: note added")
     for one in missing:
-        typer.echo(f"no quarantined record with failure id {one}", err=True)
+        typer.echo(f"no quarantined record with failure id {one}{_under(consumer)}", err=True)
     if missing or not selection:
         raise typer.Exit(1)
 
@@ -257,28 +294,29 @@ def quarantine_resolve(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be resolved; change nothing.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Resolve a selection without asking.")] = False,
     author: Annotated[str | None, typer.Option("--author", help="Who resolves it (default: $USER).")] = None,
+    consumer: RecordConsumerOption = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Close open records without reprocessing them, one by id or a selection (code, key, age, a file of ids),
-    with --dry-run first; frees the keys they held (ORDERS_ORDERING=key)."""
+    with --dry-run first; frees the keys they held (ORDERS_ORDERING=key). A selection of several is asked about
+    first, and exactly the records counted then are resolved (one no longer open is left as it is)."""
     settings = configured()
     if not reason.strip():
         raise typer.BadParameter("say why: --reason", param_hint="--reason")
     who = who_acts(author)
-    wanted = wanted_of(failure_id, from_file, error_code, key, older_than)
-    selection = run_async(lambda _: with_connection(settings, lambda c: picked(c, wanted)))
-    if not go_ahead("quarantine resolve", "resolve", selection, dry_run=dry_run, yes=yes):
+    wanted = wanted_of(failure_id, from_file, error_code, key, older_than, consumer)
+    chosen = run_async(lambda _: with_connection(settings, lambda c: picked(c, wanted, "quarantine resolve")))
+    if not go_ahead("quarantine resolve", "resolve", chosen.named, dry_run=dry_run, yes=yes):
         return
 
     outcomes = run_async(
-        lambda _: with_connection(
-            settings, lambda c: operations.resolve(c, wanted, selection, who, reason), commit=True
-        )
+        lambda _: with_connection(settings, lambda c: operations.resolve(c, wanted, chosen, who, reason), commit=True)
     )
     resolved = [one for one, previous in outcomes.items() if previous == "open"]
     if as_json:
         print_json(
             {
+                "consumer": chosen.consumer,
                 "resolved": resolved,
                 "skipped": {one: previous or "not found" for one, previous in outcomes.items() if previous != "open"},
             }
@@ -288,8 +326,13 @@ def quarantine_resolve(
             typer.echo(f"{one}: resolved")
     for one, previous in outcomes.items():
         if previous is None:
-            typer.echo(f"no quarantined record with failure id {one}", err=True)
+            typer.echo(f"no quarantined record with failure id {one}{_under(consumer)}", err=True)
         elif previous != "open":
             typer.echo(f"{one} is {previous}, not open: nothing to resolve", err=True)
     if len(resolved) < len(outcomes) or not outcomes:
         raise typer.Exit(1)
+
+
+def _under(consumer: str | None) -> str:
+    """How a line names the consumer an operator asked for (nothing when they named none)."""
+    return f" under consumer {consumer}" if consumer else ""

@@ -97,13 +97,19 @@ def reprocess(
     ] = 120,
     actor: Annotated[str | None, typer.Option("--author", "--actor", help="Who runs it (default: $USER).")] = None,
     consumer: Annotated[
-        str | None, typer.Option("--consumer", help="The consumer name, when the selection spans several.")
+        str | None,
+        typer.Option(
+            "--consumer",
+            help="The consumer name whose records to send back: needed when the selection (or a failure id) is "
+            "quarantined under several consumer names, each keeping its own record; without it that is exit 2.",
+        ),
     ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Send quarantined records back via `<source>.reprocess`: selected, checked, rate limited, verified, audited.
     It acts as the consumer and on the source topic the records were quarantined under, not as
-    ORDERS_CONSUMER_NAME / ORDERS_SOURCE_TOPIC."""
+    ORDERS_CONSUMER_NAME / ORDERS_SOURCE_TOPIC. Each record is sent only if it is as it was when selected (one
+    resolved meanwhile is skipped); after --sample, exactly the rest selected then is sent."""
     if context.invoked_subcommand is not None:
         return
     settings = configured()
@@ -144,13 +150,19 @@ def reprocess(
             + (f" ({report.stop_reason})" if report.stop_reason else "")
             + f"; selected {report.selected}, undecodable {len(report.undecodable)}, published {report.published}, "
             f"reprocessed {report.reprocessed}, already applied {report.noop}, failed again {report.failed_again}, "
-            f"unverified {report.unverified}"
+            f"unverified {report.unverified}, skipped {report.skipped}"
         )
         for skipped in report.undecodable:
             typer.echo(f"  skipped (does not decode with today's schemas): {skipped}")
         if dry_run:
             for chosen in report.selection:
                 typer.echo(f"  selected: {chosen}")
+    if report.skipped:
+        typer.echo(
+            f"reprocess: {report.skipped} items not sent: resolved or otherwise changed since they were selected "
+            f"(`{PROGRAM} reprocess show {report.run_id}` says which and how)",
+            err=True,
+        )
     if report.outcome == "stopped":
         raise typer.Exit(3)
     if report.unverified:
@@ -201,7 +213,18 @@ def reprocess_list(
         print_json(rows)
         return
     show_rows(
-        ("run", "actor", "outcome", "selected", "reprocessed", "failed again", "unverified", "started (UTC)", "reason"),
+        (
+            "run",
+            "actor",
+            "outcome",
+            "selected",
+            "reprocessed",
+            "failed again",
+            "unverified",
+            "skipped",
+            "started (UTC)",
+            "reason",
+        ),
         [
             (
                 row["id"],
@@ -209,7 +232,7 @@ def reprocess_list(
                 row["outcome"] + (f" ({row['stop_reason']})" if row["stop_reason"] else ""),
                 *(
                     str(row["counts"].get(name, ""))
-                    for name in ("selected", "reprocessed", "failed_again", "unverified")
+                    for name in ("selected", "reprocessed", "failed_again", "unverified", "skipped")
                 ),
                 utc(row["started_at"]),
                 row["reason"],
@@ -225,7 +248,8 @@ def reprocess_show(
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run id `reprocess list` shows.")],
     as_json: JsonFlag = False,
 ) -> None:
-    """One reprocess run: its audit row (actor, reason, selection, options, counts) and every item's outcome."""
+    """One reprocess run: its audit row (actor, reason, selection, options, counts) and every item's outcome (a
+    `skipped` item was not sent: its detail says how its record changed after the run selected it)."""
     from service.store import reprocess as reprocess_store
 
     settings = configured()
@@ -241,7 +265,7 @@ def reprocess_show(
     for name, value in jsonable(run).items():
         console.print(f"{name}: {json.dumps(value) if isinstance(value, dict | list) else value}")
     show_rows(
-        ("failure id", "message id", "stage", "attempt", "outcome", "published (UTC)", "verified (UTC)", "detail"),
+        ("failure id", "message id", "stage", "attempt", "outcome", "published (UTC)", "settled (UTC)", "detail"),
         [
             (
                 item["failure_id"],

@@ -11,7 +11,7 @@ import typer
 
 from service.containers import CODES
 from service.durations import parse_duration
-from service.operations import SelectionTooLarge, Wanted
+from service.operations import Picked, SelectionTooLarge, SeveralConsumers, Wanted
 
 CodeOption = Annotated[str | None, typer.Option("--error-code", help="Select the open records with this code.")]
 KeyOption = Annotated[str | None, typer.Option("--key", help="Select the open records of this ordering key.")]
@@ -20,6 +20,14 @@ AgeOption = Annotated[
 ]
 FileOption = Annotated[
     Path | None, typer.Option("--from-file", help="Failure ids, one per line ('-': standard input).")
+]
+RecordConsumerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--consumer",
+        help="The consumer name whose records these are: needed when a failure id, or the selection, is quarantined "
+        "under several consumer names (each keeps its own record); without it such a selection is refused (exit 2).",
+    ),
 ]
 
 
@@ -40,7 +48,12 @@ def age_of(older_than: str | None) -> timedelta | None:
 
 
 def wanted_of(
-    ids: list[str] | None, from_file: Path | None, error_code: str | None, key: str | None, older_than: str | None
+    ids: list[str] | None,
+    from_file: Path | None,
+    error_code: str | None,
+    key: str | None,
+    older_than: str | None,
+    consumer: str | None = None,
 ) -> Wanted:
     """What the flags ask for (a bad one is exit 2), with the file of ids read."""
     named = list(ids or [])
@@ -51,24 +64,28 @@ def wanted_of(
             raise typer.BadParameter(f"cannot read {from_file}: {error}", param_hint="--from-file") from None
         named += [line.strip() for line in text.splitlines() if line.strip()]
     check_code(error_code)
-    wanted = Wanted(tuple(dict.fromkeys(named)), error_code, key, age_of(older_than))
+    wanted = Wanted(tuple(dict.fromkeys(named)), error_code, key, age_of(older_than), consumer or None)
     if not wanted.ids and not wanted.selecting:
         raise typer.BadParameter("name failure ids, --from-file, or select with --error-code / --key / --older-than")
     return wanted
 
 
-async def picked(connection: Any, wanted: Wanted) -> list[str]:
-    """The failure ids a selection means now; one too large is exit 2."""
+async def picked(connection: Any, wanted: Wanted, command: str) -> Picked:
+    """The records a selection means now; one too large, or several consumers' without --consumer, is exit 2."""
     try:
         return await wanted.pick(connection)
     except SelectionTooLarge as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
+    except SeveralConsumers as error:
+        typer.echo(f"{command}: {error}: pass --consumer", err=True)
+        raise typer.Exit(2) from None
 
 
 def go_ahead(command: str, verb: str, selection: list[str], *, dry_run: bool, yes: bool, noun: str = "records") -> bool:
     """Say what a dry run or a selection of several would change; for a real run of several, ask (or take
-    --yes). False: do nothing (a dry run, or nothing selected). Not confirmed: exit 1, nothing changed."""
+    --yes). False: do nothing (a dry run, or nothing selected). Not confirmed: exit 1, nothing changed. Confirmed,
+    the caller acts on `selection` itself, never on its filters again: what was counted is what changes."""
     if not selection:
         typer.echo(f"{command}: no {noun} selected: nothing changed", err=True)
         if dry_run:

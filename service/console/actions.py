@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import secrets
 from typing import Any
+from urllib.parse import quote_plus
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -36,11 +38,15 @@ from service.worker.effect_kinds import retry_state, waiting_for
 from service.worker.reprocess import Options, Selection
 
 SAMPLE = 5  # ids a preview lists
+# The dry run's selection travels in its confirm form, as one field: at most this many bytes as the browser sends
+# it (percent-encoded), under the 1 MiB a form field may hold (Starlette's limit, kept), with room for the rest.
+PICKED_AT_MOST = 900_000
 
 
 def _wanted(request: Request, fields: dict[str, list[str]]) -> operations.Wanted:
     """The records an action means: the ticked ones, or (`scope=matching`) every open one matching the list's
-    code, key and age filters (the ticked ones among them, if any): the CLI's selection rule."""
+    code, key and age filters (the ticked ones among them, if any), of the named consumer (when the list is
+    filtered by one): the CLI's selection rule."""
     ids = tuple(dict.fromkeys(one.strip() for one in fields.get("failure_id", []) if one.strip()))
     prefix = "match_" if field(fields, "scope") == "matching" else ""
     wanted = operations.Wanted(
@@ -48,6 +54,7 @@ def _wanted(request: Request, fields: dict[str, list[str]]) -> operations.Wanted
         error_code(request, field(fields, f"{prefix}error_code")) if prefix else None,
         (field(fields, f"{prefix}key") or None) if prefix else None,
         duration(field(fields, f"{prefix}older_than"), "older_than") if prefix else None,
+        field(fields, "consumer") or None,
     )
     if not wanted.ids and not wanted.selecting:
         raise Refused(400, "select records: tick them in the list, or filter by code, key or age")
@@ -58,18 +65,76 @@ def _confirmed(fields: dict[str, list[str]]) -> bool:
     return field(fields, "confirm") == "yes"
 
 
-async def _picked(request: Request, wanted: operations.Wanted) -> list[str]:
+def dry_run_list(fields: dict[str, list[str]]) -> dict[str, Any] | None:
+    """What the dry run this form confirms listed (its `picked` field), or None when the form comes from no dry run.
+    A confirmation acts on exactly that, never on its filters again: the records matching them may have changed
+    since the operator read the dry run."""
+    value = field(fields, "picked")
+    if not value:
+        return None
+    try:
+        picked = json.loads(value)
+    except ValueError:
+        picked = None
+    if not isinstance(picked, dict) or not all(
+        isinstance(items, list) and all(isinstance(one, str) for one in items)
+        for name, items in picked.items()
+        if name != "consumer"
+    ):
+        raise Refused(400, "the dry run's selection is garbled: run the dry run again")
+    if not isinstance(picked.get("consumer"), str | None):
+        raise Refused(400, "the dry run's selection is garbled: run the dry run again")
+    return picked
+
+
+def confirm_field(picked: dict[str, Any], count: int) -> str:
+    """A dry run's selection as its confirm form carries it; one too large to carry is refused (400)."""
+    value = json.dumps(picked, separators=(",", ":"), ensure_ascii=False)
+    if len(quote_plus(value)) > PICKED_AT_MOST:
+        raise Refused(
+            400,
+            f"the selection holds {count} records, more than a console confirmation carries: narrow it, or use the "
+            "CLI (no such limit)",
+        )
+    return value
+
+
+async def _records(request: Request, fields: dict[str, list[str]]) -> tuple[operations.Wanted, operations.Picked]:
+    """What a form's action means: the records its dry run listed, when it confirms one; else what its selection
+    means now."""
+    wanted = _wanted(request, fields)
+    listed = dry_run_list(fields)
+    if listed is not None:
+        found, missing = tuple(listed.get("failure_ids", ())), tuple(listed.get("missing", ()))
+        return wanted, operations.Picked(listed.get("consumer"), found, missing)
     async with reading(request) as connection:
         try:
-            return await wanted.pick(connection)
+            return wanted, await wanted.pick(connection)
         except operations.SelectionTooLarge as error:
             raise Refused(400, str(error)) from None
+        except operations.SeveralConsumers as error:
+            raise Refused(409, f"{error}: filter the list by consumer first") from None
+
+
+def _acts(fields: dict[str, list[str]], wanted: operations.Wanted) -> bool:
+    """Whether a form is confirmed and says exactly what to act on: a dry run's list, or ids named one by one. A
+    selection by filters is only ever confirmed from its dry run."""
+    return _confirmed(fields) and (bool(field(fields, "picked")) or not wanted.selecting)
 
 
 def _preview(
-    request: Request, action: str, fields: dict[str, list[str]], selection: list[str], facts: dict[str, Any]
+    request: Request,
+    action: str,
+    fields: dict[str, list[str]],
+    selection: list[str],
+    facts: dict[str, Any],
+    picked: dict[str, Any] | None = None,
 ) -> Response:
-    kept = [(name, value) for name, values in fields.items() if name not in {"csrf", "confirm"} for value in values]
+    """The dry run: what the action will do, and the form that confirms it, carrying what it listed (`picked`)."""
+    hidden = {"csrf", "confirm", "picked"}
+    kept = [(name, value) for name, values in fields.items() if name not in hidden for value in values]
+    if picked is not None:
+        kept.append(("picked", confirm_field(picked, len(selection))))
     return render(
         request,
         "preview.html",
@@ -77,8 +142,19 @@ def _preview(
     )
 
 
-def _done(request: Request, action: str, lines: list[str], *, back: str) -> Response:
-    return render(request, "done.html", {"action": action, "lines": lines, "back": back})
+def _done(
+    request: Request, action: str, lines: list[str], *, back: str, back_query: dict[str, str] | None = None
+) -> Response:
+    return render(request, "done.html", {"action": action, "lines": lines, "back": back, "back_query": back_query})
+
+
+def _listed(picked: operations.Picked) -> dict[str, Any]:
+    """What a dry run of a quarantine action lists, as its confirm form carries it."""
+    return {"consumer": picked.consumer, "failure_ids": list(picked.failure_ids), "missing": list(picked.missing)}
+
+
+def _quarantine_facts(picked: operations.Picked, **facts: str) -> dict[str, str]:
+    return ({"consumer": picked.consumer} if picked.consumer is not None else {}) | facts
 
 
 async def annotate(request: Request) -> Response:
@@ -88,16 +164,16 @@ async def annotate(request: Request) -> Response:
     note = field(fields, "note") or field(fields, "text")
     if not note:
         raise Refused(400, "say what you found or did: the note is empty")
-    wanted = _wanted(request, fields)
-    selection = await _picked(request, wanted)
-    if not _confirmed(fields):
-        return _preview(request, "annotate", fields, selection, {"note": note})
+    wanted, picked = await _records(request, fields)
+    if not _acts(fields, wanted):
+        listed = _listed(picked)
+        return _preview(request, "annotate", fields, picked.named, _quarantine_facts(picked, note=note), listed)
     async with changing(request) as connection:
-        added = await operations.annotate(connection, wanted, selection, who.operator.name, note)
+        added = await operations.annotate(connection, wanted, picked, who.operator.name, note)
     lines = [f"{one}: note added" for one in added] + [
-        f"{one}: no such record" for one in selection if one not in added
+        f"{one}: no such record" for one in picked.named if one not in added
     ]
-    return _done(request, "annotate", lines or ["nothing selected: nothing changed"], back=_back(selection))
+    return _done(request, "annotate", lines or ["nothing selected: nothing changed"], **_back(picked))
 
 
 async def resolve(request: Request) -> Response:
@@ -107,21 +183,24 @@ async def resolve(request: Request) -> Response:
     reason = field(fields, "reason") or field(fields, "text")
     if not reason:
         raise Refused(400, "say why they need no reprocessing: the reason is empty")
-    wanted = _wanted(request, fields)
-    selection = await _picked(request, wanted)
-    if not _confirmed(fields):
-        return _preview(request, "resolve", fields, selection, {"reason": reason})
+    wanted, picked = await _records(request, fields)
+    if not _acts(fields, wanted):
+        listed = _listed(picked)
+        return _preview(request, "resolve", fields, picked.named, _quarantine_facts(picked, reason=reason), listed)
     async with changing(request) as connection:
-        outcomes = await operations.resolve(connection, wanted, selection, who.operator.name, reason)
+        outcomes = await operations.resolve(connection, wanted, picked, who.operator.name, reason)
     lines = [
         f"{one}: resolved" if previous == "open" else f"{one}: {previous or 'no such record'}, not open: unchanged"
         for one, previous in outcomes.items()
     ]
-    return _done(request, "resolve", lines or ["nothing selected: nothing changed"], back=_back(selection))
+    return _done(request, "resolve", lines or ["nothing selected: nothing changed"], **_back(picked))
 
 
-def _back(selection: list[str]) -> str:
-    return f"/quarantine/{selection[0]}" if len(selection) == 1 else "/quarantine"
+def _back(picked: operations.Picked) -> dict[str, Any]:
+    """Where the done page leads back to: the one record acted on, or the queue."""
+    if len(picked.failure_ids) == 1 and picked.consumer is not None:
+        return {"back": f"/quarantine/{picked.failure_ids[0]}", "back_query": {"consumer": picked.consumer}}
+    return {"back": "/quarantine"}
 
 
 async def release(request: Request) -> Response:
@@ -169,10 +248,17 @@ async def retry_effect(request: Request) -> Response:
         raise Refused(400, "name the effects to retry")
     specs = list(state_of(request).wiring.effect_specs)
     by_name = {spec.name: spec for spec in specs}
-    async with reading(request) as connection:
-        selection = await operations.failed_effects(connection, keys, kind)
-    if not _confirmed(fields):
-        return _preview(request, "retry", fields, selection, {"reason": reason})
+    listed = dry_run_list(fields)
+    if listed is not None:
+        selection = list(listed.get("keys", ()))
+    else:
+        async with reading(request) as connection:
+            selection = await operations.failed_effects(connection, keys, kind)
+    # A selection by kind is only ever confirmed from its dry run: the failed effects of a kind change meanwhile.
+    if not _confirmed(fields) or (listed is None and kind is not None):
+        return _preview(request, "retry", fields, selection, {"reason": reason}, {"keys": selection})
+    if not selection:
+        return _done(request, "retry", ["nothing selected: nothing changed"], back="/effects")
     async with changing(request) as connection:
         outcomes = await operations.retry_effects(
             connection,
@@ -205,11 +291,22 @@ async def reprocess(request: Request) -> Response:
     if not ids and code is None:
         raise Refused(400, "select records to reprocess: tick them in the list, or filter by code")
     rate = _rate(field(fields, "rate"))
+    consumer = field(fields, "consumer") or None
     selection = Selection(ids, code, None, None)
+    listed = dry_run_list(fields)
+    if listed is not None:
+        # Exactly what the dry run listed, each held to the status it had then (a record resolved since is skipped).
+        named = tuple(listed.get("failure_ids", ()))
+        seen = tuple(zip(named, listed.get("statuses", ()), strict=False))
+        selection, consumer = Selection(named, None, None, None, seen), listed.get("consumer")
+    elif code is not None and _confirmed(fields):
+        fields = {name: values for name, values in fields.items() if name != "confirm"}  # a dry run first
     state = state_of(request)
     settings = state.wiring.settings
     async with reading(request) as connection:
-        pairs = await operations.reprocess_owners(connection, ids, code, None, None, field(fields, "consumer") or None)
+        pairs = await operations.reprocess_owners(
+            connection, selection.failure_ids, selection.error_code, None, None, consumer
+        )
     if len(pairs) > 1:
         names = ", ".join(f"{name} ({topic})" for name, topic in pairs)
         raise Refused(409, f"the selection spans several consumers: {names}: select one consumer's records")
@@ -231,7 +328,12 @@ async def reprocess(request: Request) -> Response:
             "skipped (no longer decodes)": str(len(report.undecodable)),
             "reason": reason,
         }
-        return _preview(request, "reprocess", fields, usable, facts)
+        picked = {
+            "consumer": owner.consumer_name,
+            "failure_ids": usable,
+            "statuses": [report.statuses.get(one, "") for one in usable],
+        }
+        return _preview(request, "reprocess", fields, usable, facts, picked)
     launch = secrets.token_hex(8)
     progress = RunProgress()
     state.runs[launch] = progress

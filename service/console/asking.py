@@ -70,6 +70,7 @@ def quarantine_filters(request: Request, fields: dict[str, list[str]]) -> quaran
         since=moment(field(fields, "since"), "since"),
         until=moment(field(fields, "until"), "until"),
         owner=field(fields, "owner") or None,
+        consumer=field(fields, "consumer") or None,
     )
 
 
@@ -82,15 +83,15 @@ def whole(value: str, name: str, *, low: int, high: int, default: int) -> int:
     return int(value)
 
 
-def page_start(sort: str, value: str, failure_id: str) -> tuple[Any, str] | None:
-    """Where a page starts: the previous page's last sort value, typed as its column, and failure id."""
+def page_start(sort: str, value: str, failure_id: str, consumer: str) -> tuple[Any, str, str] | None:
+    """Where a page starts: the previous page's last sort value, typed as its column, failure id and consumer."""
     if not failure_id:
         return None
     if sort in {"first_failed_at", "last_failed_at"}:
-        return moment(value, "after") or datetime.now(UTC), failure_id
+        return moment(value, "after") or datetime.now(UTC), failure_id, consumer
     if sort == "attempts":
-        return whole(value, "after", low=0, high=2**31 - 1, default=0), failure_id
-    return value, failure_id
+        return whole(value, "after", low=0, high=2**31 - 1, default=0), failure_id, consumer
+    return value, failure_id, consumer
 
 
 def cursor(value: Any) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlencode
 
+from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
@@ -35,6 +36,7 @@ from service.store import audit, gauges, parking, quarantine
 from service.store import console as console_store
 from service.store import effects as effects_store
 from service.store import reprocess as reprocess_store
+from service.store.quarantine import RecordKey
 
 PAGE_SIZES = (25, 50, 100, 200)
 # The alert thresholds the overview colours by (deploy/prometheus/alerts.yml; a test keeps them equal).
@@ -78,7 +80,7 @@ async def quarantine_list(request: Request) -> Response:
         raise Refused(400, f"sort: {sort!r} is not one of {', '.join(quarantine.SORTS)}")
     descending = field(fields, "direction") == "desc"
     limit = whole(field(fields, "limit"), "limit", low=1, high=200, default=50)
-    after = page_start(sort, field(fields, "after"), field(fields, "after_id"))
+    after = page_start(sort, field(fields, "after"), field(fields, "after_id"), field(fields, "after_consumer"))
     async with reading(request) as connection:
         page = await quarantine.page(connection, filters, sort=sort, descending=descending, after=after, limit=limit)
     kept = {
@@ -92,6 +94,7 @@ async def quarantine_list(request: Request) -> Response:
             "older_than",
             "since",
             "until",
+            "consumer",
             "sort",
             "direction",
         )
@@ -99,11 +102,12 @@ async def quarantine_list(request: Request) -> Response:
     }
     if limit != 50:
         kept["limit"] = str(limit)
-    next_url = (
-        "/quarantine?" + urlencode({**kept, "after": cursor(page.next_after[0]), "after_id": page.next_after[1]})
-        if page.next_after is not None
-        else None
-    )
+    next_url = None
+    if page.next_after is not None:
+        value, failure_id, consumer = page.next_after
+        next_url = "/quarantine?" + urlencode(
+            {**kept, "after": cursor(value), "after_id": failure_id, "after_consumer": consumer}
+        )
 
     def sorted_by(column: str) -> str:
         flip = "asc" if sort == column and descending else "desc" if sort == column else "asc"
@@ -135,10 +139,23 @@ async def quarantine_list(request: Request) -> Response:
     )
 
 
-async def _record(request: Request, failure_id: str) -> dict[str, Any]:
-    async with reading(request) as connection:
-        found = await quarantine.get(connection, failure_id)
+async def locate(connection: AsyncConnection, failure_id: str, consumer: str | None) -> RecordKey:
+    """The record a page or action names: by failure id, and by consumer where several consumer names hold that
+    failure id (409 without it, as the CLI's exit 2); 404 when there is none."""
+    try:
+        found = await operations.locate(connection, failure_id, consumer)
+    except operations.SeveralConsumers as error:
+        raise Refused(409, f"{error}: name one (consumer=…)") from None
     if found is None:
+        under = f" under consumer {consumer}" if consumer else ""
+        raise Refused(404, f"no quarantined record with failure id {failure_id}{under}")
+    return found
+
+
+async def _record(request: Request, failure_id: str, consumer: str | None) -> dict[str, Any]:
+    async with reading(request) as connection:
+        found = await quarantine.get(connection, await locate(connection, failure_id, consumer))
+    if found is None:  # gone between the two reads: quarantine rows are never deleted, but say so if one were
         raise Refused(404, f"no quarantined record with failure id {failure_id}")
     return found
 
@@ -161,8 +178,8 @@ def _record_context(request: Request, record: dict[str, Any]) -> dict[str, Any]:
 async def quarantine_record(request: Request) -> Response:
     """One record: its envelope, the true timeline, the failing field; the payload only on an operator's reveal."""
     caller(request)
-    failure_id = request.path_params["failure_id"]
-    record = await _record(request, failure_id)
+    consumer = field(query_fields(request), "consumer") or None
+    record = await _record(request, request.path_params["failure_id"], consumer)
     return render(request, "record.html", {**_record_context(request, record), "payload": None})
 
 
@@ -170,14 +187,15 @@ async def reveal(request: Request) -> Response:
     """An operator reveals a record's payload: escaped text or hex, never HTML; audited, in the timeline."""
     who = caller(request, acts=True)
     fields = await checked_form(request, who)
-    failure_id = field(fields, "failure_id")
+    failure_id, consumer = field(fields, "failure_id"), field(fields, "consumer") or None
     async with changing(request) as connection:
-        record = await operations.reveal(connection, failure_id, who.operator.name, ["text or hex"], via="console")
+        key = await locate(connection, failure_id, consumer)
+        record = await operations.reveal(connection, key, who.operator.name, ["text or hex"], via="console")
     if record is None:
         raise Refused(404, f"no quarantined record with failure id {failure_id}")
     shown = views.payload_view(record.get("payload"))
     async with reading(request) as connection:  # the timeline now holds the reveal
-        record = await quarantine.get(connection, failure_id) or record
+        record = await quarantine.get(connection, key) or record
     return render(request, "record.html", {**_record_context(request, record), "payload": shown})
 
 
@@ -319,6 +337,7 @@ async def api_quarantine(request: Request) -> Response:
             since=filters.since,
             until=filters.until,
             owner=filters.owner,
+            consumer=filters.consumer,
             limit=limit,
             offset=offset,
         )
@@ -326,9 +345,11 @@ async def api_quarantine(request: Request) -> Response:
 
 
 async def api_record(request: Request) -> Response:
-    """`quarantine show --json` without the payload (a reveal is the console's, audited)."""
+    """`quarantine show --json` without the payload (a reveal is the console's, audited); `?consumer=` names the
+    consumer's record where several consumer names quarantined the failure id (409 without it)."""
     caller(request)
-    record = await _record(request, request.path_params["failure_id"])
+    consumer = field(query_fields(request), "consumer") or None
+    record = await _record(request, request.path_params["failure_id"], consumer)
     context = _record_context(request, record)
     return JSONResponse(jsonable({**context["record"], "failing_field": context["failing_field"]}))
 

@@ -1,4 +1,4 @@
-"""Parked records and blocked keys (ORDERS_ORDERING=key), and the log of backpressure pauses."""
+"""Parked records and blocked keys (ORDERS_ORDERING=key)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,9 @@ _BLOCK = text(
     ON CONFLICT DO NOTHING
     """
 )
-_UNBLOCK_FAILURES = text("DELETE FROM key_blocks WHERE failure_id = ANY(CAST(:failure_ids AS text[]))")
+_UNBLOCK_FAILURES = text(
+    "DELETE FROM key_blocks WHERE consumer_name = :consumer AND failure_id = ANY(CAST(:failure_ids AS text[]))"
+)
 
 
 async def park(connection: AsyncConnection, consumer: str, records: Sequence[ParkedRecord]) -> None:
@@ -95,11 +97,11 @@ async def block(connection: AsyncConnection, consumer: str, blocks: Sequence[tup
         )
 
 
-async def unblock_failures(connection: AsyncConnection, failure_ids: Sequence[str]) -> None:
-    """Free the keys held by these quarantined heads (resolved or reprocessed), under whichever consumer: a
-    failure id is one record's, whoever acts on it."""
+async def unblock_failures(connection: AsyncConnection, consumer: str, failure_ids: Sequence[str]) -> None:
+    """Free the keys this consumer's quarantined heads held (resolved or reprocessed): another consumer name's
+    record of the same failure id holds that consumer's keys, until its own record is resolved or reprocessed."""
     if failure_ids:
-        await connection.execute(_UNBLOCK_FAILURES, {"failure_ids": list(failure_ids)})
+        await connection.execute(_UNBLOCK_FAILURES, {"consumer": consumer, "failure_ids": list(failure_ids)})
 
 
 _UNBLOCK_KEY = text(
@@ -302,34 +304,3 @@ _HOLDERS = text(
 async def holders(connection: AsyncConnection, key: str) -> list[str]:
     """The consumer names under which this key is held or has parked records."""
     return list((await connection.execute(_HOLDERS, {"key": key})).scalars())
-
-
-_LOG_PAUSE = text(
-    """
-    INSERT INTO pauses (consumer_name, topic, partition, downstream, error_code, seconds)
-    VALUES (:consumer, :topic, :partition, :downstream, :error_code, :seconds)
-    """
-)
-
-
-async def log_pause(
-    connection: AsyncConnection,
-    consumer: str,
-    topic: str,
-    partition: int,
-    downstream: str | None,
-    error_code: str,
-    seconds: float,
-) -> None:
-    """Record one backpressure pause (visible to operators and tests)."""
-    await connection.execute(
-        _LOG_PAUSE,
-        {
-            "consumer": consumer,
-            "topic": topic,
-            "partition": partition,
-            "downstream": downstream,
-            "error_code": error_code,
-            "seconds": seconds,
-        },
-    )

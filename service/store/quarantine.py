@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -13,6 +13,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from service.store.recordset import Columns
 
 STATUSES = ("open", "resolved", "reprocessing", "reprocessed")  # what a record's `status` may be
+
+
+class RecordKey(NamedTuple):
+    """What names one quarantined record (contract §7): the consumer that quarantined it and its failure id. Two
+    consumer names reading one source topic each keep their own record of a failure, under one failure id."""
+
+    consumer_name: str
+    failure_id: str
 
 
 @dataclass(frozen=True)
@@ -32,8 +40,8 @@ class QuarantineRow:
     last_failed_at: datetime
 
 
-# Quarantines a round's records, part of its one write statement (service/store/batch.py); a failure id
-# quarantined already keeps its row (a redelivery after a crash).
+# Quarantines a round's records, part of its one write statement (service/store/batch.py); a failure id this
+# consumer quarantined already keeps its row (a redelivery after a crash).
 COLUMNS = Columns(
     ("failure_id", "text"),
     ("message_id", "text"),
@@ -51,13 +59,14 @@ ADD_ROWS = f"""
     INSERT INTO quarantine (consumer_name, failure_id, message_id, error_code, owner, ordering_key, envelope, payload,
                             source_headers, attempts, first_failed_at, last_failed_at)
     SELECT :consumer, * FROM ({COLUMNS.select("quarantine_rows")}) AS v
-    ON CONFLICT (failure_id) DO NOTHING"""
+    ON CONFLICT (consumer_name, failure_id) DO NOTHING"""
 
 
 # The listing's filters, each off when its parameter is NULL: fixed SQL, whatever the filters. PostgreSQL plans
 # each execution with its values (custom plans, uow.create_engine), so the filters that are off fold away.
 _FILTERS = """
-    (CAST(:error_code AS text) IS NULL OR error_code = :error_code)
+    (CAST(:consumer AS text) IS NULL OR consumer_name = :consumer)
+    AND (CAST(:error_code AS text) IS NULL OR error_code = :error_code)
     AND (CAST(:status AS text) IS NULL OR status = :status)
     AND (CAST(:owner AS text) IS NULL OR owner = :owner)
     AND (CAST(:key AS text) IS NULL OR ordering_key = :key)
@@ -80,10 +89,12 @@ class Filters:
     since: datetime | None = None
     until: datetime | None = None
     owner: str | None = None
+    consumer: str | None = None
 
     def params(self) -> dict[str, Any]:
         """The filters as `_FILTERS`'s parameters."""
         return {
+            "consumer": self.consumer or None,
             "error_code": self.error_code or None,
             "status": self.status or None,
             "key": self.key or None,
@@ -97,9 +108,10 @@ class Filters:
 
 _LISTING = text(
     f"""
-    SELECT failure_id, message_id, error_code, status, owner, ordering_key, attempts, first_failed_at, last_failed_at
+    SELECT failure_id, message_id, error_code, status, owner, ordering_key, attempts, first_failed_at, last_failed_at,
+           consumer_name
     FROM quarantine WHERE {_FILTERS}
-    ORDER BY first_failed_at, failure_id LIMIT :limit OFFSET :offset
+    ORDER BY first_failed_at, failure_id, consumer_name LIMIT :limit OFFSET :offset
     """
 )
 _COUNT = text(f"SELECT count(*) FROM quarantine WHERE {_FILTERS}")
@@ -116,11 +128,12 @@ async def listing(
     since: datetime | None = None,
     until: datetime | None = None,
     owner: str | None = None,
+    consumer: str | None = None,
     limit: int = 100,
     offset: int = 0,
 ) -> tuple[list[dict[str, Any]], int]:
     """Quarantined records, oldest first, filtered: one page of them, and how many match in all."""
-    filters = Filters(error_code, status, older_than, key, message_id, since, until, owner).params()
+    filters = Filters(error_code, status, older_than, key, message_id, since, until, owner, consumer).params()
     rows = [
         dict(row._mapping) for row in await connection.execute(_LISTING, {**filters, "limit": limit, "offset": offset})
     ]
@@ -130,8 +143,8 @@ async def listing(
     return rows, total
 
 
-# The console's pages: by key (the sort column, then the failure id), never by offset, so the thousandth page
-# costs what the first does. One statement per sort column and direction, each fixed SQL.
+# The console's pages: by key (the sort column, then the record's key: failure id and consumer), never by offset,
+# so the thousandth page costs what the first does. One statement per sort column and direction, each fixed SQL.
 SORTS = ("first_failed_at", "last_failed_at", "error_code", "owner", "attempts")
 _SORT_TYPES = {
     "first_failed_at": "timestamptz",
@@ -141,7 +154,8 @@ _SORT_TYPES = {
     "attempts": "int",
 }
 _PAGE_COLUMNS = (
-    "failure_id, message_id, error_code, status, owner, ordering_key, attempts, first_failed_at, last_failed_at"
+    "failure_id, message_id, error_code, status, owner, ordering_key, attempts, first_failed_at, last_failed_at,"
+    " consumer_name"
 )
 
 
@@ -153,8 +167,9 @@ def _page_statement(column: str, descending: bool) -> Any:
         SELECT {_PAGE_COLUMNS} FROM quarantine
         WHERE {_FILTERS}
           AND (CAST(:after_id AS text) IS NULL
-               OR ({column}, failure_id) {beyond} (CAST(:after_value AS {cast}), CAST(:after_id AS text)))
-        ORDER BY {column} {direction}, failure_id {direction} LIMIT :limit
+               OR ({column}, failure_id, consumer_name)
+                  {beyond} (CAST(:after_value AS {cast}), CAST(:after_id AS text), CAST(:after_consumer AS text)))
+        ORDER BY {column} {direction}, failure_id {direction}, consumer_name {direction} LIMIT :limit
         """
     )
 
@@ -164,11 +179,12 @@ _PAGES = {(column, descending): _page_statement(column, descending) for column i
 
 @dataclass(frozen=True)
 class Page:
-    """One page of a listing: its rows, how many match in all, and where the next page starts (None: last)."""
+    """One page of a listing: its rows, how many match in all, and where the next page starts (None: last): the
+    last row's sort value, failure id and consumer name."""
 
     rows: list[dict[str, Any]]
     total: int
-    next_after: tuple[Any, str] | None
+    next_after: tuple[Any, str, str] | None
 
 
 async def page(
@@ -177,23 +193,25 @@ async def page(
     *,
     sort: str = "first_failed_at",
     descending: bool = False,
-    after: tuple[Any, str] | None = None,
+    after: tuple[Any, str, str] | None = None,
     limit: int = 50,
 ) -> Page:
-    """One page of quarantined records sorted by `sort` (then failure id), starting after `after` (the sort
-    value and failure id of the previous page's last row)."""
+    """One page of quarantined records sorted by `sort` (then failure id and consumer), starting after `after` (the
+    sort value, failure id and consumer name of the previous page's last row)."""
     params = filters.params()
-    value, failure_id = after if after is not None else (None, None)
+    value, failure_id, consumer = after if after is not None else (None, None, None)
     statement = _PAGES[(sort, descending)]
     found = await connection.execute(
-        statement, {**params, "after_value": value, "after_id": failure_id, "limit": limit + 1}
+        statement,
+        {**params, "after_value": value, "after_id": failure_id, "after_consumer": consumer, "limit": limit + 1},
     )
     rows = [dict(row._mapping) for row in found]
     more = len(rows) > limit
     rows = rows[:limit]
     total = int((await connection.execute(_COUNT, params)).scalar_one())
     last = rows[-1] if rows else None
-    return Page(rows, total, (last[sort], last["failure_id"]) if more and last is not None else None)
+    following = (last[sort], last["failure_id"], last["consumer_name"]) if more and last is not None else None
+    return Page(rows, total, following)
 
 
 _GET = text(
@@ -201,16 +219,19 @@ _GET = text(
     SELECT failure_id, consumer_name, message_id, error_code, status, owner, ordering_key, envelope, payload,
            source_headers, attempts, repeat_failures, first_failed_at, last_failed_at, resolution, resolved_by,
            resolved_at, created_at, updated_at
-    FROM quarantine WHERE failure_id = :failure_id
+    FROM quarantine WHERE consumer_name = :consumer AND failure_id = :failure_id
     """
 )
 _ANNOTATIONS = text(
-    "SELECT author, note, created_at FROM quarantine_annotations WHERE failure_id = :failure_id ORDER BY id"
+    """
+    SELECT author, note, created_at FROM quarantine_annotations
+    WHERE consumer_name = :consumer AND failure_id = :failure_id ORDER BY id
+    """
 )
 _REPROCESSING = text(
     """
     SELECT run_id, attempt, outcome, published_at, verified_at FROM reprocess_items
-    WHERE failure_id = :failure_id ORDER BY attempt
+    WHERE consumer_name = :consumer AND failure_id = :failure_id ORDER BY attempt, verified_at
     """
 )
 # In the order the database appended them (migration 0009's triggers): every failure and change, none rewritten;
@@ -218,63 +239,115 @@ _REPROCESSING = text(
 _TIMELINE = text(
     """
     SELECT at, event, error_code, attempts, actor, detail FROM quarantine_events
-    WHERE failure_id = :failure_id ORDER BY id
+    WHERE consumer_name = :consumer AND failure_id = :failure_id ORDER BY id
     """
 )
 
 
-async def get(connection: AsyncConnection, failure_id: str) -> dict[str, Any] | None:
+async def get(connection: AsyncConnection, record: RecordKey) -> dict[str, Any] | None:
     """One quarantined record with its envelope, original bytes, annotations, reprocess history and timeline."""
-    params = {"failure_id": failure_id}
+    params = {"consumer": record.consumer_name, "failure_id": record.failure_id}
     row = (await connection.execute(_GET, params)).first()
     if row is None:
         return None
-    record = dict(row._mapping)
-    record["annotations"] = [dict(note._mapping) for note in await connection.execute(_ANNOTATIONS, params)]
-    record["reprocessing"] = [dict(item._mapping) for item in await connection.execute(_REPROCESSING, params)]
-    record["timeline"] = [dict(event._mapping) for event in await connection.execute(_TIMELINE, params)]
-    return record
+    found = dict(row._mapping)
+    found["annotations"] = [dict(note._mapping) for note in await connection.execute(_ANNOTATIONS, params)]
+    found["reprocessing"] = [dict(item._mapping) for item in await connection.execute(_REPROCESSING, params)]
+    found["timeline"] = [dict(event._mapping) for event in await connection.execute(_TIMELINE, params)]
+    return found
 
 
-_EXISTS = text("SELECT failure_id FROM quarantine WHERE failure_id = :failure_id")
-_ANNOTATE = text("INSERT INTO quarantine_annotations (failure_id, author, note) VALUES (:failure_id, :author, :note)")
+_CONSUMERS_OF = text(
+    """
+    SELECT failure_id, consumer_name FROM quarantine
+    WHERE failure_id = ANY(CAST(:failure_ids AS text[]))
+      AND (CAST(:consumer AS text) IS NULL OR consumer_name = :consumer)
+    ORDER BY failure_id, consumer_name
+    """
+)
 
 
-async def annotate(connection: AsyncConnection, failure_id: str, author: str, note: str) -> bool:
+async def consumers_of(
+    connection: AsyncConnection, failure_ids: Sequence[str], consumer: str | None = None
+) -> dict[str, list[str]]:
+    """Per failure id, the consumer names it is quarantined under (only `consumer`, when given); an id that is
+    quarantined under none is absent."""
+    found: dict[str, list[str]] = {}
+    rows = await connection.execute(_CONSUMERS_OF, {"failure_ids": list(failure_ids), "consumer": consumer})
+    for failure_id, name in rows:
+        found.setdefault(failure_id, []).append(name)
+    return found
+
+
+_EXISTS = text("SELECT 1 FROM quarantine WHERE consumer_name = :consumer AND failure_id = :failure_id")
+_ANNOTATE = text(
+    """
+    INSERT INTO quarantine_annotations (consumer_name, failure_id, author, note)
+    VALUES (:consumer, :failure_id, :author, :note)
+    """
+)
+
+
+async def annotate(connection: AsyncConnection, record: RecordKey, author: str, note: str) -> bool:
     """Append a note; False when there is no such record."""
-    if (await connection.execute(_EXISTS, {"failure_id": failure_id})).first() is None:
+    params = {"consumer": record.consumer_name, "failure_id": record.failure_id}
+    if (await connection.execute(_EXISTS, params)).first() is None:
         return False
-    await connection.execute(_ANNOTATE, {"failure_id": failure_id, "author": author, "note": note})
+    await connection.execute(_ANNOTATE, {**params, "author": author, "note": note})
     return True
 
 
 _EVENT = text(
-    "INSERT INTO quarantine_events (failure_id, at, event, actor, detail) VALUES (:failure_id, now(), :event, :actor,"
-    " :detail)"
+    """
+    INSERT INTO quarantine_events (consumer_name, failure_id, at, event, actor, detail)
+    VALUES (:consumer, :failure_id, now(), :event, :actor, :detail)
+    """
 )
 
 
-async def log_event(connection: AsyncConnection, failure_id: str, event: str, actor: str, detail: str) -> None:
+async def log_event(connection: AsyncConnection, record: RecordKey, event: str, actor: str, detail: str) -> None:
     """Append an event the database cannot see for itself (a payload revealed) to a record's timeline."""
-    await connection.execute(_EVENT, {"failure_id": failure_id, "event": event, "actor": actor, "detail": detail})
+    await connection.execute(
+        _EVENT,
+        {
+            "consumer": record.consumer_name,
+            "failure_id": record.failure_id,
+            "event": event,
+            "actor": actor,
+            "detail": detail,
+        },
+    )
 
 
-_LOCK_STATUS = text("SELECT status FROM quarantine WHERE failure_id = :failure_id FOR UPDATE")
+_LOCK_STATUS = text(
+    "SELECT status FROM quarantine WHERE consumer_name = :consumer AND failure_id = :failure_id FOR UPDATE"
+)
 _RESOLVE = text(
     """
     UPDATE quarantine SET status = 'resolved', resolution = :reason, resolved_by = :author, resolved_at = now(),
                           updated_at = now()
-    WHERE failure_id = :failure_id
+    WHERE consumer_name = :consumer AND failure_id = :failure_id
     """
 )
 
 
-async def resolve(connection: AsyncConnection, failure_id: str, reason: str, author: str) -> str | None:
+async def lock_status(connection: AsyncConnection, record: RecordKey) -> str | None:
+    """A record's status, its row locked until the transaction ends (None: no such record): whoever changes the
+    record on what that status says (a resolve, a reprocess run's send) does so one at a time."""
+    params = {"consumer": record.consumer_name, "failure_id": record.failure_id}
+    status = (await connection.execute(_LOCK_STATUS, params)).scalar()
+    return str(status) if status is not None else None
+
+
+async def resolve(connection: AsyncConnection, record: RecordKey, reason: str, author: str) -> str | None:
     """Close an open record without reprocessing it; returns its previous status (None: no such record)."""
-    current = (await connection.execute(_LOCK_STATUS, {"failure_id": failure_id})).scalar()
+    current = await lock_status(connection, record)
     if current != "open":
-        return str(current) if current is not None else None
-    await connection.execute(_RESOLVE, {"failure_id": failure_id, "reason": reason, "author": author})
+        return current
+    await connection.execute(
+        _RESOLVE,
+        {"consumer": record.consumer_name, "failure_id": record.failure_id, "reason": reason, "author": author},
+    )
     return "open"
 
 
@@ -316,14 +389,17 @@ async def stats(connection: AsyncConnection) -> dict[str, Any]:
 
 
 _MARK_REPROCESSED = text(
-    "UPDATE quarantine SET status = 'reprocessed', updated_at = now() WHERE failure_id = ANY(CAST(:ids AS text[]))"
+    """
+    UPDATE quarantine SET status = 'reprocessed', updated_at = now()
+    WHERE consumer_name = :consumer AND failure_id = ANY(CAST(:ids AS text[]))
+    """
 )
 
 
-async def mark_reprocessed(connection: AsyncConnection, failure_ids: Sequence[str]) -> None:
-    """Records whose reprocessed copy was applied: `reprocessed` (terminal)."""
+async def mark_reprocessed(connection: AsyncConnection, consumer: str, failure_ids: Sequence[str]) -> None:
+    """This consumer's records whose reprocessed copy was applied: `reprocessed` (terminal)."""
     if failure_ids:
-        await connection.execute(_MARK_REPROCESSED, {"ids": list(failure_ids)})
+        await connection.execute(_MARK_REPROCESSED, {"consumer": consumer, "ids": list(failure_ids)})
 
 
 _REQUARANTINE = text(
@@ -334,19 +410,20 @@ _REQUARANTINE = text(
         envelope = envelope || jsonb_build_object('errorCode', CAST(:code AS text),
                                                   'lastFailedAt', CAST(:failed_at_text AS text)),
         updated_at = now()
-    WHERE failure_id = :failure_id
+    WHERE consumer_name = :consumer AND failure_id = :failure_id
     """
 )
 
 
 async def requarantine(
-    connection: AsyncConnection, failure_id: str, code: str, attempts: int, failed_at: datetime
+    connection: AsyncConnection, record: RecordKey, code: str, attempts: int, failed_at: datetime
 ) -> None:
     """A reprocessed record failed again: open again, with its repeat-failure count raised."""
     await connection.execute(
         _REQUARANTINE,
         {
-            "failure_id": failure_id,
+            "consumer": record.consumer_name,
+            "failure_id": record.failure_id,
             "code": code,
             "attempts": attempts,
             "failed_at": failed_at,

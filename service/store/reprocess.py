@@ -11,11 +11,14 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.store.quarantine import RecordKey
+
 
 @dataclass(frozen=True)
 class Candidate:
-    """A quarantined record a run may send back."""
+    """A quarantined record a run may send back, with its status when it was selected."""
 
+    consumer_name: str
     failure_id: str
     message_id: str
     ordering_key: str | None
@@ -25,6 +28,11 @@ class Candidate:
     source_headers: list[list[str]]
     envelope: dict[str, Any]
     repeat_failures: int
+
+    @property
+    def record(self) -> RecordKey:
+        """The quarantine row it is."""
+        return RecordKey(self.consumer_name, self.failure_id)
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,7 @@ _OWNERS = text(
 )
 _CANDIDATES = text(
     f"""
-    SELECT failure_id, message_id, ordering_key, error_code, status, payload, source_headers, envelope,
+    SELECT consumer_name, failure_id, message_id, ordering_key, error_code, status, payload, source_headers, envelope,
            repeat_failures
     FROM quarantine WHERE {_SELECTED}
     ORDER BY first_failed_at, failure_id
@@ -98,6 +106,7 @@ async def select_candidates(
     params = {**_selection(failure_ids, error_code, since, until), "consumer": consumer}
     return [
         Candidate(
+            consumer_name=row.consumer_name,
             failure_id=row.failure_id,
             message_id=row.message_id,
             ordering_key=row.ordering_key,
@@ -113,24 +122,34 @@ async def select_candidates(
 
 
 _INBOX_STATUS = text("SELECT status FROM inbox WHERE consumer_name = :consumer AND message_id = :message_id")
-_QUARANTINE_STATE = text("SELECT status, repeat_failures FROM quarantine WHERE failure_id = :failure_id")
+_QUARANTINE_STATE = text(
+    "SELECT status, repeat_failures FROM quarantine WHERE consumer_name = :consumer AND failure_id = :failure_id"
+)
 _EFFECTS_OF = text("SELECT count(*) FROM effects WHERE aggregate_id = :aggregate_id")
 
 
-async def state_of(connection: AsyncConnection, consumer: str, item: Candidate) -> ItemState:
-    """Inbox status, quarantine status and repeat count, and the number of effects of the item's order."""
+async def state_of(connection: AsyncConnection, item: Candidate) -> ItemState:
+    """Inbox status (the item's consumer's), quarantine status and repeat count, and the number of effects of the
+    item's aggregate."""
+    consumer = item.consumer_name
     status = (await connection.execute(_INBOX_STATUS, {"consumer": consumer, "message_id": item.message_id})).scalar()
-    row = (await connection.execute(_QUARANTINE_STATE, {"failure_id": item.failure_id})).one()
+    row = (await connection.execute(_QUARANTINE_STATE, {"consumer": consumer, "failure_id": item.failure_id})).one()
     count = (await connection.execute(_EFFECTS_OF, {"aggregate_id": item.ordering_key})).scalar_one()
     return ItemState(status, row.status, row.repeat_failures, int(count))
 
 
-_ATTEMPTS = text("SELECT count(*) FROM reprocess_items WHERE failure_id = :failure_id")
+_ATTEMPTS = text(
+    """
+    SELECT count(*) FROM reprocess_items
+    WHERE consumer_name = :consumer AND failure_id = :failure_id AND published_at IS NOT NULL
+    """
+)
 
 
-async def attempts_so_far(connection: AsyncConnection, failure_id: str) -> int:
-    """How many times runs have sent this record back already."""
-    return int((await connection.execute(_ATTEMPTS, {"failure_id": failure_id})).scalar_one())
+async def attempts_so_far(connection: AsyncConnection, record: RecordKey) -> int:
+    """How many times runs have sent this record back already (an item a run skipped was not sent)."""
+    params = {"consumer": record.consumer_name, "failure_id": record.failure_id}
+    return int((await connection.execute(_ATTEMPTS, params)).scalar_one())
 
 
 _START_RUN = text(
@@ -172,10 +191,13 @@ async def finish_run(
     )
 
 
+# A skipped item is settled as it is written (`verified_at`: when its outcome was decided); it was never sent.
 _ADD_ITEM = text(
     """
-    INSERT INTO reprocess_items (run_id, failure_id, message_id, stage, attempt, outcome, published_at)
-    VALUES (:run_id, :failure_id, :message_id, :stage, :attempt, :outcome, :published_at)
+    INSERT INTO reprocess_items (run_id, consumer_name, failure_id, message_id, stage, attempt, outcome, detail,
+                                 published_at, verified_at)
+    VALUES (:run_id, :consumer, :failure_id, :message_id, :stage, :attempt, :outcome, :detail, :published_at,
+            CASE WHEN CAST(:published_at AS timestamptz) IS NULL THEN now() END)
     """
 )
 _SETTLE_ITEM = text(
@@ -190,23 +212,27 @@ async def add_item(
     connection: AsyncConnection,
     *,
     run_id: str,
-    failure_id: str,
+    record: RecordKey,
     message_id: str,
     stage: str,
     attempt: int,
     outcome: str,
-    published_at: datetime,
+    published_at: datetime | None,
+    detail: str | None = None,
 ) -> None:
-    """Record one item of a run."""
+    """Record one item of a run: one sent (`published_at`), or one the run decided not to send (None: its outcome,
+    with `detail` saying why, is final)."""
     await connection.execute(
         _ADD_ITEM,
         {
             "run_id": run_id,
-            "failure_id": failure_id,
+            "consumer": record.consumer_name,
+            "failure_id": record.failure_id,
             "message_id": message_id,
             "stage": stage,
             "attempt": attempt,
             "outcome": outcome,
+            "detail": detail,
             "published_at": published_at,
         },
     )
@@ -230,8 +256,9 @@ _COUNT_RUNS = text("SELECT count(*) FROM reprocess_runs")
 _RUN = text(f"SELECT {_RUN_COLUMNS} FROM reprocess_runs WHERE id = :run_id")
 _RUN_ITEMS = text(
     """
-    SELECT failure_id, message_id, stage, attempt, outcome, detail, published_at, verified_at FROM reprocess_items
-    WHERE run_id = :run_id ORDER BY published_at NULLS LAST, failure_id
+    SELECT consumer_name, failure_id, message_id, stage, attempt, outcome, detail, published_at, verified_at
+    FROM reprocess_items
+    WHERE run_id = :run_id ORDER BY coalesce(published_at, verified_at) NULLS LAST, failure_id
     """
 )
 

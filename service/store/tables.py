@@ -9,7 +9,6 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
-    Float,
     Index,
     Integer,
     LargeBinary,
@@ -98,7 +97,7 @@ effects = Table(
 quarantine = Table(
     "quarantine",
     metadata,
-    Column("failure_id", Text, primary_key=True),
+    Column("failure_id", Text, nullable=False),
     Column("consumer_name", Text, nullable=False),
     Column("message_id", Text, nullable=False),
     Column("error_code", Text, nullable=False),
@@ -118,14 +117,19 @@ quarantine = Table(
     Column("resolved_at", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Two consumer names reading one source topic each keep their own record of a failure (contract §7).
+    PrimaryKeyConstraint("consumer_name", "failure_id"),
     CheckConstraint("status IN ('open', 'resolved', 'reprocessing', 'reprocessed')", name="status"),
+    # A failure id named without its consumer (the CLI, the console) is looked up across consumers.
+    Index("ix_quarantine_failure_id", "failure_id"),
     Index("ix_quarantine_status_first_failed_at", "status", "first_failed_at"),
     Index("ix_quarantine_message_id", "message_id", "consumer_name"),
-    # The console's pages by key (migration 0011): each filter's index ends in the order a page is read in.
-    Index("ix_quarantine_first_failed_at_failure_id", "first_failed_at", "failure_id"),
-    Index("ix_quarantine_last_failed_at_failure_id", "last_failed_at", "failure_id"),
-    Index("ix_quarantine_error_code_first_failed_at_failure_id", "error_code", "first_failed_at", "failure_id"),
-    Index("ix_quarantine_owner_first_failed_at_failure_id", "owner", "first_failed_at", "failure_id"),
+    # The console's pages by key (migrations 0011, 0015): each filter's index ends in the order a page is read in,
+    # the sort column then the record's key, so that no two rows share a page boundary.
+    Index("ix_quarantine_page_by_first_failed_at", "first_failed_at", "failure_id", "consumer_name"),
+    Index("ix_quarantine_page_by_last_failed_at", "last_failed_at", "failure_id", "consumer_name"),
+    Index("ix_quarantine_page_by_error_code", "error_code", "first_failed_at", "failure_id", "consumer_name"),
+    Index("ix_quarantine_page_by_owner", "owner", "first_failed_at", "failure_id", "consumer_name"),
     Index("ix_quarantine_ordering_key", "ordering_key"),
     # The overview's last day and the open counts per code and owner, read from the indexes alone.
     Index("ix_quarantine_created_at_error_code", "created_at", "error_code"),
@@ -188,21 +192,6 @@ parked = Table(
     Index("ux_parked_consumer_name_message_id", "consumer_name", "message_id", unique=True),
 )
 
-# Each time fetching was paused instead of spending attempts (429 Retry-After, a failing downstream).
-pauses = Table(
-    "pauses",
-    metadata,
-    Column("id", BigInteger, primary_key=True, autoincrement=True),
-    Column("consumer_name", Text, nullable=False),
-    Column("topic", Text, nullable=False),
-    Column("partition", Integer, nullable=False),
-    Column("downstream", Text),
-    Column("error_code", Text, nullable=False),
-    Column("seconds", Float, nullable=False),
-    Column("paused_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    Index("ix_pauses_paused_at", "paused_at"),
-)
-
 # One row per reconciler pass: operators and the "reconciler not run" alert read the last one.
 reconcile_runs = Table(
     "reconcile_runs",
@@ -220,11 +209,12 @@ quarantine_annotations = Table(
     "quarantine_annotations",
     metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("consumer_name", Text, nullable=False),
     Column("failure_id", Text, nullable=False),
     Column("author", Text, nullable=False),
     Column("note", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    Index("ix_quarantine_annotations_failure_id", "failure_id"),
+    Index("ix_quarantine_annotations_consumer_name_failure_id", "consumer_name", "failure_id"),
 )
 
 # The audit of controlled reprocessing: one row per run, one per item.
@@ -247,6 +237,8 @@ reprocess_items = Table(
     "reprocess_items",
     metadata,
     Column("run_id", Text, nullable=False),
+    # A run acts as one consumer: the failure id is unique within it, and names that consumer's record.
+    Column("consumer_name", Text, nullable=False),
     Column("failure_id", Text, nullable=False),
     Column("message_id", Text, nullable=False),
     Column("stage", Text, nullable=False),
@@ -256,15 +248,16 @@ reprocess_items = Table(
     Column("published_at", DateTime(timezone=True)),
     Column("verified_at", DateTime(timezone=True)),
     PrimaryKeyConstraint("run_id", "failure_id"),
-    Index("ix_reprocess_items_failure_id", "failure_id"),
+    Index("ix_reprocess_items_consumer_name_failure_id", "consumer_name", "failure_id"),
 )
 
 # The true timeline of each quarantined record: appended by triggers on quarantine, quarantine_annotations and
-# reprocess_items (migration 0009), whatever path made the change; append-only, read in id order.
+# reprocess_items (migrations 0009, 0015), whatever path made the change; append-only, read in id order.
 quarantine_events = Table(
     "quarantine_events",
     metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("consumer_name", Text, nullable=False),
     Column("failure_id", Text, nullable=False),
     Column("at", DateTime(timezone=True), nullable=False),
     Column("event", Text, nullable=False),
@@ -272,7 +265,7 @@ quarantine_events = Table(
     Column("attempts", Integer),
     Column("actor", Text),
     Column("detail", Text),
-    Index("ix_quarantine_events_failure_id", "failure_id", "id"),
+    Index("ix_quarantine_events_consumer_name_failure_id_id", "consumer_name", "failure_id", "id"),
 )
 
 # What operators did (CLI and console): actor, time, action, selection, result; append-only.

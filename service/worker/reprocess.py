@@ -1,16 +1,23 @@
 """Controlled reprocessing: a quarantined record goes back only through an audited, rate-limited run.
 
-A run selects records, skips those whose stored bytes no longer decode, optionally tries a deterministic
-sample first, publishes through the outbox to `<source>.reprocess` at a bounded rate (keeping the original
-message id and key), and verifies each item by its business state — inbox status, quarantine status and the
-order's effects — never by Kafka delivery. It stops, with the reason, when too many items fail again, when an
-item that was already applied gains an effect (an unexpected duplicate), or when the consumer falls behind.
+A run acts as the one consumer name the records were quarantined under. It selects records, skips those whose
+stored bytes no longer decode, optionally tries a deterministic sample first, publishes through the outbox to
+`<source>.reprocess` at a bounded rate (keeping the original message id and key, and naming the consumer in the
+`consumer` header, so that another consumer name reading the topic passes over the copy), and verifies each item
+by its business state — inbox status, quarantine status and the order's effects — never by Kafka delivery. It
+stops, with the reason, when too many items fail again, when an item that was already applied gains an effect (an
+unexpected duplicate), or when the consumer falls behind.
+
+An item is sent in one transaction that locks its quarantine row and finds it as it was when the run selected it
+(or when an operator saw it, `Selection.seen`); a record resolved or otherwise changed meanwhile is not sent but
+`skipped`, with the reason, so that a run never acts on a record an operator has since decided about.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import time
 import uuid
@@ -30,7 +37,7 @@ from service.policy.headers import from_json, to_json
 from service.policy.records import id_bytes, pack_key
 from service.policy.verification import judge
 from service.stopping import sleep_unless_stopped
-from service.store import outbox
+from service.store import outbox, quarantine
 from service.store import reprocess as store
 from service.store.outbox import OutboxMessage
 from service.store.reprocess import Candidate, ItemState
@@ -39,7 +46,7 @@ from service.store.uow import UnitOfWork
 log = structlog.get_logger("order_service.reprocess")
 
 _MIN_JUDGED = 5
-_OUR_HEADERS = {"message-id", "failure-id", "origin-timestamp", "reprocess-run-id", "reprocess-attempt"}
+_OUR_HEADERS = {"message-id", "failure-id", "origin-timestamp", "reprocess-run-id", "reprocess-attempt", "consumer"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,8 @@ class Selection:
     error_code: str | None = None
     since: datetime | None = None
     until: datetime | None = None
+    # (failure id, status) as an operator saw them in a dry run: a record found otherwise now is not sent.
+    seen: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,13 +87,15 @@ class Report:
     failed_again: int = 0
     noop: int = 0
     unverified: int = 0
+    skipped: int = 0  # not sent: resolved or otherwise changed since it was selected (`reprocess show` says how)
     outcome: str = "completed"
     stop_reason: str | None = None
     selection: list[str] = field(default_factory=list)
+    statuses: dict[str, str] = field(default_factory=dict)  # each selected record's status when it was selected
 
     def counts(self) -> dict[str, Any]:
         """The numbers for the audit row."""
-        return {key: value for key, value in asdict(self).items() if key not in {"selection", "run_id"}}
+        return {key: value for key, value in asdict(self).items() if key not in {"selection", "run_id", "statuses"}}
 
 
 class Progress(Protocol):
@@ -143,7 +154,15 @@ class Reprocessor:
                 until=selection.until,
                 consumer=self._consumer,
             )
-        report = Report(run_id=None, selected=len(candidates), selection=[c.failure_id for c in candidates])
+        seen = dict(selection.seen)
+        # What the operator saw is what the run holds each record to (it was selected then, by them).
+        candidates = [dataclasses.replace(c, status=seen.get(c.failure_id, c.status)) for c in candidates]
+        report = Report(
+            run_id=None,
+            selected=len(candidates),
+            selection=[c.failure_id for c in candidates],
+            statuses={c.failure_id: c.status for c in candidates},
+        )
         usable = []
         for candidate in candidates:
             if isinstance(self._decode(candidate.payload), DecodeFailure):
@@ -160,7 +179,12 @@ class Reprocessor:
                 report.run_id,
                 actor=options.actor,
                 reason=options.reason,
-                selection={**asdict(selection), "since": _iso(selection.since), "until": _iso(selection.until)},
+                selection={
+                    **asdict(selection),
+                    "since": _iso(selection.since),
+                    "until": _iso(selection.until),
+                    "consumer": self._consumer,
+                },
                 options={k: v for k, v in asdict(options).items() if k not in {"reason", "actor"}},
             )
             await uow.commit()
@@ -189,9 +213,10 @@ class Reprocessor:
                 report.outcome, report.stop_reason = "stopped", reason
                 return
             if stage == "sample" and rest:
+                skipped = f", {report.skipped} skipped (changed since selected)" if report.skipped else ""
                 question = (
                     f"sample of {len(sample)}: {report.reprocessed} reprocessed, {report.noop} already applied, "
-                    f"{report.failed_again} failed again. Reprocess the remaining {len(rest)}?"
+                    f"{report.failed_again} failed again{skipped}. Reprocess the remaining {len(rest)}?"
                 )
                 if not confirm(question):
                     report.outcome, report.stop_reason = "stopped", "not confirmed after the sample"
@@ -218,7 +243,10 @@ class Reprocessor:
                 await limiter.acquire()
                 if (lag := await self._lag()) > options.max_lag:
                     return f"consumer lag {lag} is over the threshold {options.max_lag}"
-                await self._publish(report.run_id, item)
+                if not await self._publish(report.run_id, item):
+                    report.skipped += 1
+                    progress.advance(report.published, _verified(items))
+                    continue
                 report.published += 1
                 reason = await self._verify(report, items, options, final=False)
                 progress.advance(report.published, _verified(items))
@@ -235,12 +263,32 @@ class Reprocessor:
         finally:
             progress.finish()
 
-    async def _publish(self, run_id: str, item: _Item) -> None:
+    async def _publish(self, run_id: str, item: _Item) -> bool:
+        """Send one item, unless its record changed since it was selected: then record it `skipped` (False)."""
         candidate = item.candidate
         async with UnitOfWork(self._engine) as uow:
             c = uow.connection
-            item.before = await store.state_of(c, self._consumer, candidate)
-            item.attempt = await store.attempts_so_far(c, candidate.failure_id) + 1
+            # Locked until the copy's outbox row commits: a resolve waits for this send, or this send sees it.
+            status = await quarantine.lock_status(c, candidate.record)
+            item.attempt = await store.attempts_so_far(c, candidate.record) + 1
+            if status != candidate.status:
+                item.outcome = "skipped"
+                detail = f"not sent: {status or 'gone'} now, {candidate.status} when selected"
+                await store.add_item(
+                    c,
+                    run_id=run_id,
+                    record=candidate.record,
+                    message_id=candidate.message_id,
+                    stage=item.stage,
+                    attempt=item.attempt,
+                    outcome="skipped",
+                    published_at=None,
+                    detail=detail,
+                )
+                await uow.commit()
+                log.info("reprocess_item_skipped", run_id=run_id, failure_id=candidate.failure_id, status=status)
+                return False
+            item.before = await store.state_of(c, candidate)
             original = from_json(candidate.source_headers)
             headers = [(name, value) for name, value in original if name not in _OUR_HEADERS]
             # The id's own bytes, so that the copy is read back as the same message id.
@@ -250,6 +298,7 @@ class Reprocessor:
                 ("failure-id", candidate.failure_id.encode()),
                 ("reprocess-run-id", run_id.encode()),
                 ("reprocess-attempt", str(item.attempt).encode()),
+                ("consumer", candidate.consumer_name.encode()),
             ]
             stamp = _epoch_ms(candidate.envelope.get("source", {}).get("timestamp"))
             if stamp is not None:
@@ -270,7 +319,7 @@ class Reprocessor:
             await store.add_item(
                 c,
                 run_id=run_id,
-                failure_id=candidate.failure_id,
+                record=candidate.record,
                 message_id=candidate.message_id,
                 stage=item.stage,
                 attempt=item.attempt,
@@ -279,6 +328,7 @@ class Reprocessor:
             )
             await uow.commit()
         item.published_at = time.monotonic()
+        return True
 
     async def _verify(self, report: Report, items: list[_Item], options: Options, *, final: bool) -> str | None:
         """Look at the business state of published items; decide those that are done; return a stop reason."""
@@ -293,7 +343,7 @@ class Reprocessor:
             waiting = await outbox.unpublished(c, [item.outbox_id for item in open_items if item.outbox_id is not None])
             caught_up = await self._lag() == 0
             for item in open_items:
-                after = await store.state_of(c, self._consumer, item.candidate)
+                after = await store.state_of(c, item.candidate)
                 assert item.before is not None
                 outcome, detail = judge(item.before, after, caught_up and item.outbox_id not in waiting)
                 if outcome is None and final:

@@ -85,7 +85,12 @@ async def test_an_operator_filters_the_queue_opens_a_record_notes_it_and_reveals
         ("ann", "quarantine.annotate"),
         ("ann", "quarantine.reveal"),
     ]
-    assert audited[1]["selection"] == {"failure_id": record.failure_id, "as": ["text or hex"], "via": "console"}
+    assert audited[1]["selection"] == {
+        "consumer": settings.consumer_name,
+        "failure_id": record.failure_id,
+        "as": ["text or hex"],
+        "via": "console",
+    }
     assert audited[1]["result"] == {"revealed": True}
     events = await rows(
         engine,

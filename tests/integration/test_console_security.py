@@ -9,6 +9,7 @@ Assertions are on status codes, headers and rows.
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import re
 import time
@@ -492,6 +493,62 @@ async def test_an_unconfirmed_action_only_previews_and_changes_nothing(console: 
     # Then a preview says what would happen, and nothing changed
     assert preview.status_code == 200
     assert HEAD in preview.text
+    assert await snapshot(console.engine) == before
+
+
+def confirm_form(preview: str) -> dict[str, list[str]]:
+    """The hidden fields of a dry run's confirm form, as the browser posts them (HTML entities read back)."""
+    start = preview.find('<form method="post">')
+    assert start >= 0, "the dry run offers no confirmation"
+    found: dict[str, list[str]] = {}
+    for name, value in re.findall(r'<input type="hidden" name="([^"]*)" value="([^"]*)">', preview[start:]):
+        found.setdefault(html.unescape(name), []).append(html.unescape(value))
+    return found
+
+
+@pytest.mark.parametrize("action", ["resolve", "annotate"])
+async def test_a_confirmation_acts_on_exactly_the_records_its_dry_run_listed(console: Console, action: str) -> None:
+    # Given an operator's session and the dry run of acting on every open record matching a code (one, now)
+    csrf = await session(console.client, OPERATOR_TOKEN)
+    asked = {"csrf": csrf, "scope": "matching", "match_error_code": "SCHEMA_UNSUPPORTED", "text": "producer bug"}
+    preview = await console.client.post(f"/actions/{action}", data=asked)
+    assert preview.status_code == 200, preview.text
+    assert re.search(r'id="preview-count">1<', preview.text)
+    # And a record matching the code quarantined after the operator read the dry run
+    late = "orders/5/99"
+    await add(console.engine, [quarantined(late, code="SCHEMA_UNSUPPORTED")])
+
+    # When the operator confirms the dry run
+    done = await console.client.post(f"/actions/{action}", data=confirm_form(preview.text))
+
+    # Then exactly the record the dry run listed changed, and the late one is untouched
+    assert done.status_code == 200, done.text
+    assert OTHERS[0] in done.text
+    assert late not in done.text
+    if action == "resolve":
+        statuses = await rows(
+            console.engine, "SELECT failure_id, status FROM quarantine WHERE error_code = :c", c="SCHEMA_UNSUPPORTED"
+        )
+        assert {row["failure_id"]: row["status"] for row in statuses} == {OTHERS[0]: "resolved", late: "open"}
+    else:
+        notes = await rows(console.engine, "SELECT failure_id FROM quarantine_annotations")
+        assert notes == [{"failure_id": OTHERS[0]}]
+    [audit] = await rows(console.engine, "SELECT selection FROM audit_log")
+    assert audit["selection"]["picked"] == [OTHERS[0]]
+
+
+async def test_a_confirmation_of_a_selection_by_filter_without_its_dry_run_only_previews(console: Console) -> None:
+    # Given an operator's session
+    csrf = await session(console.client, OPERATOR_TOKEN)
+    before = await snapshot(console.engine)
+
+    # When a form confirms a selection by code that comes from no dry run
+    form = {"csrf": csrf, "scope": "matching", "match_error_code": "SCHEMA_UNSUPPORTED", "text": "x", "confirm": "yes"}
+    answer = await console.client.post("/actions/resolve", data=form)
+
+    # Then it is answered with the dry run, and nothing changed: the query is never run again at confirm time
+    assert answer.status_code == 200
+    assert 'id="confirm"' in answer.text
     assert await snapshot(console.engine) == before
 
 

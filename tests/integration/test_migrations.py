@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -43,7 +44,7 @@ async def test_the_contract_keys_and_constraints_exist(engine: AsyncEngine) -> N
     assert ("orders", "PRIMARY KEY (order_id)") in keys
     assert ("outbox", "PRIMARY KEY (id)") in keys
     assert ("effects", "PRIMARY KEY (idempotency_key)") in keys
-    assert ("quarantine", "PRIMARY KEY (failure_id)") in keys
+    assert ("quarantine", "PRIMARY KEY (consumer_name, failure_id)") in keys
 
 
 def test_records_quarantined_before_0009_get_their_timeline_from_what_their_rows_say(database_url: str) -> None:
@@ -96,6 +97,83 @@ def test_records_quarantined_before_0009_get_their_timeline_from_what_their_rows
         ("annotated", None, None, "bob"),
         ("resolved", None, None, "eve"),
     ]
+
+
+def test_records_quarantined_before_0015_keep_their_rows_and_history_under_their_consumer(database_url: str) -> None:
+    # Given a database at 0014 holding a quarantined record, annotated and sent back by a reprocess run
+    import asyncio
+
+    from alembic import command
+
+    from service.store import quarantine
+    from service.store.schema import alembic_config, upgrade_to_head
+    from tests.support import make_engine
+
+    with alembic_config(database_url) as config:
+        command.downgrade(config, "0014")
+
+    async def given(engine: Any) -> None:
+        async with engine.begin() as connection:
+            for statement in (
+                """
+                INSERT INTO quarantine (failure_id, consumer_name, message_id, error_code, owner, envelope, attempts,
+                    first_failed_at, last_failed_at)
+                VALUES ('o/0/1', 'billing', 'm', 'MALFORMED_PAYLOAD', 'team', '{}', 1, now(), now())
+                """,
+                "INSERT INTO quarantine_annotations (failure_id, author, note) VALUES ('o/0/1', 'bob', 'seen')",
+                "INSERT INTO reprocess_runs (id, actor, reason, selection, options, outcome)"
+                " VALUES ('rp-1', 'eve', 'why', '{}', '{}', 'completed')",
+                "INSERT INTO reprocess_items (run_id, failure_id, message_id, stage, attempt, outcome, published_at)"
+                " VALUES ('rp-1', 'o/0/1', 'm', 'main', 1, 'published', now())",
+            ):
+                await connection.execute(text(statement))
+
+    async def when_then() -> tuple[list[Any], ...]:
+        engine = make_engine(database_url)
+        try:
+            await given(engine)
+            # When the schema goes to the head
+            await asyncio.to_thread(upgrade_to_head, database_url)
+            # And a second consumer name reading the same topic quarantines the same record
+            row = quarantine.QuarantineRow(
+                "o/0/1", "m", "MALFORMED_PAYLOAD", "team", None, {}, None, [], 1, datetime.now(UTC), datetime.now(UTC)
+            )
+            async with engine.begin() as connection:
+                await connection.execute(
+                    text(quarantine.ADD_ROWS),
+                    {"consumer": "shipping", "quarantine_rows": quarantine.COLUMNS.encode([row])},
+                )
+            return (
+                await rows(engine, "SELECT consumer_name, failure_id FROM quarantine ORDER BY 1"),
+                await rows(engine, "SELECT DISTINCT consumer_name, event FROM quarantine_events ORDER BY 1, 2"),
+                await rows(engine, "SELECT consumer_name, note FROM quarantine_annotations"),
+                await rows(engine, "SELECT consumer_name, failure_id FROM reprocess_items"),
+            )
+        finally:
+            await engine.dispose()
+
+    records, events, notes, items = asyncio.run(when_then())
+
+    # Then the first record, its note, its reprocess item and its timeline are kept under its consumer, and the
+    # second consumer has a record of its own beside it
+    assert records == [
+        {"consumer_name": "billing", "failure_id": "o/0/1"},
+        {"consumer_name": "shipping", "failure_id": "o/0/1"},
+    ]
+    assert [(e["consumer_name"], e["event"]) for e in events] == [
+        ("billing", "annotated"),
+        ("billing", "failed"),
+        ("billing", "quarantined"),
+        ("billing", "reprocess sent"),
+        ("shipping", "failed"),
+        ("shipping", "quarantined"),
+    ]
+    assert notes == [{"consumer_name": "billing", "note": "seen"}]
+    assert items == [{"consumer_name": "billing", "failure_id": "o/0/1"}]
+    # And going back to 0014, which cannot hold both, is refused, naming the failure id, with nothing changed
+    with alembic_config(database_url) as config, pytest.raises(RuntimeError, match=r"several consumer names.*o/0/1"):
+        command.downgrade(config, "0014")
+    assert asyncio.run(schema.current_revision(database_url)) == schema.head_revision()
 
 
 def test_a_current_schema_is_checked_without_importing_alembic(database_url: str) -> None:

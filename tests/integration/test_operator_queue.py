@@ -38,7 +38,8 @@ async def test_the_timeline_keeps_every_failure_and_change_in_order_and_rewrites
     settings = settings_for(database_url, kafka, topics)
     await cli(settings, "quarantine", "annotate", failure_id, "--note", "looks truncated", "--author", "bob")
     async with engine.begin() as connection:
-        await quarantine.requarantine(connection, failure_id, "SCHEMA_UNSUPPORTED", 1, datetime.now(UTC))
+        record = quarantine.RecordKey(settings.consumer_name, failure_id)
+        await quarantine.requarantine(connection, record, "SCHEMA_UNSUPPORTED", 1, datetime.now(UTC))
     await cli(settings, "quarantine", "resolve", failure_id, "--reason", "producer fixed", "--author", "eve")
 
     # When the record is shown
@@ -253,5 +254,9 @@ async def test_revealing_a_payload_is_audited_and_showing_without_it_is_not(
     # Then exactly the reveal is audited, with who and what
     audits = await rows(engine, "SELECT actor, action, selection FROM audit_log")
     assert [(a["actor"], a["action"], a["selection"]) for a in audits] == [
-        ("rita", "quarantine.reveal", {"failure_id": failure_id, "as": ["text"], "via": "cli"})
+        (
+            "rita",
+            "quarantine.reveal",
+            {"consumer": settings.consumer_name, "failure_id": failure_id, "as": ["text"], "via": "cli"},
+        )
     ]

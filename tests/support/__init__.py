@@ -28,6 +28,7 @@ from service.config import Settings
 from service.containers import Container
 from service.orders.settings import OrderSettings
 from service.policy.records import SourceRecord
+from service.store import quarantine
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -422,3 +423,31 @@ def order_service(*args: str, env: dict[str, str] | None = None) -> subprocess.C
     return subprocess.run(
         [sys.executable, "-m", "service", *args], cwd=ROOT, env=environment, capture_output=True, text=True, timeout=60
     )
+
+
+async def quarantine_as(engine: AsyncEngine, consumer: str, records: Sequence[quarantine.QuarantineRow]) -> None:
+    """Quarantine records under a consumer name as its round does: the consumer's own quarantine statement, and an
+    inbox row that says `quarantined` (no Kafka involved, and no downstream to fail)."""
+    async with engine.begin() as connection:
+        encoded = quarantine.COLUMNS.encode(records)
+        await connection.execute(text(quarantine.ADD_ROWS), {"consumer": consumer, "quarantine_rows": encoded})
+        for row in records:
+            topic, partition, offset = row.failure_id.rsplit("/", 2)
+            await connection.execute(
+                text(
+                    """
+                    INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition,
+                                       source_offset, aggregate_id, error_code, received_at)
+                    VALUES (:consumer, :message_id, 'quarantined', :topic, :partition, :offset, :key, :code, now())
+                    """
+                ),
+                {
+                    "consumer": consumer,
+                    "message_id": row.message_id,
+                    "topic": topic,
+                    "partition": int(partition),
+                    "offset": int(offset),
+                    "key": row.ordering_key,
+                    "code": row.error_code,
+                },
+            )

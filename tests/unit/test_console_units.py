@@ -18,6 +18,8 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from service.cli.console import refusal
+from service.console.actions import confirm_field, dry_run_list
+from service.console.app import Refused
 from service.console.sessions import LoginLimiter
 from service.console.tokens import MIN_TOKEN_LENGTH, ROLES, Operator, fingerprint, match, parse_tokens
 from service.console.views import CHART_HEIGHT, CHART_WIDTH, HEX_LIMIT, TEXT_LIMIT, chart, payload_view, printable
@@ -416,3 +418,36 @@ def test_any_address_is_refused_exactly_when_it_is_not_loopback_and_tls_is_not_a
 
     # Then it refuses exactly when the address is not loopback and TLS is not acknowledged
     assert (message is not None) is (not address.is_loopback and not behind_tls)
+
+
+@given(st.lists(st.text(string.printable, min_size=1, max_size=40), max_size=50), st.text(min_size=1, max_size=20))
+@PROPERTY
+def test_a_dry_runs_list_reads_back_from_its_confirm_form_as_it_was_listed(ids: list[str], consumer: str) -> None:
+    # Given what a dry run lists, carried in its confirm form
+    listed = {"consumer": consumer, "failure_ids": ids, "missing": []}
+    carried = confirm_field(listed, len(ids))
+
+    # When the confirmation reads it back, Then it is exactly the list (whatever the ids hold)
+    assert dry_run_list({"picked": [carried]}) == listed
+
+
+def test_a_dry_run_listing_more_than_a_form_field_holds_is_refused_rather_than_cut() -> None:
+    # Given a selection whose list is larger, percent-encoded, than a confirm form may carry
+    ids = [f"orders/{n % 12}/{884_193 + n}" for n in range(40_000)]
+
+    # When a dry run would carry it, Then it is refused (400) with the count, and no form holds part of it
+    with pytest.raises(Refused) as refused:
+        confirm_field({"consumer": "order-service", "failure_ids": ids}, len(ids))
+    assert refused.value.status == 400
+    assert "40000 records" in refused.value.reason
+
+
+@pytest.mark.parametrize(
+    "garbled",
+    ["not json", "[]", '{"failure_ids": "orders/0/1"}', '{"failure_ids": [1]}', '{"consumer": 5, "failure_ids": []}'],
+)
+def test_a_garbled_dry_run_list_is_refused(garbled: str) -> None:
+    # When a confirmation carries a list that is not one a dry run writes, Then it is refused, not guessed at
+    with pytest.raises(Refused) as refused:
+        dry_run_list({"picked": [garbled]})
+    assert refused.value.status == 400

@@ -74,7 +74,7 @@ def test_a_tier_copy_is_read_back_as_the_same_message_id(raw: bytes, others: tup
     history = AttemptHistory(attempts=2, first_failed_at=moment, last_failed_at=moment, tier_step=0)
 
     copied = tier_headers(
-        record, record.message_id, record.coordinates, 0, history, moment, ErrorCode.DOWNSTREAM_TIMEOUT
+        record, record.message_id, record.coordinates, 0, history, moment, ErrorCode.DOWNSTREAM_TIMEOUT, consumer="c"
     )
     copy = SourceRecord("orders.retry.30s", 0, 1, 0, b"K", b"{}", tuple(copied))
 
