@@ -13,6 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.adapters import kafka
+from service.adapters.breakers import Breakers
 from service.adapters.http import HttpClient
 from service.config import Settings
 from service.domain.codes import registered
@@ -28,11 +29,11 @@ from service.orders.messages import invalid_field
 from service.orders.providers import EmailsClient, PaymentsClient
 from service.orders.settings import READS as ORDER_READS
 from service.orders.settings import OrderSettings
-from service.policy.backpressure import BackpressurePolicy
 from service.policy.effects import EffectPolicy
 from service.policy.retry import RetryPolicy
 from service.store.uow import create_engine, ping
 from service.worker.consumer import CONTEXT_LOOKUPS, ConsumerLoop
+from service.worker.downtime import Downtime
 from service.worker.effects import EffectWorker
 from service.worker.gauges import GaugeRefresher
 from service.worker.processor import Processor
@@ -68,6 +69,12 @@ async def _http(settings: Settings) -> AsyncIterator[HttpClient]:
         await client.close()
 
 
+def _metrics(settings: Settings) -> Metrics:
+    metrics = Metrics()
+    metrics.breaker_alert_after.set(settings.breaker_alert_after.total_seconds())
+    return metrics
+
+
 def _policy(settings: Settings) -> RetryPolicy:
     return settings.retry_policy()
 
@@ -86,7 +93,8 @@ async def _ready(engine: AsyncEngine, settings: Settings) -> bool:
         async with asyncio.timeout(2):
             await ping(engine)
             host, _, port = settings.kafka_bootstrap_servers.split(",")[0].strip().rpartition(":")
-            _, writer = await asyncio.open_connection(host, int(port))
+            # An IPv6 address is written in brackets in host:port; a socket takes it without them.
+            _, writer = await asyncio.open_connection(host.removeprefix("[").removesuffix("]"), int(port))
             writer.close()
     except (OSError, TimeoutError, ValueError, SQLAlchemyError):
         return False
@@ -122,16 +130,20 @@ class Container(containers.DeclarativeContainer):
 
     engine = providers.Resource(_engine, settings=settings)
     http = providers.Resource(_http, settings=settings)
-    metrics = providers.Singleton(Metrics)
+    metrics = providers.Singleton(_metrics, settings=settings)
     clock = providers.Object(_utcnow)
     rng = providers.Singleton(random.Random)
     policy = providers.Singleton(_policy, settings=settings)
-    backpressure = providers.Singleton(BackpressurePolicy)
+    # The process's circuit breakers, one per downstream, shared by the consumer and the effect worker alike.
+    breakers = providers.Singleton(Breakers, metrics=metrics)
+    downtime = providers.Singleton(Downtime)
 
-    customers = providers.Factory(CustomersClient, http=http, base_url=settings.provided.customers_url)
+    customers = providers.Factory(
+        CustomersClient, http=http, base_url=settings.provided.customers_url, breakers=breakers
+    )
     handler = providers.Factory(OrderHandler, customers=customers, known_tenants=settings.provided.known_tenants)
-    payments = providers.Factory(PaymentsClient, http=http, base_url=settings.provided.payments_url)
-    emails = providers.Factory(EmailsClient, http=http, base_url=settings.provided.emails_url)
+    payments = providers.Factory(PaymentsClient, http=http, base_url=settings.provided.payments_url, breakers=breakers)
+    emails = providers.Factory(EmailsClient, http=http, base_url=settings.provided.emails_url, breakers=breakers)
     effect_kinds = providers.Factory(order_effects, payments=payments, emails=emails)
     effect_specs = providers.Object(ORDER_EFFECT_SPECS)
     decode = providers.Object(decode_order)  # a record's bytes as a message (reprocess re-reads stored payloads)
@@ -143,10 +155,10 @@ class Container(containers.DeclarativeContainer):
         engine=engine,
         handler=handler,
         policy=policy,
-        backpressure=backpressure,
         metrics=metrics,
         clock=clock,
         rng=rng,
+        downtime=downtime,
     )
     kafka_consumer = providers.Factory(kafka.make_consumer, settings=settings)
     kafka_producer = providers.Factory(kafka.make_producer, settings=settings)
@@ -158,6 +170,7 @@ class Container(containers.DeclarativeContainer):
         make_consumer=kafka_consumer.provider,
         topics=providers.Callable(_topics, settings, policy),
         batch_size=settings.provided.batch_size,
+        breakers=breakers,
     )
     effect_worker = providers.Factory(
         EffectWorker,
@@ -167,6 +180,7 @@ class Container(containers.DeclarativeContainer):
         policy=effect_policy,
         metrics=metrics,
         rng=rng,
+        breakers=breakers,
     )
     reconciler = providers.Factory(
         Reconciler,

@@ -21,15 +21,25 @@ class RecordFailure(OrderServiceError):
     The message is the code itself: never a downstream's response text, which may carry secrets.
     """
 
-    def __init__(self, code: ErrorCode, *, retry_after: timedelta | None = None, downstream: str | None = None):
+    def __init__(
+        self,
+        code: ErrorCode,
+        *,
+        retry_after: timedelta | None = None,
+        downstream: str | None = None,
+        charged: bool = True,
+    ):
         super().__init__(code.value)
         self.code = code
         self.retry_after = retry_after
         self.downstream = downstream
+        # False while the downstream's breaker is open: no attempt is spent, the record waits `retry_after`.
+        self.charged = charged
 
 
 class DownstreamError(RecordFailure):
-    """A downstream HTTP service answered with a transient failure or could not be reached."""
+    """A downstream HTTP service answered with a transient failure, an answer not its own, or could not be reached,
+    or its breaker refused the call."""
 
 
 class InfrastructureUnavailable(OrderServiceError):

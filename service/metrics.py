@@ -37,10 +37,34 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=r,
         )
-        self.pauses = Counter(
-            f"{p}_backpressure_pauses",
-            "Times a partition was paused because a downstream asked to slow down.",
+        self.breaker_state = Gauge(
+            f"{p}_breaker_state",
+            "Each downstream's circuit breaker in this process: 0 closed, 1 half-open (a probe is out), 2 open.",
             ["downstream"],
+            registry=r,
+        )
+        self.breaker_open_seconds = Gauge(
+            f"{p}_breaker_open_seconds",
+            "How long each downstream's breaker has been open or half-open without closing (0 when closed).",
+            ["downstream"],
+            registry=r,
+        )
+        self.breaker_transitions = Counter(
+            f"{p}_breaker_transitions",
+            "Circuit breaker transitions, by downstream and the state moved to.",
+            ["downstream", "state"],
+            registry=r,
+        )
+        self.downstream_misconfigured = Gauge(
+            f"{p}_downstream_misconfigured",
+            "1 while a downstream's breaker is open because it answered what its API never answers (our URL or "
+            "credentials).",
+            ["downstream"],
+            registry=r,
+        )
+        self.breaker_alert_after = Gauge(
+            f"{p}_breaker_alert_after_seconds",
+            "The breaker alert-after setting: how long a breaker may stay open before the alert fires.",
             registry=r,
         )
         self.effect_outcomes = Counter(
@@ -87,10 +111,6 @@ class Metrics:
         self.reprocess_items = Gauge(
             f"{p}_reprocess_items", "Reprocessed items by verified outcome (all runs).", ["outcome"], registry=r
         )
-
-    def pause(self, downstream: str) -> None:
-        """Count one backpressure pause."""
-        self.pauses.labels(downstream=downstream).inc()
 
     def effect(self, state: str, error_code: str | None = None, count: int = 1) -> None:
         """Count `count` effect outcomes by the state they moved to, and by their code when they did not succeed."""

@@ -40,8 +40,11 @@ def use_inventory(container: Container) -> Container:
     """Rewire `container`, whose settings are `InventorySettings`, for the inventory domain (before its resources
     start); returns it."""
     settings = container.settings
-    stock = providers.Factory(StockClient, http=container.http, base_url=settings.provided.stock_url)
-    warehouse = providers.Factory(WarehouseClient, http=container.http, base_url=settings.provided.warehouse_url)
+    breakers = container.breakers
+    stock = providers.Factory(StockClient, http=container.http, base_url=settings.provided.stock_url, breakers=breakers)
+    warehouse = providers.Factory(
+        WarehouseClient, http=container.http, base_url=settings.provided.warehouse_url, breakers=breakers
+    )
     container.handler.override(providers.Factory(inventory_handler, stock=stock))
     container.effect_kinds.override(providers.Factory(inventory_effects, warehouse=warehouse))
     container.effect_specs.override(providers.Object(SPECS))

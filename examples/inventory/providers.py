@@ -16,17 +16,18 @@ from typing import Any
 from examples.inventory.codes import InventoryCode
 from examples.inventory.model import Stock
 from service.adapters.http import (
+    Answer,
     Downstream,
-    TransportError,
-    call_status,
-    call_transport,
-    lookup_status,
+    Own,
+    api_error,
+    call_outcome,
+    document,
+    lookup_failure,
+    lookup_outcome,
     path_segment,
-    transient_status,
-    transport_failure,
+    refusal,
 )
 from service.domain.codes import Code, ErrorCode
-from service.errors import DownstreamError
 from service.policy.effects import (
     CallOutcome,
     Found,
@@ -39,42 +40,81 @@ from service.policy.effects import (
 )
 
 
+def _levels(body: object) -> dict[str, int] | None:
+    """The stock document's warehouses and their counts, or None when it is not one."""
+    levels = body.get("warehouses") if isinstance(body, dict) else None
+    if not isinstance(levels, dict):
+        return None
+    counts = {str(name): count for name, count in levels.items()}
+    if not all(isinstance(count, int) and not isinstance(count, bool) for count in counts.values()):
+        return None
+    return counts
+
+
+def _stock_own(answer: Answer) -> bool:
+    """The stock API's own answers: a stock document, or a 404 with its JSON `error` (a SKU it does not know)."""
+    if answer.status_code == 404:
+        return api_error(answer)
+    return answer.status_code == 200 and _levels(document(answer)) is not None
+
+
 class StockClient(Downstream):
     """Asks the stock API what the catalogue knows of a SKU and what each warehouse has."""
 
     downstream = "stock"
 
     async def level(self, sku: str) -> Stock:
-        """The SKU's stock; raises DownstreamError (a transient record failure) when it cannot be had now."""
-        try:
-            response = await self._http.get(f"{self._base_url}/stock/{path_segment(sku)}")
-        except TransportError as error:
-            raise transport_failure(error, self.downstream) from error
-        if response.status_code == 404:
+        """The SKU's stock; raises DownstreamError when the API did not answer as itself (an outage, a
+        misconfiguration, its breaker open)."""
+        exchange = await self._get(f"/stock/{path_segment(sku)}", _stock_own)
+        answer = exchange.own
+        if answer is None:
+            raise lookup_failure(exchange, self.downstream) from exchange.error
+        if answer.status_code == 404:
             return Stock(sku, known=False)
-        failure = transient_status(response, self.downstream)
-        if failure is not None:
-            raise failure
-        if response.status_code != 200:
-            raise DownstreamError(ErrorCode.UNEXPECTED_ERROR, downstream=self.downstream)
-        try:
-            levels = response.json()["warehouses"]
-            available = {str(name): int(count) for name, count in levels.items()}
-        except (ValueError, KeyError, TypeError, AttributeError):
-            raise DownstreamError(ErrorCode.UNEXPECTED_ERROR, downstream=self.downstream) from None
+        available = _levels(document(answer))
+        assert available is not None  # (its own answer is a stock document)
         return Stock(sku, known=True, available=available)
+
+
+def _call_own(reference: str, refused: int) -> Own:
+    """A call's own answers: 200/201 with a JSON document holding its reference, its refusal (`refused`, with the
+    API's JSON `error`), or another of the API's own 4xx refusals."""
+
+    def own(answer: Answer) -> bool:
+        if answer.status_code in (200, 201):
+            body = document(answer)
+            value = body.get(reference) if isinstance(body, dict) else None
+            return isinstance(value, str | int) and not isinstance(value, bool)
+        return (answer.status_code == refused and api_error(answer)) or refusal(answer)
+
+    return own
+
+
+def _found_own(reference: str) -> Own:
+    """A look-up's own answers: 200 with a JSON document holding the reference, or 404 with the JSON `error`."""
+
+    def own(answer: Answer) -> bool:
+        if answer.status_code == 404:
+            return api_error(answer)
+        body = document(answer) if answer.status_code == 200 else None
+        return isinstance(body, dict) and reference in body
+
+    return own
 
 
 class WarehouseClient(Downstream):
     """The warehouse: holds and releases, each idempotent on its `Idempotency-Key`."""
 
+    downstream = "warehouse"
+
     async def hold(self, idempotency_key: str, body: dict[str, Any]) -> CallOutcome:
         """Hold stock for a reservation; 422 (not enough stock now) is a refusal."""
-        return await self._post("/holds", idempotency_key, body, "hold_id", (422, InventoryCode.HOLD_REFUSED))
+        return await self._call("/holds", idempotency_key, body, "hold_id", (422, InventoryCode.HOLD_REFUSED))
 
     async def release(self, idempotency_key: str, body: dict[str, Any]) -> CallOutcome:
         """Release the hold `body["hold_key"]`; 404 (the warehouse holds nothing under that key) is a refusal."""
-        return await self._post("/releases", idempotency_key, body, "release_id", (404, InventoryCode.NOTHING_HELD))
+        return await self._call("/releases", idempotency_key, body, "release_id", (404, InventoryCode.NOTHING_HELD))
 
     async def find_hold(self, idempotency_key: str) -> LookupOutcome:
         """The hold made under this key, if any."""
@@ -84,37 +124,42 @@ class WarehouseClient(Downstream):
         """The release made under this key, if any."""
         return await self._find("/releases", idempotency_key, "release_id")
 
-    async def _post(
-        self, path: str, idempotency_key: str, body: dict[str, Any], reference: str, refusal: tuple[int, Code]
+    async def _call(
+        self, path: str, idempotency_key: str, body: dict[str, Any], reference: str, refused: tuple[int, Code]
     ) -> CallOutcome:
-        """POST with the key; `refusal`: the status that is this call's permanent refusal, and its code."""
-        try:
-            response = await self._http.post(
-                f"{self._base_url}{path}", json=body, headers={"Idempotency-Key": idempotency_key}
-            )
-        except TransportError as error:
-            return call_transport(error)
-        status = response.status_code
-        if status in (200, 201):
-            try:
-                return Sent(str(response.json()[reference]))
-            except (ValueError, KeyError, TypeError):
-                return Unknown(ErrorCode.UNEXPECTED_ERROR)  # it did something we cannot name: a look-up decides
-        if status == refusal[0]:
-            return Refused(refusal[1])
-        return call_status(response)
+        """POST with the key; `refused`: the status that is this call's permanent refusal, and its code."""
+        exchange = await self._post(
+            path,
+            _call_own(reference, refused[0]),
+            body,
+            target=idempotency_key,
+            headers={"Idempotency-Key": idempotency_key},
+        )
+        answer = exchange.own
+        if answer is None:
+            outcome = call_outcome(exchange)
+            assert outcome is not None
+            return outcome
+        if answer.status_code == refused[0]:
+            return Refused(refused[1])
+        if answer.status_code not in (200, 201):
+            return Refused(ErrorCode.PROVIDER_REJECTED)
+        value = document(answer)[reference]
+        return Sent(str(value)) if value != "" else Unknown(ErrorCode.UNEXPECTED_ERROR)
 
     async def _find(self, path: str, idempotency_key: str, reference: str) -> LookupOutcome:
         """GET by the key: found (with its reference), missing (404), or the look-up failed."""
-        try:
-            response = await self._http.get(f"{self._base_url}{path}", params={"idempotency_key": idempotency_key})
-        except TransportError:
-            return LookupFailed(ErrorCode.DOWNSTREAM_UNREACHABLE)
-        if response.status_code == 404:
+        exchange = await self._get(path, _found_own(reference), params={"idempotency_key": idempotency_key})
+        answer = exchange.own
+        if answer is None:
+            failed = lookup_outcome(exchange)
+            assert failed is not None
+            return failed
+        if answer.status_code == 404:
             return Missing()
-        if response.status_code != 200:
-            return lookup_status(response)
-        try:
-            return Found(str(response.json()[reference]))
-        except (ValueError, KeyError, TypeError):
-            return LookupFailed(ErrorCode.UNEXPECTED_ERROR)
+        value = document(answer)[reference]
+        return (
+            Found(str(value))
+            if isinstance(value, str | int) and value != ""
+            else LookupFailed(ErrorCode.UNEXPECTED_ERROR)
+        )

@@ -5,30 +5,40 @@ back an `Answer` (status, headers, body) or raises a `TransportError` that says 
 `ConnectFailed` (the request never left: nothing can have happened), `TimedOut` or `Cut` (it may have been acted
 on). The connections' own exceptions stop here.
 
-Two kinds of call reach a downstream. A look-up before the transaction (a record's outside context) fails
-transiently as a `DownstreamError`, retried like any record failure. An effect's call ends as a `CallOutcome`
-(service/policy/effects.py): `NotSent` when the provider surely did not act, `Unknown` when it may have, so that
-a look-up decides before any repeat. A domain's client keeps its own success and refusal statuses and hands the
-rest to these functions, so that every domain reads 429, 5xx, 401/403, 409 and transport errors the same way.
+Every call goes through its downstream's circuit breaker (service/adapters/breakers.py), the process's one per
+downstream: `Downstream._get` / `_post` make the call unless the breaker refuses it, and judge the answer (`judge`):
+an outage (429, 5xx, a transport error), the API's own answer (the domain's client says what its documents are), or
+a misconfiguration (any other answer). The result is an `Exchange`, which says whether a failure is charged to its
+record or effect (only while the breaker is closed).
+
+Two kinds of call reach a downstream. A look-up before the transaction (a record's outside context) fails as a
+`DownstreamError` (`lookup_failure`), retried like any record failure, or waiting for the breaker uncharged. An
+effect's call ends as a `CallOutcome` (service/policy/effects.py, `call_outcome`): `NotSent` when the provider surely
+did not act, `Unknown` when it may have, so that a look-up decides before any repeat. A domain's client reads the
+API's own answers (its documents, its refusals) and hands the rest to these functions, so that every domain reads
+outages, misconfigurations and transport errors the same way.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Final
 from urllib.parse import quote, urlencode, urlsplit
 
 import orjson
 
+from service.adapters.breakers import Breakers, Guard
 from service.adapters.http1 import Answer, ConnectFailed, Cut, Origin, Pool, TimedOut, TransportError
 from service.domain.codes import ErrorCode
 from service.errors import DownstreamError
-from service.policy.effects import CallOutcome, LookupFailed, NotSent, Refused, Unknown
+from service.policy.breaker import OK, BreakerPolicy, Outcome, Verdict
+from service.policy.effects import CallOutcome, LookupFailed, NotSent, Unknown
 
-__all__ = ["Answer", "ConnectFailed", "Cut", "Downstream", "HttpClient", "TimedOut", "TransportError"]
+__all__ = ["Answer", "ConnectFailed", "Cut", "Downstream", "Exchange", "HttpClient", "TimedOut", "TransportError"]
 
 MAX_RETRY_AFTER = timedelta(minutes=10)  # a longer Retry-After would park a record or an effect for too long
 # Shorter than the few seconds after which many providers close an idle connection: a POST on a connection the
@@ -124,17 +134,143 @@ def _origin(prefix: str) -> tuple[Origin, str]:
     return Origin(parts.scheme == "https", parts.hostname, port), header
 
 
-class Downstream:
-    """A downstream at a configurable base URL, sharing the process's HTTP client; unset disables its calls."""
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """One call through its downstream's breaker: the answer (or the transport error), what it said about the
+    downstream, and whether it is charged to its record or effect. `refused`: the breaker did not let it be made
+    (`outcome` then says why it is open)."""
 
-    def __init__(self, http: HttpClient, base_url: str | None) -> None:
+    answer: Answer | None
+    error: TransportError | None
+    outcome: Outcome
+    charged: bool
+    refused: bool = False
+    wait: timedelta | None = None  # not charged: how long before it is worth trying again
+
+    @property
+    def own(self) -> Answer | None:
+        """The answer, when it is the API's own (its document, its refusal, its "not found"); else None."""
+        return self.answer if self.outcome.verdict is Verdict.OK else None
+
+
+Own = Callable[[Answer], bool]  # whether a (non-5xx, non-429) answer is the API's own: its documented document
+
+
+class Downstream:
+    """A downstream at a configurable base URL, sharing the process's HTTP client and its breaker (by name, from
+    the process's `Breakers`); unset disables its calls."""
+
+    downstream = "downstream"  # its name: its breaker, its metrics' label
+
+    def __init__(self, http: HttpClient, base_url: str | None, breakers: Breakers | None = None) -> None:
         self._http = http
         self._base_url = base_url
+        # A client made alone (a test, a one-off) has a breaker of its own.
+        self._guard = breakers[self.downstream] if breakers is not None else Guard(self.downstream, BreakerPolicy())
 
     @property
     def enabled(self) -> bool:
         """False when the downstream's URL setting is unset."""
         return self._base_url is not None
+
+    @property
+    def guard(self) -> Guard:
+        """This downstream's breaker in this process."""
+        return self._guard
+
+    async def _get(self, path: str, own: Own, params: Mapping[str, str] | None = None) -> Exchange:
+        """GET `{base}{path}` through the breaker (`path` already percent-encoded)."""
+        target = f"{path}?{urlencode(sorted(params.items()))}" if params else path
+        return await self._exchange(lambda: self._http.get(f"{self._base_url}{path}", params=params), own, target)
+
+    async def _post(
+        self, path: str, own: Own, body: Any, *, target: str, headers: Mapping[str, str] | None = None
+    ) -> Exchange:
+        """POST a JSON body to `{base}{path}` through the breaker; `target` tells this request from others to the same
+        path (an idempotency key, a ref), so that one request failing again and again opens no breaker."""
+        send = functools.partial(self._http.post, f"{self._base_url}{path}", json=body, headers=headers)
+        return await self._exchange(send, own, target)
+
+    async def _exchange(self, send: Callable[[], Awaitable[Answer]], own: Own, target: str) -> Exchange:
+        ticket = self._guard.admit()
+        if ticket is None:
+            return self._refused()
+        try:
+            answer = await send()
+        except TransportError as error:
+            outcome = Outcome(Verdict.FAILED, _transport_code(error), target=target)
+            charged = self._guard.record(ticket, outcome)
+            return Exchange(None, error, outcome, charged, wait=None if charged else self._wait())
+        except BaseException:
+            self._guard.release(ticket)  # cancelled mid-call (a round's timeout, a stop): it says nothing
+            raise
+        outcome = replace(judge(answer, own), target=target)
+        charged = self._guard.record(ticket, outcome)
+        return Exchange(answer, None, outcome, charged, wait=None if charged or outcome is OK else self._wait())
+
+    def _refused(self) -> Exchange:
+        breaker = self._guard.breaker
+        outcome = Outcome(
+            Verdict.MISCONFIGURED if breaker.misconfigured else Verdict.FAILED,
+            breaker.code or ErrorCode.DOWNSTREAM_UNAVAILABLE,
+        )
+        return Exchange(None, None, outcome, charged=False, refused=True, wait=self._wait())
+
+    def _wait(self) -> timedelta:
+        return timedelta(seconds=self._guard.wait())
+
+
+def judge(answer: Answer, own: Own) -> Outcome:
+    """What an answer says about its downstream (contract §6, "Which answers are the API's own"): 429, 5xx, 408 and
+    425 are an outage (a 429 with Retry-After opens the breaker for that long); any other answer works if it is the
+    API's own (`own`: a JSON document of the API, a 404 with a JSON `error`), and is a misconfiguration if not (an
+    HTML page, a redirect, 204, 401/403, a body that is not the documented document)."""
+    status = answer.status_code
+    if status == 429:
+        pause = retry_after(answer)
+        return Outcome(Verdict.FAILED, ErrorCode.RATE_LIMITED, pause.total_seconds() if pause is not None else None)
+    if status >= 500 or status in (408, 425):
+        return Outcome(Verdict.FAILED, ErrorCode.DOWNSTREAM_UNAVAILABLE)
+    return OK if own(answer) else Outcome(Verdict.MISCONFIGURED, ErrorCode.DOWNSTREAM_MISCONFIGURED)
+
+
+# Answers to a call that are never an API's own refusal (contract §6): our credentials (401, 403), our URL (404, 405:
+# the call's endpoint is not there), a proxy's (407), and those of an outage (408, 425, 429: `judge`).
+NOT_REFUSALS = frozenset({401, 403, 404, 405, 407, 408, 425, 429})
+
+
+def refusal(answer: Answer) -> bool:
+    """Whether a call's answer is an API's own refusal of it: a 4xx that is not about our configuration or an
+    outage, with a JSON body."""
+    status = answer.status_code
+    return 400 <= status < 500 and status not in NOT_REFUSALS and document(answer) is not None
+
+
+def is_json(answer: Answer) -> bool:
+    """Whether the answer says its body is JSON (`application/json`, or a `+json` type)."""
+    media = answer.headers.get("content-type", "").partition(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+def document(answer: Answer) -> Any:
+    """The answer's JSON body, or None when it is not JSON (by its Content-Type or its bytes)."""
+    if not is_json(answer):
+        return None
+    try:
+        return answer.json()
+    except ValueError:
+        return None
+
+
+def api_error(answer: Answer) -> bool:
+    """Whether the answer is the API's own error document: JSON, an object with an `error` field."""
+    body = document(answer)
+    return isinstance(body, dict) and "error" in body
+
+
+def _transport_code(error: TransportError) -> ErrorCode:
+    timed_out = isinstance(error, TimedOut) or (isinstance(error, ConnectFailed) and error.timed_out)
+    return ErrorCode.DOWNSTREAM_TIMEOUT if timed_out else ErrorCode.DOWNSTREAM_UNREACHABLE
 
 
 def retry_after(response: Answer) -> timedelta | None:
@@ -153,54 +289,64 @@ def path_segment(value: str) -> str:
     return quote(value, safe="").replace(".", "%2E")
 
 
-def transient_status(response: Answer, downstream: str) -> DownstreamError | None:
-    """The transient failure a look-up's status stands for (429, 5xx), or None. The body is never read."""
-    if response.status_code == 429:
-        return DownstreamError(ErrorCode.RATE_LIMITED, retry_after=retry_after(response), downstream=downstream)
-    if response.status_code >= 500:
-        return DownstreamError(ErrorCode.DOWNSTREAM_UNAVAILABLE, downstream=downstream)
-    return None
+def lookup_failure(exchange: Exchange, downstream: str) -> DownstreamError:
+    """A record's look-up that did not get the API's own answer, as the record's failure: charged to it only while
+    the downstream's breaker is closed; otherwise it waits for the breaker (`retry_after`), spending nothing."""
+    code = exchange.outcome.code or ErrorCode.UNEXPECTED_ERROR
+    return DownstreamError(code, retry_after=exchange.wait, downstream=downstream, charged=exchange.charged)
 
 
-def transport_failure(error: TransportError, downstream: str) -> DownstreamError:
-    """A look-up's transport error as a transient failure; raise it `from` the original to keep the cause."""
-    timed_out = isinstance(error, TimedOut) or (isinstance(error, ConnectFailed) and error.timed_out)
-    return DownstreamError(
-        ErrorCode.DOWNSTREAM_TIMEOUT if timed_out else ErrorCode.DOWNSTREAM_UNREACHABLE, downstream=downstream
-    )
+def call_outcome(exchange: Exchange) -> CallOutcome | None:
+    """An effect call's exchange, when it is not the API's own answer: None when it is (the domain's client reads
+    its document).
 
-
-def call_transport(error: TransportError) -> CallOutcome:
-    """An effect call's transport error: not sent when the connection was never made, else unknown."""
-    if isinstance(error, ConnectFailed):
-        return NotSent(ErrorCode.DOWNSTREAM_UNREACHABLE)
-    if isinstance(error, TimedOut):
-        return Unknown(ErrorCode.DOWNSTREAM_TIMEOUT)
-    return Unknown(ErrorCode.DOWNSTREAM_UNREACHABLE)
-
-
-def call_status(response: Answer) -> CallOutcome:
-    """An effect call's answer that is neither the domain's success nor its own refusal.
-
-    401/403: our credentials, and 404/405: our URL (a call's endpoint is never missing by the effect's fault): the
-    effect waits (no attempt spent); 409: the provider is still working on the same idempotency key, a look-up
-    decides; 429, 5xx, and 408 and 425 (the provider did not take the request, or not yet): not sent, try again; any
-    other status: refused.
+    Refused by the breaker, an outage's 429/5xx/408/425, a connection never made: not sent (charged only while the
+    breaker is closed). A timeout after sending, a connection cut: unknown, the look-up decides. An answer that is
+    not the API's own: 401/403 `PROVIDER_UNAUTHORIZED`, a redirect, 404, 405 and the like `PROVIDER_MISCONFIGURED`,
+    not sent and charged to nobody (our configuration, not the effect); a 2xx that is not its document (a 204, a
+    body without the reference) may have been acted on by whatever answered: unknown, looked up.
     """
-    status = response.status_code
+    if exchange.refused:
+        # An effect says what its provider's configuration did in its own words (PROVIDER_*, not DOWNSTREAM_*).
+        misconfigured = exchange.outcome.verdict is Verdict.MISCONFIGURED
+        code = exchange.outcome.code or ErrorCode.DOWNSTREAM_UNAVAILABLE
+        return NotSent(ErrorCode.PROVIDER_MISCONFIGURED if misconfigured else code, charged=False)
+    if exchange.error is not None:
+        if isinstance(exchange.error, ConnectFailed):
+            return NotSent(ErrorCode.DOWNSTREAM_UNREACHABLE, charged=exchange.charged)
+        return Unknown(_transport_code(exchange.error))
+    answer = exchange.answer
+    assert answer is not None
+    verdict = exchange.outcome.verdict
+    if verdict is Verdict.OK:
+        return None
+    if verdict is Verdict.FAILED:
+        code = exchange.outcome.code or ErrorCode.DOWNSTREAM_UNAVAILABLE
+        return NotSent(code, retry_after(answer) if code is ErrorCode.RATE_LIMITED else None, charged=exchange.charged)
+    status = answer.status_code
     if status in (401, 403):
-        return NotSent(ErrorCode.PROVIDER_UNAUTHORIZED)
-    if status in (404, 405):
-        return NotSent(ErrorCode.PROVIDER_MISCONFIGURED)
-    if status == 409:
-        return Unknown(ErrorCode.PROVIDER_IN_PROGRESS)
-    if status == 429:
-        return NotSent(ErrorCode.RATE_LIMITED, retry_after(response))
-    if status >= 500 or status in (408, 425):
-        return NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)
-    return Refused(ErrorCode.PROVIDER_REJECTED)
+        return NotSent(ErrorCode.PROVIDER_UNAUTHORIZED, charged=False)
+    if 200 <= status < 300:
+        return Unknown(ErrorCode.PROVIDER_MISCONFIGURED)
+    return NotSent(ErrorCode.PROVIDER_MISCONFIGURED, charged=False)
 
 
-def lookup_status(response: Answer) -> LookupFailed:
-    """A provider look-up's failed answer (neither found nor missing): the effect stays uncertain."""
-    return LookupFailed(ErrorCode.RATE_LIMITED if response.status_code == 429 else ErrorCode.DOWNSTREAM_UNAVAILABLE)
+def lookup_outcome(exchange: Exchange) -> LookupFailed | None:
+    """A provider look-up's exchange when it is not the API's own answer (the effect stays as it is); None when it
+    is (the domain's client reads it)."""
+    if exchange.refused:
+        misconfigured = exchange.outcome.verdict is Verdict.MISCONFIGURED
+        code = exchange.outcome.code or ErrorCode.DOWNSTREAM_UNAVAILABLE
+        return LookupFailed(ErrorCode.PROVIDER_MISCONFIGURED if misconfigured else code, charged=False)
+    if exchange.error is not None:
+        return LookupFailed(_transport_code(exchange.error), charged=exchange.charged)
+    verdict = exchange.outcome.verdict
+    if verdict is Verdict.OK:
+        return None
+    if verdict is Verdict.FAILED:
+        return LookupFailed(exchange.outcome.code or ErrorCode.DOWNSTREAM_UNAVAILABLE, charged=exchange.charged)
+    answer = exchange.answer
+    unauthorized = answer is not None and answer.status_code in (401, 403)
+    return LookupFailed(
+        ErrorCode.PROVIDER_UNAUTHORIZED if unauthorized else ErrorCode.PROVIDER_MISCONFIGURED, charged=False
+    )

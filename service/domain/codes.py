@@ -33,6 +33,9 @@ class ErrorCode(StrEnum):
     DOWNSTREAM_TIMEOUT = "DOWNSTREAM_TIMEOUT"
     DOWNSTREAM_UNREACHABLE = "DOWNSTREAM_UNREACHABLE"
     PROCESSING_TIMEOUT = "PROCESSING_TIMEOUT"
+    # An answer that is not the API's own (an HTML page, a redirect, 401/403, a body that is not its document):
+    # our URL or credentials. Waited out behind the downstream's breaker, never a record's fate.
+    DOWNSTREAM_MISCONFIGURED = "DOWNSTREAM_MISCONFIGURED"
 
     UNEXPECTED_ERROR = "UNEXPECTED_ERROR"
 
@@ -48,6 +51,7 @@ class ErrorCode(StrEnum):
     DOWNSTREAM_TIMEOUT_EXHAUSTED = "DOWNSTREAM_TIMEOUT_EXHAUSTED"
     DOWNSTREAM_UNREACHABLE_EXHAUSTED = "DOWNSTREAM_UNREACHABLE_EXHAUSTED"
     PROCESSING_TIMEOUT_EXHAUSTED = "PROCESSING_TIMEOUT_EXHAUSTED"
+    DOWNSTREAM_MISCONFIGURED_EXHAUSTED = "DOWNSTREAM_MISCONFIGURED_EXHAUSTED"
     UNEXPECTED_ERROR_EXHAUSTED = "UNEXPECTED_ERROR_EXHAUSTED"
 
     @property
@@ -70,6 +74,7 @@ _KINDS: dict[ErrorCode, FailureKind] = {
     ErrorCode.DOWNSTREAM_TIMEOUT: FailureKind.TRANSIENT,
     ErrorCode.DOWNSTREAM_UNREACHABLE: FailureKind.TRANSIENT,
     ErrorCode.PROCESSING_TIMEOUT: FailureKind.TRANSIENT,
+    ErrorCode.DOWNSTREAM_MISCONFIGURED: FailureKind.TRANSIENT,
     ErrorCode.UNEXPECTED_ERROR: FailureKind.UNKNOWN,
     # Effect outcomes, never a record's failure: the kind only keeps them out of the record retry rules;
     # service/policy/effects.py decides what each means for its effect.
@@ -88,6 +93,7 @@ _KINDS: dict[ErrorCode, FailureKind] = {
     ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED: FailureKind.INVALID,
     ErrorCode.DOWNSTREAM_UNREACHABLE_EXHAUSTED: FailureKind.INVALID,
     ErrorCode.PROCESSING_TIMEOUT_EXHAUSTED: FailureKind.INVALID,
+    ErrorCode.DOWNSTREAM_MISCONFIGURED_EXHAUSTED: FailureKind.INVALID,
     ErrorCode.UNEXPECTED_ERROR_EXHAUSTED: FailureKind.INVALID,
 }
 

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from service.adapters.http import Downstream, TransportError, path_segment, transient_status, transport_failure
-from service.domain.codes import ErrorCode
-from service.errors import DownstreamError
+from service.adapters.http import Answer, Downstream, api_error, document, lookup_failure, path_segment
 from service.orders.model import CustomerStatus
+
+_STATUSES = {"active": CustomerStatus.ACTIVE, "blocked": CustomerStatus.BLOCKED}
+
+
+def _own(answer: Answer) -> bool:
+    """The directory's own answers: a customer (`{"id", "status": "active"|"blocked"}`), or a 404 with its JSON
+    `error` (an unknown customer). Anything else (an HTML 404 of a wrong path, a redirect, 401, `[]`) is not."""
+    if answer.status_code == 404:
+        return api_error(answer)
+    body = document(answer) if answer.status_code == 200 else None
+    return isinstance(body, dict) and isinstance(body.get("id"), str) and body.get("status") in _STATUSES
 
 
 class CustomersClient(Downstream):
@@ -15,23 +24,14 @@ class CustomersClient(Downstream):
     downstream = "customers"
 
     async def status(self, customer_id: str) -> CustomerStatus:
-        """The customer's status; raises DownstreamError for transient failures."""
+        """The customer's status; raises DownstreamError when the directory did not answer as itself (an outage,
+        a misconfiguration, its breaker open)."""
         if self._base_url is None:
             return CustomerStatus.ACTIVE
-        url = f"{self._base_url}/customers/{path_segment(customer_id)}"
-        try:
-            response = await self._http.get(url)
-        except TransportError as error:
-            raise transport_failure(error, self.downstream) from error
-        if response.status_code == 404:
+        exchange = await self._get(f"/customers/{path_segment(customer_id)}", _own)
+        answer = exchange.own
+        if answer is None:
+            raise lookup_failure(exchange, self.downstream) from exchange.error
+        if answer.status_code == 404:
             return CustomerStatus.UNKNOWN
-        failure = transient_status(response, self.downstream)
-        if failure is not None:
-            raise failure
-        if response.status_code != 200:
-            raise DownstreamError(ErrorCode.UNEXPECTED_ERROR, downstream=self.downstream)
-        try:
-            status = response.json().get("status")
-        except ValueError:
-            raise DownstreamError(ErrorCode.UNEXPECTED_ERROR, downstream=self.downstream) from None
-        return CustomerStatus.BLOCKED if status == "blocked" else CustomerStatus.ACTIVE
+        return _STATUSES[document(answer)["status"]]

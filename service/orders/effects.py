@@ -64,10 +64,10 @@ class _Payment:
                 if isinstance(refunded, Found):
                     return Sent(refunded.reference)
                 if isinstance(refunded, LookupFailed):
-                    return NotSent(refunded.code)
+                    return NotSent(refunded.code, charged=refunded.charged)
                 return Refused(OrderCode.CAPTURE_FAILED)
             if isinstance(captured, LookupFailed):
-                return NotSent(captured.code)
+                return NotSent(captured.code, charged=captured.charged)
         return await self._payments.pay(effect.idempotency_key, effect.payload, self._kind)
 
     async def look_up(self, effect: EffectRow) -> LookupOutcome:

@@ -22,11 +22,13 @@ class Action(StrEnum):
 
 @dataclass(frozen=True)
 class Failure:
-    """One failed attempt: a stable code and, for rate limits, the server's requested pause."""
+    """One failed attempt: a stable code and, for rate limits, the server's requested pause. Not `charged`: the
+    downstream's breaker was open (or opened on it), so no attempt is spent and the record waits `retry_after`."""
 
     code: ErrorCode
     retry_after: timedelta | None = None
     downstream: str | None = None
+    charged: bool = True
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ def classify(
 
     def within(limit: timedelta, delay: timedelta) -> bool:
         # Waiting past a budget only to give up afterwards would hold the record for nothing.
-        return (now + delay) - history.first_failed_at <= limit
+        return history.elapsed(now) + delay <= limit
 
     if not in_tier and history.attempts < plan.blocking.max_attempts:
         delay = plan.backoff(history.attempts, rng)

@@ -25,11 +25,13 @@ class RetryState:
 
     history: AttemptHistory | None = None
     due: float = 0.0  # loop time before which the delivery must not be attempted
-    backpressure: bool = False  # waiting because a downstream asked to slow down: pause the partition
+    breaker: str | None = None  # waiting for this downstream's breaker (woken when it closes); or quarantined by it
     verdict: ErrorCode | None = None  # budget spent: quarantine with this code on the next write
     next_tier: timedelta | None = None  # hand over to the retry tier with this delay on the next write
     last_code: ErrorCode | None = None
     refused: int = 0  # how many times its quarantine write failed in a row (service/policy/next_step.py)
+    # The process's own downtime (service/worker/downtime.py) when it last failed: what came after is excused.
+    downtime_mark: float = 0.0
 
 
 FRESH = RetryState()  # a delivery that has not failed (yet)
@@ -50,6 +52,7 @@ class Delivery:
         "arrival",
         "decoded",
         "failed",
+        "foreign",
         "in_tier",
         "key",
         "lane",
@@ -73,6 +76,7 @@ class Delivery:
         arrival: RetryState = FRESH,
         in_tier: bool = False,
         reprocess: bool = False,
+        foreign: bool = False,
     ) -> None:
         self.record: Final = record
         self.decoded: Final[Any] = decoded  # the domain's message (Handler.decode), or a DecodeFailure
@@ -82,6 +86,7 @@ class Delivery:
         self.arrival: Final = arrival  # the retry state it came with (a tier copy: its history and due time)
         self.in_tier: Final = in_tier  # a retry tier's copy: no blocking retries; its lane waits until it is due
         self.reprocess: Final = reprocess  # a quarantined record sent back by `order-service reprocess`
+        self.foreign: Final = foreign  # a tier or reprocess copy addressed to another consumer name: not ours
         self.message_id: Final = record.message_id  # the record's idempotency identity
         failed = isinstance(decoded, DecodeFailure)
         self.failed: Final = failed  # the bytes did not decode into a message

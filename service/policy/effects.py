@@ -30,10 +30,13 @@ class Refused:
 
 @dataclass(frozen=True)
 class NotSent:
-    """A transient failure before the provider acted (429, 5xx, connection refused): safe to try again."""
+    """A transient failure before the provider acted (429, 5xx, connection refused), or a call the provider's breaker
+    did not let out: safe to try again. `charged`: it spends one of the effect's attempts (not while the breaker is
+    open, nor for our own configuration)."""
 
     code: ErrorCode
     retry_after: timedelta | None = None
+    charged: bool = True
 
 
 @dataclass(frozen=True)
@@ -61,9 +64,11 @@ class Missing:
 
 @dataclass(frozen=True)
 class LookupFailed:
-    """The look-up itself failed; the effect stays uncertain until the next reconcile."""
+    """The look-up itself failed; the effect stays uncertain until the next reconcile. `charged`: it counts against
+    the provider (not when its breaker refused it or the answer was not the API's own)."""
 
     code: ErrorCode
+    charged: bool = True
 
 
 LookupOutcome = Found | Missing | LookupFailed
@@ -91,10 +96,6 @@ class EffectDecision:
     unmade: bool = False
 
 
-# The answers that are about our configuration, not the effect (401/403, 404/405 to a call).
-_OUR_CONFIGURATION = frozenset({ErrorCode.PROVIDER_UNAUTHORIZED, ErrorCode.PROVIDER_MISCONFIGURED})
-
-
 def after_call(
     outcome: CallOutcome,
     attempts: int,
@@ -114,9 +115,11 @@ def after_call(
         return EffectDecision("failed", outcome.code)
     if isinstance(outcome, Unknown):
         return EffectDecision("uncertain", outcome.code)
-    if outcome.code in _OUR_CONFIGURATION:
-        # Our credentials or URL, not this effect: wait as long as backoff ever does, and keep the budget whole.
-        return EffectDecision("pending", outcome.code, retry_in=policy.max_delay, unmade=True)
+    if not outcome.charged:
+        # The provider's breaker is open (an outage, our URL or credentials), not this effect: it keeps its budget
+        # whole and is claimed again once the breaker lets calls through (the lanes wait for it, not the effect).
+        # A 429's Retry-After is kept (a process whose breaker is still closed would call at once otherwise).
+        return EffectDecision("pending", outcome.code, retry_in=outcome.retry_after or timedelta(0), unmade=True)
     if attempts >= policy.max_attempts:
         return EffectDecision("failed", outcome.code.exhausted())
     ceiling: timedelta = min(policy.max_delay, policy.base_delay * 2 ** min(attempts - 1, 32))

@@ -1,10 +1,10 @@
-"""The next step of a delivery whose attempt failed: retry in place, hand over to a retry tier, quarantine, or
-pause because the downstream asked us to slow down.
+"""The next step of a delivery whose attempt failed: retry in place, hand over to a retry tier, quarantine, or wait
+for the downstream's circuit breaker without spending an attempt.
 
-Pure: `next_step` reads the delivery's retry state, the failure, the budgets (service/policy/retry.py), the
-backpressure policy (service/policy/backpressure.py) with the downstream's run of consecutive failures, the
-clock and a random source for the backoff's jitter, and returns the step with the delivery's new retry state.
-The processor applies it (its log lines, the pause's record); the lanes keep the new state.
+Pure: `next_step` reads the delivery's retry state, the failure (whether the downstream's breaker charged it:
+service/policy/breaker.py), the budgets (service/policy/retry.py), the clock, the process's own downtime so far and
+a random source for the backoff's jitter, and returns the step with the delivery's new retry state. The processor
+applies it (its log lines); the lanes keep the new state.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from datetime import datetime, timedelta
 from typing import ClassVar
 
 from service.domain.codes import ErrorCode
-from service.policy.backpressure import BackpressurePolicy, pause_for
 from service.policy.classify import Action, Failure, classify
 from service.policy.delivery import Delivery, RetryState
 from service.policy.retry import AttemptHistory, RetryPolicy
@@ -51,15 +50,16 @@ class Quarantine:
 
 
 @dataclass(frozen=True, slots=True)
-class Pause:
-    """Wait `duration` without spending an attempt, pausing its partition: the downstream asked for it."""
+class Wait:
+    """Wait `duration` for the downstream's breaker without spending an attempt (the records of its key behind it
+    wait too; other keys and records that do not need the downstream flow)."""
 
-    action: ClassVar[str] = "pause"
+    action: ClassVar[str] = "wait"
     state: RetryState
     duration: timedelta
 
 
-NextStep = RetryInPlace | ToTier | Quarantine | Pause
+NextStep = RetryInPlace | ToTier | Quarantine | Wait
 
 # How long a record whose quarantine write failed waits before the next: the first wait, doubled with each
 # refusal in a row, up to the longest.
@@ -87,28 +87,18 @@ def next_step(
     failure: Failure,
     *,
     budgets: Budgets,
-    backpressure: BackpressurePolicy,
-    failing: int,
     now: datetime,
     loop_now: float,
     rng: random.Random,
+    downtime: float = 0.0,
 ) -> NextStep:
     """Decide what follows the failed attempt of `delivery` (retry state `state`).
 
-    `failing` is the length of the run of consecutive transient failures of the failure's downstream, after
-    this round (service/policy/backpressure.py, `run_after_round`); `now` is the wall clock, `loop_now` the loop
-    time that due times are on.
+    `now` is the wall clock, `loop_now` the loop time that due times are on; `downtime`: how long, in seconds, this
+    process has so far been unable to work because its own database or broker was unreachable (the part of it since
+    the record's last failure does not count against its elapsed budget).
     """
-    pause = pause_for(failure, failing, backpressure)
-    if pause is not None:
-        started = state.history.first_failed_at if state.history else now
-        # The elapsed budget still runs while it waits, so a downstream that never comes back still ends in
-        # quarantine: a pause that would end past the budget is an ordinary failed attempt instead.
-        if (now + pause) - started <= budgets.policy.for_kind(failure.code.kind).total.max_elapsed:
-            history = state.history or AttemptHistory(0, now, now)
-            due = loop_now + pause.total_seconds()
-            return Pause(RetryState(history, due, True, state.verdict, state.next_tier, state.last_code), pause)
-    history = state.history.failed_again(now) if state.history else AttemptHistory.first(now)
+    excused = timedelta(seconds=max(0.0, downtime - state.downtime_mark)) if state.history else timedelta(0)
     verdict = state.verdict or (delivery.decoded.code if delivery.failed else None)
     if verdict is not None:
         # The attempt that failed was its quarantine: a spent budget, or input that does not decode (quarantined
@@ -116,17 +106,55 @@ def next_step(
         # other than an outage (a constraint, a trigger) refuses the next one too; a lock or statement timeout is
         # over soon. The record holds its key, as any record not yet terminal does, and the next try waits twice
         # as long as the last one, from 1 s to 5 min, instead of following at once, for ever.
+        history = state.history.failed_again(now, excused) if state.history else AttemptHistory.first(now)
         refused = state.refused + 1
         delay = min(_FIRST_QUARANTINE_WAIT * 2 ** min(refused - 1, 16), _LONGEST_QUARANTINE_WAIT)
         due = loop_now + delay.total_seconds()
-        return Quarantine(RetryState(history, due, False, verdict, None, failure.code, refused), verdict, delay)
+        waited = RetryState(history, due, state.breaker, verdict, None, failure.code, refused, downtime)
+        return Quarantine(waited, verdict, delay)
     policy = budgets.reprocess if delivery.reprocess else budgets.policy
+    if not failure.charged:
+        return _wait_for_breaker(state, failure, policy, now, loop_now, downtime, excused)
+    history = state.history.failed_again(now, excused) if state.history else AttemptHistory.first(now)
     decision = classify(failure, history, policy, now, rng, in_tier=delivery.in_tier)
     if decision.action is Action.RETRY and decision.delay is not None:
         due = loop_now + decision.delay.total_seconds()
-        retried = RetryState(history, due, False, state.verdict, state.next_tier, failure.code)
+        retried = RetryState(history, due, None, state.verdict, state.next_tier, failure.code, 0, downtime)
         return RetryInPlace(retried, decision.delay)
     if decision.action is Action.RETRY_LATER and decision.delay is not None:
-        return ToTier(RetryState(history, loop_now, False, None, decision.delay, failure.code), decision.delay)
+        handed = RetryState(history, loop_now, None, None, decision.delay, failure.code, 0, downtime)
+        return ToTier(handed, decision.delay)
     # Quarantine (a rejection answered by a look-up is no business outcome of the record: quarantined too).
-    return Quarantine(RetryState(history, loop_now, False, decision.code, None, failure.code), decision.code)
+    spent = RetryState(history, loop_now, None, decision.code, None, failure.code, 0, downtime)
+    return Quarantine(spent, decision.code)
+
+
+# How long a record refused by a breaker waits when the breaker gave no time (its probe is out): it is woken as soon
+# as the breaker closes anyway.
+_BREAKER_POLL = timedelta(seconds=1)
+
+
+def _wait_for_breaker(
+    state: RetryState,
+    failure: Failure,
+    policy: RetryPolicy,
+    now: datetime,
+    loop_now: float,
+    downtime: float,
+    excused: timedelta,
+) -> Wait | Quarantine:
+    """A failure the downstream's breaker did not charge: the record waits for the breaker, spending no attempt. Its
+    elapsed budget keeps running (from its first failure, or from now: a record the breaker refused before its first
+    call has failed now); once it is spent, the record is quarantined with the breaker named, the one quarantine that
+    follows no failed attempt of its own."""
+    history = state.history.excusing(excused) if state.history else AttemptHistory(0, now, now)
+    left = policy.for_kind(failure.code.kind).total.max_elapsed - history.elapsed(now)
+    if left <= timedelta(0):
+        code = failure.code.exhausted()
+        spent = RetryState(history, loop_now, failure.downstream, code, None, failure.code, 0, downtime)
+        return Quarantine(spent, code)
+    wait = min(failure.retry_after if failure.retry_after is not None else _BREAKER_POLL, left)
+    waiting = RetryState(
+        history, loop_now + wait.total_seconds(), failure.downstream, None, None, failure.code, 0, downtime
+    )
+    return Wait(waiting, wait)

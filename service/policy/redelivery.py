@@ -3,13 +3,16 @@
 A tier copy keeps the original key, value and headers, and adds:
 `message-id` (the original message id), `failure-id` (the original coordinates, `topic/partition/offset`),
 `origin-timestamp`, `retry-attempt`, `retry-step`, `first-failed-at`, `last-failed-at`, `retry-due-at`
-(epoch milliseconds) and `error-code`.
+(epoch milliseconds), `retry-excused-ms` (how much of the time since its first failure does not count against its
+elapsed budget: our own outages, and waits past a due time), `error-code` and `consumer` (the consumer name that
+sent it: the consumers of one source topic share its tier and reprocess topics, and each applies only its own
+copies; a reprocess copy names its consumer the same way).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from service.domain.codes import ErrorCode
 from service.policy.records import Coordinates, SourceRecord, id_bytes, time_of
@@ -25,7 +28,9 @@ _OURS = frozenset(
         "first-failed-at",
         "last-failed-at",
         "retry-due-at",
+        "retry-excused-ms",
         "error-code",
+        "consumer",
     }
 )
 
@@ -61,6 +66,11 @@ def _stamp(value: str | None) -> int:
     return stamp
 
 
+def _excused(value: str | None) -> int:
+    """The milliseconds a copy's history excuses; a copy written before the header existed excuses none."""
+    return 0 if value is None else _count(value)
+
+
 def _moment(value: str | None) -> datetime:
     return time_of(_count(value))
 
@@ -73,8 +83,10 @@ def tier_headers(
     history: AttemptHistory,
     due_at: datetime,
     code: ErrorCode,
+    *,
+    consumer: str,
 ) -> list[tuple[str, bytes]]:
-    """Headers of the copy sent to a retry tier; the record's own headers are kept (traceparent)."""
+    """Headers of the copy `consumer` sends to a retry tier; the record's own headers are kept (traceparent)."""
     kept = [(name, value) for name, value in record.headers if name not in _OURS]
     # The id's own bytes, so that the copy is read back as the same message id.
     return [
@@ -87,7 +99,9 @@ def tier_headers(
         ("first-failed-at", _ms(history.first_failed_at)),
         ("last-failed-at", _ms(history.last_failed_at)),
         ("retry-due-at", _ms(due_at)),
+        ("retry-excused-ms", str(round(history.excused.total_seconds() * 1000)).encode()),
         ("error-code", code.value.encode()),
+        ("consumer", consumer.encode()),
     ]
 
 
@@ -100,6 +114,7 @@ def parse(record: SourceRecord) -> Redelivery | None:
             first_failed_at=_moment(record.header("first-failed-at")),
             last_failed_at=_moment(record.header("last-failed-at")),
             tier_step=_count(record.header("retry-step")),
+            excused=timedelta(milliseconds=_excused(record.header("retry-excused-ms"))),
         )
         return Redelivery(
             origin=Coordinates(topic, _count(partition), _count(offset)),
@@ -119,3 +134,10 @@ def origin_of(record: SourceRecord) -> tuple[Coordinates, int] | None:
         return Coordinates(topic, _count(partition), _count(offset)), _stamp(stamp) if stamp else record.timestamp_ms
     except (ValueError, OverflowError, OSError):
         return None
+
+
+def addressed_elsewhere(record: SourceRecord, consumer: str) -> bool:
+    """Whether a tier or reprocess copy names another consumer name than `consumer` in its `consumer` header; a copy
+    without one was sent before copies named their consumer, and is taken as ours."""
+    addressee = record.raw_header("consumer")
+    return addressee is not None and addressee != consumer.encode()

@@ -117,10 +117,21 @@ class AttemptHistory:
     first_failed_at: datetime
     last_failed_at: datetime
     tier_step: int = 0  # how many non-blocking tier deliveries the record has had
+    # Time since its first failure that does not count against its elapsed budget: while our own database or broker
+    # was unreachable, and while a tier copy waited past its due time for our relay, broker or consumer.
+    excused: timedelta = timedelta(0)
 
-    def failed_again(self, now: datetime) -> AttemptHistory:
-        """The history after one more failed attempt."""
-        return replace(self, attempts=self.attempts + 1, last_failed_at=now)
+    def failed_again(self, now: datetime, excused: timedelta = timedelta(0)) -> AttemptHistory:
+        """The history after one more failed attempt (`excused`: more time not to count since the last one)."""
+        return replace(self, attempts=self.attempts + 1, last_failed_at=now, excused=self.excused + excused)
+
+    def excusing(self, excused: timedelta) -> AttemptHistory:
+        """The history with more time not to count against the elapsed budget."""
+        return replace(self, excused=self.excused + excused) if excused > timedelta(0) else self
+
+    def elapsed(self, now: datetime) -> timedelta:
+        """How much of the elapsed budget the record has spent by `now`."""
+        return now - self.first_failed_at - self.excused
 
     def sent_to_tier(self) -> AttemptHistory:
         """The history of the copy that goes to the next tier."""

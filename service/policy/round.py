@@ -151,13 +151,13 @@ class Rules(Protocol):
 def survey(due: Mapping[Delivery, RetryState], facts: Facts, mode: str) -> Round:
     """Route every due delivery (`mode`: ORDERS_ORDERING) and find the duplicates among them."""
     # The common round asks nothing of the database it does not know: no key is held, nothing was seen. Then every
-    # route is APPLY, and only a tier copy (not a reprocess) is a duplicate: the rules below, without a call per
-    # delivery.
+    # route is APPLY, and only a tier copy (not a reprocess) or another consumer's copy is a duplicate: the rules
+    # below, without a call per delivery.
     routes = {delivery: _route(delivery, facts, mode) for delivery in due} if facts.keys else dict.fromkeys(due, _APPLY)
     if facts.seen or facts.steps or facts.parked_ids:
         duplicates = {delivery for delivery, state in due.items() if _is_duplicate(delivery, state, facts)}
     else:
-        duplicates = {delivery for delivery in due if delivery.in_tier and not delivery.reprocess}
+        duplicates = {delivery for delivery in due if (delivery.in_tier and not delivery.reprocess) or delivery.foreign}
     return Round(due, facts, routes, duplicates, mode)
 
 
@@ -171,7 +171,10 @@ def _route(delivery: Delivery, facts: Facts, mode: str) -> ordering.Route:
 
 def _is_duplicate(delivery: Delivery, state: RetryState, facts: Facts) -> bool:
     """Already terminal, or already handed to a retry tier by an earlier copy (a crash between the hand-off commit
-    and the offset commit), or an old step of a record that moved on."""
+    and the offset commit), or an old step of a record that moved on; or another consumer name's copy, which only
+    that consumer applies."""
+    if delivery.foreign:
+        return True
     status = facts.seen.get(delivery.message_id)
     if delivery.reprocess:
         # A quarantined message may become processed once; one already processed stays a no-op.
@@ -233,7 +236,7 @@ def plan_round(
     """Decide, in lane order, what each ready delivery writes (`current`: the locked aggregates; `last_resort`:
     quarantine the one delivery with an envelope of nothing but its identities)."""
     planner = _Planner(round_)
-    steps = planner.steps
+    steps, held = planner.steps, planner.held
     aggregates: dict[str, Any] = dict(current)
     touched: dict[str, None] = {}  # insertion-ordered set of the aggregates the round changes
     effects: list[Any] = []
@@ -250,21 +253,28 @@ def plan_round(
             planner.duplicate(delivery)
             continue
         seen_now.add(message_id)
+        if held and route is _APPLY and delivery.key in held and not (delivery.in_tier or delivery.reprocess):
+            # Behind a head this round quarantined: its key is held from this very transaction on.
+            route = _HOLD if delivery.parked_id is not None else _PARK
+            if route is _HOLD:
+                planner.hold(delivery)
+                continue
         if route is _PARK:
             steps.append(Step(delivery, Write.PARK))
             continue
         state = due[delivery]
         message = delivery.decoded
         reopen = delivery.reprocess and seen.get(message_id) == "quarantined"
+        retried = state.verdict is not None  # its budget is spent (or its breaker outlasted it): it holds its key
         if last_resort:
             code = state.verdict or (message.code if delivery.failed else None)
-            planner.quarantine(delivery, code or ErrorCode.UNEXPECTED_ERROR, reopen, last_resort=True)
+            planner.quarantine(delivery, code or ErrorCode.UNEXPECTED_ERROR, reopen, retried, last_resort=True)
         elif state.next_tier is not None:
             planner.to_tier(delivery, state)
         elif state.verdict is not None:
-            planner.quarantine(delivery, state.verdict, reopen)
+            planner.quarantine(delivery, state.verdict, reopen, retried)
         elif delivery.failed:
-            planner.quarantine(delivery, message.code, reopen)
+            planner.quarantine(delivery, message.code, reopen, retried=False)
         else:
             aggregate_id = delivery.aggregate_id  # the message's (it decoded), read once when the delivery was made
             assert aggregate_id is not None
@@ -317,6 +327,7 @@ class _Planner:
         self.unparked: list[int] = []
         self.unclaimed: list[int] = []
         self.blocks: list[tuple[str, str]] = []
+        self.held: set[str] = set()  # keys whose head this round quarantined and which it holds (key ordering)
         self.reprocessed: list[str] = []
 
     def hold(self, delivery: Delivery) -> None:
@@ -346,17 +357,23 @@ class _Planner:
         self._leave(delivery)
         self.steps.append(step)
 
-    def quarantine(self, delivery: Delivery, code: ErrorCode, reopen: bool, *, last_resort: bool = False) -> None:
-        """Into quarantine; a reprocessed record that failed again goes back to its quarantine row, and a retry
-        head quarantined from its tier keeps its key held (key ordering) unless an operator released the key
-        while it waited (its retry row no longer holds the key)."""
+    def quarantine(
+        self, delivery: Delivery, code: ErrorCode, reopen: bool, retried: bool, *, last_resort: bool = False
+    ) -> None:
+        """Into quarantine; a reprocessed record that failed again goes back to its quarantine row. Under key
+        ordering a head whose retries are spent (`retried`: from its blocking phase, a tier, its breaker or the last
+        resort) keeps its key held, and the later records of its key in this round are parked behind it; one
+        quarantined from a tier does so unless an operator released the key while it waited (its retry row no
+        longer holds the key). Invalid input, never retried, holds nothing."""
         if delivery.reprocess:
             self.steps.append(Step(delivery, Write.REQUARANTINE, code, reopen=reopen))
         else:
             self.steps.append(Step(delivery, Write.LAST_RESORT if last_resort else Write.QUARANTINE, code))
             key = delivery.key
-            if delivery.in_tier and key is not None and self._key_ordering and delivery.message_id in self._holding:
+            released = delivery.in_tier and delivery.message_id not in self._holding
+            if retried and key is not None and self._key_ordering and not released:
                 self.blocks.append((key, delivery.origin.failure_id))
+                self.held.add(key)
         self._leave(delivery)
 
     def to_tier(self, delivery: Delivery, state: RetryState) -> None:

@@ -16,6 +16,7 @@ import asyncio
 import json
 import signal
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -82,6 +83,19 @@ class _Fault:
     seconds: float = 0.0
     after_apply: bool = True
     key: str | None = None  # only calls whose route reads this key; None = any call
+    content_type: str | None = None  # a failure's own Content-Type (an HTML page); None: application/json
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Outage:
+    """A route that fails every call until `until` (monotonic seconds): `status`, and every `hang_every`-th call
+    (0: none) answers that status only after `hang` seconds, as a downstream on its knees does."""
+
+    until: float
+    status: int
+    hang_every: int
+    hang: float
 
 
 class FaultServer:
@@ -99,6 +113,7 @@ class FaultServer:
         self._apis: list[FakeApi] = []
         self._controls: dict[str, Control] = {"faults": self._control_fault, "latency": self._control_latency}
         self._faults: dict[str, deque[_Fault]] = {}
+        self._outages: dict[str, _Outage] = {}
         self._calls: dict[str, Counter[str | None]] = {}
         self._latency: dict[str, float] = {}
         for api in apis:
@@ -200,6 +215,46 @@ class FaultServer:
         _check_times(times)
         self._enqueue(route, times, _Fault("cut", after_apply=bool(after_apply), key=key))
 
+    def answer_next(
+        self,
+        route: str,
+        status: int,
+        body: bytes = b"",
+        *,
+        content_type: str | None = "text/html; charset=utf-8",
+        headers: Sequence[tuple[str, str]] = (),
+        times: int = 1,
+        key: str | None = None,
+    ) -> None:
+        """Answer the next `times` calls of a route with exactly this status, body, Content-Type (None: none) and
+        headers, and no side effect: what a wrong URL, a proxy or a login page answers (an HTML 404, a 308 with a
+        Location, a 204, a 401)."""
+        self._check_route(route)
+        _check_times(times)
+        if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+            raise ValueError(f"status must be an HTTP status, got {status!r}")
+        fault = _Fault(
+            "fail", status=status, body=bytes(body), key=key, content_type=content_type or "", headers=tuple(headers)
+        )
+        self._enqueue(route, times, fault)
+
+    def outage(self, route: str, seconds: float, status: int = 503, *, hang_every: int = 0, hang: float = 0.0) -> None:
+        """Fail every call of a route for the next `seconds` with `status` (and hang every `hang_every`-th call
+        `hang` seconds first, so that a client times out), then serve it again; queued faults wait meanwhile."""
+        self._check_route(route)
+        if not 500 <= status <= 599 and status != 429:
+            raise ValueError(f"an outage answers 5xx or 429, got {status!r}")
+        until = time.monotonic() + _check_seconds(seconds)
+        with self._lock:
+            self._outages[route] = _Outage(until, status, max(0, hang_every), _check_seconds(hang))
+
+    def outage_left(self, route: str) -> float:
+        """Seconds left of a route's outage (0 when it is over)."""
+        self._check_route(route)
+        with self._lock:
+            outage = self._outages.get(route)
+        return 0.0 if outage is None else max(0.0, outage.until - time.monotonic())
+
     def set_latency(self, route: str, seconds: float) -> None:
         """Add `seconds` before every later call of a route is handled, faulted or not (0: none)."""
         self._check_route(route)
@@ -212,6 +267,7 @@ class FaultServer:
         with self._lock:
             for queue in self._faults.values():
                 queue.clear()
+            self._outages.clear()
 
     def reset(self) -> None:
         """Forget faults, latencies and call counts, and reset every mounted API."""
@@ -221,6 +277,7 @@ class FaultServer:
             for counter in self._calls.values():
                 counter.clear()
             self._latency.clear()
+            self._outages.clear()
             apis = list(self._apis)
         for api in apis:
             api.reset()
@@ -282,6 +339,14 @@ class FaultServer:
         with self._lock:
             self._calls[route][key] += 1
             latency = self._latency.get(route, 0.0)
+            outage = self._outages.get(route)
+            if outage is not None and time.monotonic() < outage.until:
+                count = self._calls[route].total()
+                hang = outage.hang if outage.hang_every and count % outage.hang_every == 0 else 0.0
+                # A 429 says when to come back, as rate limiters do.
+                retry_after = "1" if outage.status == 429 else None
+                body = json.dumps(_DEFAULT_FAIL_BODY).encode()
+                return _Fault("fail", outage.status, retry_after, body, seconds=hang), latency
             queue = self._faults[route]
             for index, fault in enumerate(queue):
                 if fault.key is None or fault.key == key:
@@ -354,7 +419,11 @@ class FaultServer:
 async def _play(fault: _Fault | None, apply: Callable[[], Reply]) -> Outcome:
     """Apply a call through its fault: fail it, cut it before or after applying, or delay its answer."""
     if fault is not None and fault.kind == "fail":
-        headers = () if fault.retry_after is None else (("Retry-After", fault.retry_after),)
+        if fault.seconds:
+            await asyncio.sleep(fault.seconds)
+        headers = fault.headers if fault.retry_after is None else (*fault.headers, ("Retry-After", fault.retry_after))
+        if fault.content_type is not None:
+            headers = (("Content-Type", fault.content_type), *headers)  # "" sends none
         return Reply(fault.status, fault.body, headers)
     if fault is not None and fault.kind == "cut" and not fault.after_apply:
         return "cut"

@@ -99,9 +99,13 @@ def method_not_allowed(*allowed: str) -> Reply:
     return json_reply(405, {"error": "method not allowed"}, (("Allow", ", ".join(allowed)),))
 
 
+_NOT_FOUND_PAGE = b"<html><head><title>404 Not Found</title></head><body><h1>Not Found</h1></body></html>\n"
+
+
 def not_found() -> Reply:
-    """404 for a path nothing serves."""
-    return json_reply(404, {"error": "not found"})
+    """404 for a path nothing serves: a web server's HTML page, as a wrong base URL meets, never an API's JSON
+    answer (an API's own 404 carries a JSON `error`, contract §6)."""
+    return Reply(404, _NOT_FOUND_PAGE, (("Content-Type", "text/html"),))
 
 
 def key_from_param(name: str) -> KeyReader:

@@ -189,19 +189,22 @@ async def _read_request(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
 
 
 async def _send(writer: asyncio.StreamWriter, reply: Reply, keep_alive: bool) -> None:
-    """Write a complete answer with Content-Length so keep-alive clients can frame it."""
+    """Write a complete answer with Content-Length so keep-alive clients can frame it (none for a 1xx, 204 or 304,
+    which have no body). JSON unless the reply names its own Content-Type (an empty one: none at all)."""
+    content_type = next((value for name, value in reply.headers if name.lower() == "content-type"), "application/json")
+    bodyless = reply.status < 200 or reply.status in (204, 304)
     lines = [
         f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, '')}",
         "Server: fault-server/1",
         f"Date: {_http_date(int(time.time()))}",
-        "Content-Type: application/json",
-        f"Content-Length: {len(reply.body)}",
-        *(f"{name}: {value}" for name, value in reply.headers),
+        *([f"Content-Type: {content_type}"] if content_type else []),
+        *([] if bodyless else [f"Content-Length: {len(reply.body)}"]),
+        *(f"{name}: {value}" for name, value in reply.headers if name.lower() != "content-type"),
     ]
     if not keep_alive:
         lines.append("Connection: close")
     lines.append("\r\n")
-    writer.write("\r\n".join(lines).encode("latin-1") + reply.body)
+    writer.write("\r\n".join(lines).encode("latin-1") + (b"" if bodyless else reply.body))
     await writer.drain()
 
 

@@ -1,11 +1,11 @@
 """The Kafka side of consuming: fetching into lanes, pause/resume, offset commits, parked releases.
 
-Each assigned partition is a lane (service/worker/lanes.py): its fetched records wait in order in memory. A
-lane whose head is not due (a blocking retry, a backpressure pause, a retry-tier record held until its due
-time) pauses its partition in the Kafka client, so nothing more is fetched for it, while every other partition
-keeps flowing. The poll loop itself never sleeps longer than the next due time, or at a steady rate the rounds'
-spacing (a round that would not be full starts at least `_ROUND_SPACING_SECONDS` after the one before). An offset
-is committed only after its record left the processor (its transaction committed).
+Each assigned partition is a lane (service/worker/lanes.py): its fetched records wait in order in memory. A lane
+whose head is not due (a retry-tier record held until its due time) or that is full pauses its partition in the Kafka
+client, so nothing more is fetched for it, while every other partition keeps flowing. Records that wait for a
+downstream's breaker are woken when it closes. The poll loop itself never sleeps longer than the next due time, or at
+a steady rate the rounds' spacing (a round that would not be full starts at least `_ROUND_SPACING_SECONDS` after the
+one before). An offset is committed only after its record left the processor (its transaction committed).
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 from sqlalchemy.exc import DBAPIError
 
+from service.adapters.breakers import Breakers
 from service.adapters.kafka import start_with_backoff, stop_quietly, to_source
 from service.errors import InfrastructureUnavailable
 from service.metrics import Metrics
+from service.policy.breaker import Breaker, State
 from service.policy.delivery import Delivery, RetryState
 from service.stopping import wait_unless_stopped
 from service.worker.lanes import Lanes, Taken
@@ -80,8 +82,10 @@ class ConsumerLoop:
         make_consumer: Callable[[], AIOKafkaConsumer],
         topics: list[str],
         batch_size: int,
+        breakers: Breakers | None = None,
     ) -> None:
         self._processor = processor
+        self._breakers = breakers
         self._metrics = metrics
         self._make_consumer = make_consumer
         self._topics = topics
@@ -104,6 +108,8 @@ class ConsumerLoop:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set, then finish the in-flight transactions, commit and return."""
+        if self._breakers is not None:
+            self._breakers.listen(self._breaker_moved)
         consumer = self._make_consumer()
         consumer.subscribe(self._topics, listener=_Rebalance(self, consumer))
         if not await start_with_backoff(consumer.start, stop, "consumer"):
@@ -143,6 +149,11 @@ class ConsumerLoop:
         self._raise_from_failed_rounds()
         if not fetching.cancelled() and fetching.exception() is not None:
             raise fetching.exception()  # type: ignore[misc]
+
+    def _breaker_moved(self, downstream: str, breaker: Breaker) -> None:
+        """A downstream's breaker closed: the records that wait for it are due now."""
+        if breaker.state is State.CLOSED and self._lanes.wake(downstream):
+            self._arrived.set()
 
     async def _fetch(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:
         """Fetch and decode into lanes while rounds write, until the lanes hold the rounds' worth of records.

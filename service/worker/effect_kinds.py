@@ -34,6 +34,12 @@ class EffectSpec:
     provider_setting: str
     waits_for: str | None = None
 
+    @property
+    def downstream(self) -> str:
+        """The provider's name, whose circuit breaker its calls go through: the URL setting without `_url`
+        (`payments_url` → `payments`), as its client names itself (`Downstream.downstream`)."""
+        return self.provider_setting.removesuffix("_url")
+
 
 # An effect and the decision that settled it (its state moved in the same transaction).
 Settled = tuple[EffectRow, EffectDecision]

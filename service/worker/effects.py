@@ -1,15 +1,15 @@
-"""The effect worker: executes pending external effects, of the kinds a domain registered, with stable
-idempotency keys.
+"""The effect worker: executes pending external effects, of the kinds a domain registered, with stable idempotency keys.
 
-Per batch: claim (lease) in one short transaction, call the providers outside any transaction, then record
-every outcome — with what its kind writes (events, aggregate changes) — in one transaction. A call whose
-provider is not idempotent is only made again after a look-up found nothing. A batch is what the calls can make in
-about 200 ms at the provider's recent pace (`claim_size`): the two commits are paid per batch, not per effect.
+Per batch: claim (lease) in one short transaction, call the providers outside any transaction, then record every
+outcome — with what its kind writes (events, aggregate changes) — in one transaction. A call whose provider is not
+idempotent is only made again after a look-up found nothing. A batch is what the calls can make in about 200 ms at
+the provider's recent pace (`claim_size`): the two commits are paid per batch, not per effect.
 
-Each kind of effect has lanes of its own (two, so that one claims and records while the other's calls are out)
-and at most `ORDERS_EFFECT_CONCURRENCY` calls in flight: a provider that is slow, rate limits or fails holds
-back only its own effects, never another provider's. A kind's lanes take turns to claim: after a claim that was not
-full, the next starts at least 20 ms later (service/worker/spacing.py).
+Each kind of effect has lanes of its own (two, so that one claims and records while the other's calls are out) and at
+most `ORDERS_EFFECT_CONCURRENCY` calls in flight: a provider that is slow, rate limits or fails holds back only its
+own effects, never another provider's. While a provider's circuit breaker is open its kinds' lanes claim nothing
+(their effects stay pending, spending nothing), and when its probe may go they claim one effect. A kind's lanes take
+turns to claim: after a claim that was not full, the next starts at least 20 ms later (service/worker/spacing.py).
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from datetime import timedelta
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from service.adapters.breakers import Breakers
 from service.config import ENV_PREFIX, Settings, Topics
 from service.domain.codes import ErrorCode
 from service.errors import ConcurrentWrite, InfrastructureUnavailable
 from service.metrics import Metrics
+from service.policy.breaker import State
 from service.policy.effects import (
     CallOutcome,
     EffectDecision,
@@ -41,7 +43,7 @@ from service.policy.effects import (
     after_call,
     claim_size,
 )
-from service.stopping import sleep_unless_stopped
+from service.stopping import sleep_unless_stopped, wait_unless_stopped
 from service.store import effects, wakeups
 from service.store.effects import EffectRow, Settlement
 from service.store.uow import UnitOfWork, one_statement
@@ -114,6 +116,7 @@ class EffectWorker:
         policy: EffectPolicy,
         metrics: Metrics,
         rng: random.Random,
+        breakers: Breakers | None = None,
     ) -> None:
         self._settings = settings
         self._engine = engine
@@ -127,6 +130,8 @@ class EffectWorker:
         self._waits = kinds.dependencies()
         self._concurrency = settings.effect_concurrency
         self._limits = {kind: asyncio.Semaphore(self._concurrency) for kind in self._enabled}
+        # Each kind's provider's breaker, shared with everything else in the process that calls that provider.
+        self._guards = {kind: breakers[kinds[kind].spec.downstream] for kind in self._enabled} if breakers else {}
         # Per kind, how long its recent calls took (a moving average): what a lane claims at once follows it.
         self._pace: dict[str, float] = {}
         # The longest one call may take (a look-up and the call, each within the HTTP timeout), and how many rounds
@@ -159,7 +164,13 @@ class EffectWorker:
     async def _lane(self, kind: str, stop: asyncio.Event, waiter: wakeups.Waiter, spacing: Spacing) -> None:
         """Claim, call and record effects of one kind until `stop` is set."""
         delay = 1.0
+        guard = self._guards.get(kind)
         while not stop.is_set():
+            if guard is not None and (closed_in := guard.wait()) > 0:
+                # Its provider's breaker is open or its probe is out: claim nothing (the effects stay pending and
+                # spend nothing) until it moves or its probe may go.
+                await wait_unless_stopped(stop, guard.moving, closed_in)
+                continue
             await spacing.turn(stop)
             if stop.is_set():
                 break
@@ -180,7 +191,10 @@ class EffectWorker:
         """Claim one batch of one kind, execute it, record the outcomes; return how many effects were attempted.
         A full claim tells the kind's `spacing`, so that the other lane claims the next batch during these calls."""
         pace = self._pace.get(kind)
-        size = claim_size(self._concurrency, pace, self._rounds_in_lease)
+        guard = self._guards.get(kind)
+        # A breaker that is not closed lets one call through, its probe: claim that one effect.
+        probing = guard is not None and guard.breaker.state is not State.CLOSED
+        size = 1 if probing else claim_size(self._concurrency, pace, self._rounds_in_lease)
         # The lease is only as good as the clock, and it started when the claim's transaction did: no call may
         # start unless it can end, and its outcome be written, before the lease ends.
         lease_ends = time.monotonic() + self._settings.effect_lease.total_seconds() - self._record_margin
@@ -291,7 +305,9 @@ class EffectWorker:
             if isinstance(found, Found):
                 return Sent(found.reference)
             if isinstance(found, LookupFailed):
-                return NotSent(found.code)  # cannot tell whether it happened: ask again later, do not repeat
+                return NotSent(
+                    found.code, charged=found.charged
+                )  # cannot tell whether it happened: ask later, never repeat
         return await kind.call(effect)
 
     def _report(self, settled: list[Settled], kept: set[str]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
 from service.policy.delivery import FRESH, PARKED_TOPIC, Delivery, RetryState
@@ -37,7 +38,6 @@ class Lanes:
         self._lanes: dict[Lane, deque[Delivery]] = {}
         self._states: dict[Delivery, RetryState] = {}  # deliveries in the lanes whose state is not FRESH
         self._in_flight: set[Delivery] = set()  # taken by a round that has not settled yet
-        self._backpressured: dict[Lane, set[Delivery]] = {}  # records waiting because a downstream said so
         self._done: dict[Lane, int] = {}  # per partition: the offset after the highest record that left
         self._frozen: set[Lane] = set()  # revoked, being handed over: no new round takes from them
 
@@ -131,7 +131,7 @@ class Lanes:
         # A delivery no longer in flight was in a lane that was forgotten while the round ran (revoked).
         settled = self._in_flight.intersection(attempted)
         self._in_flight -= settled
-        if retried or self._states or self._backpressured:  # else there is no retry state or pause to book
+        if retried or self._states:  # else there is no retry state to book
             self._book(settled, left, retried or {})
         positions: dict[Lane, int] = {}
         for lane in {delivery.lane for delivery in left}:
@@ -161,30 +161,30 @@ class Lanes:
     def _book(
         self, settled: Iterable[Delivery], left: Collection[Delivery], retried: Mapping[Delivery, RetryState]
     ) -> None:
-        """Keep the new retry states of the settled deliveries that failed, drop those of the ones that left, and
-        note which wait because a downstream asked them to."""
+        """Keep the new retry states of the settled deliveries that failed, and drop those of the ones that left."""
         for delivery in settled:
             if delivery in left:
                 self._states.pop(delivery, None)
-                state = FRESH
             elif (new := retried.get(delivery)) is not None:
-                self._states[delivery] = state = new
-            else:
-                state = self._states.get(delivery, FRESH)
-            if state.backpressure:
-                self._backpressured.setdefault(delivery.lane, set()).add(delivery)
-            elif (waiting := self._backpressured.get(delivery.lane)) is not None:
-                waiting.discard(delivery)
-                if not waiting:
-                    del self._backpressured[delivery.lane]
+                self._states[delivery] = new
+
+    def wake(self, downstream: str) -> int:
+        """Make the records that wait for this downstream's breaker due now (it closed); return how many."""
+        woken = {
+            delivery: replace(state, due=0.0)
+            for delivery, state in self._states.items()
+            if state.breaker == downstream and state.verdict is None and state.due > 0.0
+        }
+        self._states.update(woken)
+        return len(woken)
 
     def stalled(self, now: float) -> set[Lane]:
         """The partitions that must not fetch now.
 
-        A partition stops fetching while a downstream asked us to slow down (backpressure), while its head is a
-        retry tier's copy that is not due (records behind it are due later still), or while its lane is full: it
-        holds all that may be fetched but a round's worth, which is left to the other lanes (a blocked lane must
-        not starve them)."""
+        A partition stops fetching while its head is a retry tier's copy that is not due (records behind it are due
+        later still), or while its lane is full: it holds all that may be fetched but a round's worth, which is left
+        to the other lanes (a blocked lane must not starve them). Records waiting for a downstream's breaker do not
+        stop it: the records that do not need that downstream flow meanwhile."""
         return {lane for lane, records in self._lanes.items() if lane[1] >= 0 and self._stalls(lane, records, now)}
 
     def freeze(self, lanes: Iterable[Lane]) -> None:
@@ -198,13 +198,10 @@ class Lanes:
             for delivery in self._lanes.pop(lane, ()):
                 self._states.pop(delivery, None)
                 self._in_flight.discard(delivery)
-            self._backpressured.pop(lane, None)
             self._done.pop(lane, None)
 
     def _stalls(self, lane: Lane, records: deque[Delivery], now: float) -> bool:
         state = self.state
-        if any(state(delivery).due > now for delivery in self._backpressured.get(lane, ())):
-            return True
         # A tier copy at the head that is not due: the records behind it in its tier are due later still. Its
         # delivery says so, not the topic's name (a source topic may be called `shop.retry.orders`).
         if records and records[0].in_tier and state(records[0]).due > now:

@@ -35,7 +35,6 @@ from service.errors import ConcurrentWrite, InfrastructureUnavailable, RecordFai
 from service.faults import crash_point, fail_point
 from service.metrics import Metrics
 from service.policy import ordering, redelivery
-from service.policy.backpressure import BackpressurePolicy
 from service.policy.classify import Failure
 from service.policy.delivery import Delivery, RetryState
 from service.policy.handling import DecodeFailure
@@ -48,7 +47,9 @@ from service.policy.round import Facts, Outcome, Round, RoundPlan, Write, plan_r
 from service.stopping import sleep_unless_stopped
 from service.store import batch, inbox, lookups, parking, quarantine, retries
 from service.store.parking import StoredParked
+from service.store.quarantine import RecordKey
 from service.store.uow import UnitOfWork, is_passing, one_statement
+from service.worker.downtime import Downtime
 from service.worker.failures import Failures
 from service.worker.handler import Handler
 from service.worker.writes import RowMaker
@@ -85,10 +86,10 @@ class Processor:
         engine: AsyncEngine,
         handler: Handler,
         policy: RetryPolicy,
-        backpressure: BackpressurePolicy,
         metrics: Metrics,
         clock: Clock,
         rng: random.Random,
+        downtime: Downtime,
     ) -> None:
         self._settings = settings
         self._engine = engine
@@ -98,13 +99,19 @@ class Processor:
         self._topics = settings.topics
         self._consumer = settings.consumer_name
         self._rows = RowMaker(settings.topics, self._consumer, parse_owners(settings.quarantine_owners), handler)
-        self._failures = Failures(engine, self._consumer, Budgets.of(policy), backpressure, metrics, clock, rng)
+        self._downtime = downtime
+        self._failures = Failures(Budgets.of(policy), metrics, clock, rng, downtime)
         # Who claims parked records for release: one process, one lease holder (several members share a table).
         self._member = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
     def pending(self, record: SourceRecord) -> Delivery:
-        """A fetched record as a delivery; a tier copy carries its origin and history in headers."""
+        """A fetched record as a delivery; a tier copy carries its origin and history in headers. A tier or reprocess
+        copy addressed to another consumer name (two consumers of one source share its topics) is foreign: it is
+        committed past, never applied."""
         decoded = self._handler.decode(record.value)
+        copied = record.topic == self._topics.reprocess or record.topic.startswith(self._topics.retry_prefix)
+        if copied and redelivery.addressed_elsewhere(record, self._consumer):
+            return Delivery(record, decoded, record.coordinates, record.timestamp_ms, foreign=True)
         if record.topic == self._topics.reprocess:
             origin = redelivery.origin_of(record)
             if origin is not None:
@@ -115,7 +122,10 @@ class Processor:
         if copy is None:
             return Delivery(record, decoded, record.coordinates, record.timestamp_ms)
         wait = (copy.due_at - self._clock()).total_seconds()
-        arrival = RetryState(copy.history, asyncio.get_running_loop().time() + max(0.0, wait))
+        # A copy fetched past its due time waited for our relay, broker or consumer, not for its downstream.
+        history = copy.history.excusing(timedelta(seconds=max(0.0, -wait)))
+        due = asyncio.get_running_loop().time() + max(0.0, wait)
+        arrival = RetryState(history, due, downtime_mark=self._downtime.total)
         return Delivery(record, decoded, copy.origin, copy.origin_timestamp_ms, arrival=arrival, in_tier=True)
 
     def unreadable(self, topic: str, partition: int, offset: int) -> Delivery:
@@ -182,9 +192,11 @@ class Processor:
             except ConcurrentWrite:
                 continue
             except InfrastructureUnavailable:
-                # The database is away: nothing was written and no attempt is spent; wait and retry.
+                # The database is away: nothing was written and no attempt is spent; wait and retry. The wait is
+                # downtime: it does not count against the records' elapsed budgets.
                 log.warning("database_unavailable", retry_in_seconds=delay)
-                await sleep_unless_stopped(stop, delay)
+                with self._downtime.waiting():
+                    await sleep_unless_stopped(stop, delay)
                 if stop.is_set():
                     return _NOTHING
                 delay = min(delay * 2, 30.0)
@@ -206,7 +218,7 @@ class Processor:
                 else:
                     # One bad record must not fail its neighbours: apply them one at a time.
                     done = await self._write_one_by_one(writable, round_, looked_up, failures)
-        return Attempted(done, await self._failures.decide(round_, failures))
+        return Attempted(done, self._failures.decide(round_, failures))
 
     async def _facts(self, due: Mapping[Delivery, RetryState]) -> Facts:
         keys = {d.key for d in due if d.key} if self._settings.ordering == "key" else set()
@@ -252,12 +264,11 @@ class Processor:
                 try:
                     async with asyncio.timeout(timeout):
                         looked_up[key] = await self._handler.look_up(key)
-                    self._failures.succeeded(downstream)
                     return
                 except TimeoutError:
                     failure = Failure(ErrorCode.PROCESSING_TIMEOUT, downstream=downstream)
                 except RecordFailure as error:
-                    failure = Failure(error.code, error.retry_after, error.downstream)
+                    failure = Failure(error.code, error.retry_after, error.downstream, error.charged)
                 except Exception as error:
                     log.debug("lookup_failed", exc_info=error)
                     failure = Failure(ErrorCode.UNEXPECTED_ERROR)
@@ -324,11 +335,15 @@ class Processor:
             reopened = await inbox.reopen(c, self._consumer, rows.reopened)
             if len(reopened) != len(rows.reopened):
                 raise ConcurrentWrite("a quarantined message was moved concurrently")
-            await quarantine.mark_reprocessed(c, plan.reprocessed)
-            await parking.unblock_failures(c, plan.reprocessed)
+            await quarantine.mark_reprocessed(c, self._consumer, plan.reprocessed)
+            await parking.unblock_failures(c, self._consumer, plan.reprocessed)
             for again, failed_code, history in rows.requarantined:
                 await quarantine.requarantine(
-                    c, again.origin.failure_id, failed_code.value, history.attempts, history.last_failed_at
+                    c,
+                    RecordKey(self._consumer, again.origin.failure_id),
+                    failed_code.value,
+                    history.attempts,
+                    history.last_failed_at,
                 )
             await batch.write(
                 c,

@@ -73,8 +73,10 @@ class RowMaker:
                 self._reject(rows, delivery, code, reopen, now)
             elif write is Write.QUARANTINE or write is Write.LAST_RESORT:
                 assert isinstance(code, ErrorCode)
-                history = due[delivery].history or AttemptHistory.first(now)
-                self._quarantine(rows, delivery, code, history, last_resort=write is Write.LAST_RESORT)
+                state = due[delivery]
+                history = state.history or AttemptHistory.first(now)
+                last_resort = write is Write.LAST_RESORT
+                self._quarantine(rows, delivery, code, history, last_resort=last_resort, breaker=state.breaker)
             elif write is Write.REQUARANTINE:
                 assert isinstance(code, ErrorCode)
                 rows.requarantined.append((delivery, code, due[delivery].history or AttemptHistory.first(now)))
@@ -103,7 +105,14 @@ class RowMaker:
         self._terminal(rows, delivery, "rejected", code, reopen)
 
     def _quarantine(
-        self, rows: Rows, delivery: Delivery, code: ErrorCode, history: AttemptHistory, *, last_resort: bool
+        self,
+        rows: Rows,
+        delivery: Delivery,
+        code: ErrorCode,
+        history: AttemptHistory,
+        *,
+        last_resort: bool,
+        breaker: str | None = None,
     ) -> None:
         record = delivery.record
         envelope = failure_envelope(
@@ -117,6 +126,9 @@ class RowMaker:
         )
         if last_resort:
             envelope.document["lastResort"] = True
+        if breaker is not None:
+            # Its budget ran out while it waited for this downstream's breaker: no failed attempt of its own.
+            envelope.document["breaker"] = breaker
         stored_key = (
             None if last_resort else delivery.key
         )  # the last resort stores nothing taken from the record as text
@@ -149,7 +161,14 @@ class RowMaker:
         history = state.history.sent_to_tier()
         due_at = now + state.next_tier
         headers = redelivery.tier_headers(
-            record, delivery.message_id, delivery.origin, delivery.origin_timestamp_ms, history, due_at, state.last_code
+            record,
+            delivery.message_id,
+            delivery.origin,
+            delivery.origin_timestamp_ms,
+            history,
+            due_at,
+            state.last_code,
+            consumer=self._consumer,
         )
         topic = self._topics.retry(format_duration(state.next_tier))
         rows.messages.append(

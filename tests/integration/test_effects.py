@@ -161,14 +161,14 @@ async def test_c_an_email_sent_before_a_timeout_is_found_by_its_ref_and_never_se
 async def test_c_an_email_the_provider_sends_only_after_our_timeout_is_found_not_sent_again(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
 ) -> None:
-    # c. The provider takes the email but acts on it only 2 s later, after our timeout (1 s): a look-up right
-    # after the timeout finds nothing. The resend's own look-up must wait for the provider to settle (the 3 s
-    # lease), else it too finds nothing and the ref gets a second email.
+    # c. The provider takes the email but acts on it only 4 s later, after our timeout (1 s): a look-up soon
+    # after the timeout finds nothing (a reconcile process starts within about 1.5 s). The resend's own look-up must
+    # wait for the provider to settle (the 6 s lease), else it too finds nothing and the ref gets a second email.
 
-    # Given a shipped order whose email request the provider holds 2 s before it sends the email
+    # Given a shipped order whose email request the provider holds 4 s before it sends the email
     ref = "C-3/email.shipped"
-    downstream.set_latency("emails.post", 2.0)
-    settings = effect_settings(database_url, kafka, topics, downstream)
+    downstream.set_latency("emails.post", 4.0)
+    settings = effect_settings(database_url, kafka, topics, downstream, effect_lease="6s")
     await produce(kafka, topics.source, [("C-3", placed("C-3"), {}), ("C-3", shipped("C-3"), {})], partition=0)
 
     async with running(settings, "consumer_loop", "effect_worker"):

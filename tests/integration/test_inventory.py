@@ -277,8 +277,8 @@ async def test_a_redelivered_record_is_a_duplicate_with_one_inbox_row_and_one_ef
 async def test_the_schema_is_current_only_with_the_domains_branch_applied(database_url: str) -> None:
     # Given the core's migrated test database: the core is current, the inventory domain's branch is not
     await schema.require_head(database_url)
-    assert schema.head_revision(MIGRATIONS) == "0014, inv_0001"
-    with pytest.raises(SchemaNotCurrent, match=r"is at 0014, this version needs 0014, inv_0001: run"):
+    assert schema.head_revision(MIGRATIONS) == "0015, inv_0001"
+    with pytest.raises(SchemaNotCurrent, match=r"is at 0015, this version needs 0015, inv_0001: run"):
         await schema.require_head(database_url, MIGRATIONS)
 
     # When the domain's branch is applied through the seam
@@ -286,9 +286,9 @@ async def test_the_schema_is_current_only_with_the_domains_branch_applied(databa
 
     # Then both heads are current: the version table keeps the core's newest revision and the branch, which
     # depends on the core revision it was written against (0010), not on every later one
-    assert head == "0014, inv_0001"
+    assert head == "0015, inv_0001"
     await schema.require_head(database_url, MIGRATIONS)
-    assert await schema.current_revision(database_url) == "0014, inv_0001"
+    assert await schema.current_revision(database_url) == "0015, inv_0001"
 
 
 async def test_a_hold_the_warehouse_refuses_fails_and_says_so_on_the_reservation_and_in_an_event(
@@ -323,12 +323,13 @@ async def test_the_clients_tell_what_the_warehouse_may_have_done(warehouse: Ware
     body = {"reservation_id": "R-1", "sku": "SKU-1", "quantity": 2, "warehouse": "berlin"}
     http = HttpClient.open(timedelta(seconds=0.5), connections=10)
     try:
+        # (each call that opens a breaker on a client of its own: the next call is read as itself, not refused)
         stock, store = StockClient(http, warehouse.url), WarehouseClient(http, warehouse.url)
         warehouse.fail_next(HOLDS_POST, status=429, retry_after=7)
         warehouse.fail_next(HOLDS_POST, status=503)
         warehouse.delay_next(HOLDS_POST, seconds=1.5)
         # When: a rate limit, an outage, a timeout after the warehouse acted, a replay, and too much at once
-        limited = await store.hold("R-1/warehouse.hold", body)
+        limited = await WarehouseClient(http, warehouse.url).hold("R-1/warehouse.hold", body)
         down = await store.hold("R-1/warehouse.hold", body)
         timed_out = await store.hold("R-1/warehouse.hold", body)
         replayed = await store.hold("R-1/warehouse.hold", body)
@@ -338,13 +339,14 @@ async def test_the_clients_tell_what_the_warehouse_may_have_done(warehouse: Ware
         level, unknown = await stock.level("SKU-1"), await stock.level("SKU-404")
         warehouse.fail_next(STOCK_GET, status=429, retry_after=3)
         with pytest.raises(DownstreamError) as rate_limited:
-            await stock.level("SKU-1")
+            await StockClient(http, warehouse.url).level("SKU-1")
     finally:
         await http.close()
 
     # Then only a timeout is uncertain; the replay answers the hold the timed-out call made
     [hold] = warehouse.fakes.holds().values()
-    assert limited == NotSent(ErrorCode.RATE_LIMITED, timedelta(seconds=7))
+    # (a 429 with Retry-After opens the warehouse's breaker: the call is charged to nobody)
+    assert limited == NotSent(ErrorCode.RATE_LIMITED, timedelta(seconds=7), charged=False)
     assert down == NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)
     assert timed_out == Unknown(ErrorCode.DOWNSTREAM_TIMEOUT)
     assert replayed == Sent(hold["hold_id"])
@@ -352,4 +354,7 @@ async def test_the_clients_tell_what_the_warehouse_may_have_done(warehouse: Ware
     assert (found, missing) == (Found(hold["hold_id"]), Missing())
     assert nothing_held == Refused(InventoryCode.NOTHING_HELD)
     assert (level, unknown) == (Stock("SKU-1", True, {"berlin": 3}), Stock("SKU-404", False))
-    assert (rate_limited.value.code, rate_limited.value.retry_after) == (ErrorCode.RATE_LIMITED, timedelta(seconds=3))
+    # (the record waits for the breaker the 429 opened, for the 3 s it asked: minus the moment since)
+    assert (rate_limited.value.code, rate_limited.value.charged) == (ErrorCode.RATE_LIMITED, False)
+    assert rate_limited.value.retry_after is not None
+    assert timedelta(seconds=2.5) < rate_limited.value.retry_after <= timedelta(seconds=3)

@@ -7,6 +7,7 @@ the unit of work did not take for an outage (it matched exception classes, not S
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import time
@@ -16,7 +17,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.orders.fakes import Downstream
-from tests.support import ROOT, ServiceProcess, Topics, eventually, produce, scalar, settings_for
+from tests.support import ROOT, ServiceProcess, Topics, eventually, produce, rows, scalar, settings_for
 
 pytestmark = pytest.mark.slow
 
@@ -116,3 +117,50 @@ async def test_consume_relay_and_effects_survive_a_broker_restart_and_resume_on_
             if process.process.poll() is None:
                 process.terminate()
     assert "Traceback" not in "".join(process.log() for process in processes)
+
+
+async def test_records_waiting_in_a_tier_through_a_broker_outage_longer_than_their_budget_are_applied_after_it(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream, tmp_path: Path
+) -> None:
+    # Given a record whose customer look-up fails twice (in place, then once more after the broker outage), a 3 s
+    # tier and an 8 s elapsed budget, and the consumer and relay at work
+    downstream.fail_next("customers.get", times=2, status=503, key="c-late")
+    settings = settings_for(
+        database_url,
+        kafka,
+        topics,
+        customers_url=downstream.url,
+        retry_tiers="3s",
+        blocking_attempts=1,
+        max_attempts=5,
+        max_elapsed="8s",
+    )
+    processes = [ServiceProcess(role, settings, tmp_path / f"{role}.log") for role in ("consume", "relay")]
+    try:
+        await produce(kafka, topics.source, [("T-1", placed("T-1") | {"customer_id": "c-late"}, {})])
+        await eventually(lambda: _true(downstream.calls("customers.get", "c-late") >= 1), timeout=60)
+        failed_at = time.monotonic()
+
+        # When the broker goes away while the record waits for its tier, for longer than its whole budget
+        kafka_local("stop")
+        try:
+            await asyncio.sleep(max(0.0, 10.0 - (time.monotonic() - failed_at)))  # the outage's length
+        finally:
+            kafka_local("start")
+
+        # Then its tier copy is attempted after the outage, fails once more, and is retried, not quarantined: the
+        # outage (the copy's wait past its due time) did not count against its budget
+        await eventually(lambda: scalar(engine, "SELECT count(*) = 1 FROM inbox"), timeout=120)
+        for process in processes:
+            assert process.process.poll() is None, process.log()[-3000:]
+    finally:
+        for process in processes:
+            if process.process.poll() is None:
+                process.terminate()
+    assert await rows(engine, "SELECT status, error_code FROM inbox") == [{"status": "processed", "error_code": None}]
+    assert await scalar(engine, "SELECT count(*) FROM quarantine") == 0
+    assert downstream.calls("customers.get", "c-late") == 3
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -1,13 +1,13 @@
-"""Non-blocking retry tiers, per-key ordering and backpressure on real Kafka and PostgreSQL.
+"""Non-blocking retry tiers, per-key ordering and a downstream's circuit breaker on real Kafka and PostgreSQL.
 
 Tier delays are shortened by configuration (1s, 2s); outcomes are awaited by polling, never by sleeping.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import datetime
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -214,7 +214,7 @@ async def test_a_lookup_that_overruns_the_processing_timeout_fails_as_processing
     assert await scalar(engine, "SELECT status FROM inbox") == "processed"
 
 
-async def test_a_downstream_kept_down_slows_the_consumer_down_and_it_recovers_when_it_is_back(
+async def test_a_downstream_kept_down_opens_its_breaker_for_longer_and_longer_and_all_flows_when_it_is_back(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream, tmp_path: Path
 ) -> None:
     # Given a customer directory that is down, and orders arriving on one partition
@@ -223,12 +223,11 @@ async def test_a_downstream_kept_down_slows_the_consumer_down_and_it_recovers_wh
     settings = settings_for(database_url, kafka, topics, customers_url=downstream.url, max_elapsed="120s")
     service = ServiceProcess("run", settings, tmp_path / "service.log")
     try:
-        # When failures pile up, fetching pauses instead of spending attempts, for longer and longer
-        await eventually(lambda: scalar(engine, "SELECT count(*) >= 2 FROM pauses"), timeout=60)
+        # When failures pile up, the directory's breaker opens, and each failed probe opens it for longer
+        await eventually(lambda: asyncio.sleep(0, len(_breaker_openings(service.log())) >= 3), timeout=60)
         lag_before = await _lag(kafka, settings.consumer_name, topics.source)
         await produce(kafka, topics.source, [(f"Q-{n}", placed(f"Q-{n}", customer=f"d-{n}"), {}) for n in range(6)], 0)
         lag_after = await _lag(kafka, settings.consumer_name, topics.source)
-        pauses = await rows(engine, "SELECT seconds, error_code, downstream FROM pauses ORDER BY id")
 
         # And when the directory is back, everything is applied and the lag drains
         downstream.clear_faults()
@@ -239,19 +238,22 @@ async def test_a_downstream_kept_down_slows_the_consumer_down_and_it_recovers_wh
     finally:
         assert service.terminate() == 0
 
-    # Then the pauses grew, were logged and recorded, the lag grew meanwhile, and nothing was quarantined
-    assert {(p["error_code"], p["downstream"]) for p in pauses} == {("DOWNSTREAM_UNAVAILABLE", "customers")}
-    # (two rounds in flight may record their pauses in either order, so they are compared sorted: each one the
-    # double of the one before, or the cap)
-    seconds = sorted(p["seconds"] for p in pauses)
-    assert all(later in (earlier, 2 * earlier) for earlier, later in pairwise(seconds))
-    assert seconds[-1] > seconds[0]
+    # Then the breaker's openings were logged, each twice as long as the one before, the lag grew meanwhile, the
+    # breaker closed once, and nothing was quarantined
+    openings = _breaker_openings(service.log())
+    assert {(o["downstream"], o["error_code"]) for o in openings} == {("customers", "DOWNSTREAM_UNAVAILABLE")}
+    assert [round(o["open_seconds"]) for o in openings][:3] == [2, 4, 8]
     assert lag_after > lag_before >= 1
-    assert '"backpressure_pause"' in service.log()
-    intervals = _retry_intervals(service.log(), f"{topics.source}/0/0")
-    assert intervals == sorted(intervals)
-    assert len(intervals) >= 2
+    assert service.log().count('"breaker_closed"') == 1
+    # A record spent at most the attempts of the run that opened the breaker: waiting for it spent none
+    attempts = [json.loads(line)["attempt"] for line in service.log().splitlines() if '"record_failed"' in line]
+    assert max(attempts) <= 4
     assert await scalar(engine, "SELECT count(*) FROM quarantine") == 0
+
+
+def _breaker_openings(log: str) -> list[dict[str, Any]]:
+    """The `breaker_open` lines of a service's log."""
+    return [json.loads(line) for line in log.splitlines() if '"breaker_open"' in line]
 
 
 async def _lag(bootstrap: str, group: str, topic: str) -> int:
@@ -277,15 +279,3 @@ async def _lag(bootstrap: str, group: str, topic: str) -> int:
 
 async def _lag_is(bootstrap: str, group: str, topic: str, value: int) -> bool:
     return await _lag(bootstrap, group, topic) == value
-
-
-def _retry_intervals(log: str, message_id: str) -> list[float]:
-    """The waits chosen between attempts of one record: backoff and tier delays, and backpressure pauses."""
-    waits = []
-    for line in log.splitlines():
-        if '"record_failed"' in line or '"backpressure_pause"' in line:
-            event = json.loads(line)
-            wait = event.get("retry_in_seconds") or event.get("pause_seconds")
-            if event["message_id"] == message_id and wait is not None:
-                waits.append(wait)
-    return waits

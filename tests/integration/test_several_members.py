@@ -1,9 +1,10 @@
-"""Several members of every long-running process at once, through crashes and outages: three `consume`, two
-`relay` and two `effects` processes share one consumer name under ORDERS_ORDERING=key with short retry tiers,
-while members are SIGKILLed and restarted, PostgreSQL restarts twice, the broker restarts once and the customer
-directory is away for 10 s. Afterwards every record is terminal (or parked behind a key that a quarantined head
-holds), nothing healthy is quarantined, no retry or parked row is left over, each order's events are published
-in version order, and each effect happened once.
+"""Several members of every long-running process at once, through crashes and outages: three `consume`, two `relay` and
+two `effects` processes share one consumer name under ORDERS_ORDERING=key with short retry tiers, while members are
+SIGKILLed and restarted, PostgreSQL restarts twice, the broker restarts once, and the customer directory and then the
+payment provider are each away for 10 s, with budgets those outages would spend but for the downstreams' circuit
+breakers (5 attempts and 60 s a record, 4 calls an effect). Afterwards every record is terminal (or parked behind a
+key that a quarantined head holds), nothing healthy is quarantined, no retry or parked row is left over, each order's
+events are published in version order, and each effect happened once.
 
 Black-box: real processes (`python -m service …`), real PostgreSQL and Kafka, the project's HTTP fault server.
 """
@@ -530,18 +531,17 @@ async def test_several_members_of_each_process_keep_every_guarantee_through_cras
         payments_url=downstream.url,
         emails_url=downstream.url,
         ordering="key",
-        # Short tiers, and a budget that a flaky look-up (3 failures, a few more in the outage; backpressure
-        # pauses spend none) never exhausts. A dead head, paused rather than retried once it alone fails, runs out
-        # of it 120 s after its first failure.
+        # Short tiers, and tight budgets: a flaky look-up fails 3 times, and an outage charges a record at most once
+        # (the few calls a member makes before its breaker opens), so 5 attempts hold; a 10 s outage that charged
+        # every call would spend them. A dead head runs out of them, or of its 60 s, alone.
         retry_tiers="1s,2s",
         blocking_attempts=2,
         blocking_elapsed="2s",
-        max_attempts=8,
-        max_elapsed="120s",
+        max_attempts=5,
+        max_elapsed="60s",
         effect_lease="6s",
-        # Small rounds: the consumer counts each failed record of a round as one more consecutive failure of the
-        # directory, so a round of a few thousand records with a dozen flaky look-ups would pause them for the
-        # longest backpressure pause (1 min) at once.
+        # A capture fails twice by plan; backoff (1 s, 2 s, 4 s) would spend 4 calls within a 10 s outage.
+        effect_max_attempts=4,
         batch_size=50,
     )
     # And three consumers, two relays and two effect workers on the same settings, with reconcile as cron
@@ -558,11 +558,9 @@ async def test_several_members_of_each_process_keep_every_guarantee_through_cras
         note("part 0 produced")
         # The dead heads wait in a tier before the faults begin: their history then travels with their tier
         # copies, so their elapsed budget runs from now whatever member takes them later.
-        # Two dead heads in one member fail the directory on consecutive look-ups, which pauses their partitions
-        # (backpressure) instead of spending attempts; such a head reaches its tier only once the next pause would
-        # overrun its budget, up to about 110 s after its first failure. Which member gets which head is the
-        # group's assignment, so allow for that.
-        await eventually(lambda: in_tiers(engine, plan.dead_heads()), timeout=150)
+        # Dead heads alone failing the directory in one member can open its breaker: they then wait uncharged,
+        # and reach their tier (or quarantine) as the probes fail, within their 60 s budget.
+        await eventually(lambda: in_tiers(engine, plan.dead_heads()), timeout=90)
         note("dead heads in the retry tiers")
 
         members.kill_and_restart("consume-0")
@@ -588,6 +586,9 @@ async def test_several_members_of_each_process_keep_every_guarantee_through_cras
         await asyncio.sleep(OUTAGE_SECONDS)  # the outage's length: the fault itself, not a synchronisation
         customers.start()
         note("customer directory back")
+        # The records that waited for the directory now make their captures, into the payment provider's outage
+        downstream.outage("payments.post", OUTAGE_SECONDS)
+        note("payment provider down")
 
         async with stopped("kafka-local"):
             note("Kafka stopped")

@@ -39,6 +39,7 @@ TRANSIENT = [
     ErrorCode.DOWNSTREAM_TIMEOUT,
     ErrorCode.DOWNSTREAM_UNREACHABLE,
     ErrorCode.PROCESSING_TIMEOUT,
+    ErrorCode.DOWNSTREAM_MISCONFIGURED,
 ]
 RETRYABLE = [code for code in ErrorCode if code.kind in {FailureKind.TRANSIENT, FailureKind.UNKNOWN}]
 
@@ -346,7 +347,7 @@ def test_every_retryable_code_has_an_exhausted_code_that_is_terminal(code: Error
     assert decide(exhausted, policy=TIERED) == Decision(Action.QUARANTINE, exhausted, None)
 
 
-def test_the_retryable_codes_are_the_five_transient_ones_and_unexpected_error() -> None:
+def test_the_retryable_codes_are_the_six_transient_ones_and_unexpected_error() -> None:
     assert set(RETRYABLE) == {*TRANSIENT, ErrorCode.UNEXPECTED_ERROR}
 
 

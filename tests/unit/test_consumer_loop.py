@@ -465,20 +465,23 @@ class _PausedBacklog(_Consumer):
 
 
 class _SlowDownstream(_Processor):
-    """A downstream asks the records of partition 0 to wait a minute (backpressure); rounds of the others are held
-    until the test releases them."""
+    """Partition 0 is a retry tier whose head fails and waits a minute for its next attempt (its partition pauses);
+    rounds of the others are held until the test releases them."""
+
+    def pending(self, record: SourceRecord) -> Delivery:
+        return Delivery(record, decode(record.value), record.coordinates, 0, in_tier=record.partition == 0)
 
     async def attempt_round(self, due: dict[Delivery, RetryState], stop: asyncio.Event) -> Attempted:
         if all(delivery.record.partition == 0 for delivery in due):
-            later = RetryState(due=asyncio.get_running_loop().time() + 60, backpressure=True)
+            later = RetryState(due=asyncio.get_running_loop().time() + 60)
             return Attempted(frozenset(), dict.fromkeys(due, later))
         return await super().attempt_round(due, stop)
 
 
 async def test_the_backlog_of_a_paused_partition_does_not_keep_rounds_waiting(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Given a partition paused by a downstream's backpressure, whose backlog the broker holds, another partition
-    # whose records come one at a time with nothing beyond them, rounds of 100 spaced 30 ms, and rounds of the
-    # second partition that do not finish
+    # Given a partition paused behind a retry tier's head that is not due, whose backlog the broker holds, another
+    # partition whose records come one at a time with nothing beyond them, rounds of 100 spaced 30 ms, and rounds of
+    # the second partition that do not finish
     monkeypatch.setattr(consumer_module, "_ROUND_SPACING_SECONDS", 0.03)
     processor = _SlowDownstream()
     consumer = _PausedBacklog()

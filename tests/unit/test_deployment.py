@@ -203,7 +203,7 @@ def test_every_alert_links_to_a_runbook_section_that_exists() -> None:
         for line in runbook.splitlines()
         if line.startswith("#")
     }
-    assert len(rules) == 8
+    assert len(rules) == 10
     for rule in rules:
         link = rule["annotations"]["runbook_url"]
         assert link.startswith("docs/runbook.md#"), rule["alert"]

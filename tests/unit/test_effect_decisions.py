@@ -17,7 +17,7 @@ from service.containers import http_connections
 from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
 from service.orders.effects import order_effects
-from service.orders.providers import EmailsClient, PaymentsClient, _answer
+from service.orders.providers import EmailsClient, PaymentsClient
 from service.orders.settings import OrderSettings
 from service.policy.effects import (
     MAX_CLAIM,
@@ -39,10 +39,26 @@ from service.worker.consumer import CONTEXT_LOOKUPS
 POLICY = EffectPolicy(max_attempts=3)
 
 
-def answered(status: int, body: object = None, headers: dict[str, str] | None = None) -> object:
-    """The call outcome a payments answer with this status means."""
-    response = Answer(status, CIMultiDict(headers or {}), orjson.dumps(body if body is not None else {}))
-    return _answer(response, "payment_id")
+JSON = "application/json"
+
+
+class _Answers:
+    """An HTTP client that answers every POST with one status, Content-Type and body."""
+
+    def __init__(self, status: int, content_type: str, body: bytes, headers: dict[str, str]) -> None:
+        self._answer = Answer(status, CIMultiDict({"content-type": content_type, **headers}), body)
+
+    async def post(self, url: str, json: object = None, headers: object = None) -> Answer:
+        return self._answer
+
+
+async def answered(
+    status: int, body: object = None, headers: dict[str, str] | None = None, content_type: str = JSON
+) -> object:
+    """The call outcome a payment provider's answer with this status means (to a provider whose breaker is closed)."""
+    raw = body if isinstance(body, bytes) else orjson.dumps(body if body is not None else {})
+    payments = PaymentsClient(_Answers(status, content_type, raw, headers or {}), "http://payments.test")  # type: ignore[arg-type]
+    return await payments.pay("A-1/payment.capture", {}, "capture")
 
 
 @pytest.mark.parametrize(
@@ -53,30 +69,52 @@ def answered(status: int, body: object = None, headers: dict[str, str] | None = 
         (402, Refused(OrderCode.PAYMENT_DECLINED)),
         (422, Refused(ErrorCode.PROVIDER_REJECTED)),
         (400, Refused(ErrorCode.PROVIDER_REJECTED)),
-        (401, NotSent(ErrorCode.PROVIDER_UNAUTHORIZED)),
-        (403, NotSent(ErrorCode.PROVIDER_UNAUTHORIZED)),
+        (401, NotSent(ErrorCode.PROVIDER_UNAUTHORIZED, charged=False)),  # our credentials: spends nothing
+        (403, NotSent(ErrorCode.PROVIDER_UNAUTHORIZED, charged=False)),
         (409, Unknown(ErrorCode.PROVIDER_IN_PROGRESS)),
         (429, NotSent(ErrorCode.RATE_LIMITED)),
         (500, NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)),
         (503, NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)),
         (408, NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)),  # the provider timed out waiting for our request
         (425, NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)),  # too early: send it again
-        (404, NotSent(ErrorCode.PROVIDER_MISCONFIGURED)),  # a call's endpoint: our URL, not the effect
-        (405, NotSent(ErrorCode.PROVIDER_MISCONFIGURED)),
+        (404, NotSent(ErrorCode.PROVIDER_MISCONFIGURED, charged=False)),  # a call's endpoint: our URL, not the effect
+        (405, NotSent(ErrorCode.PROVIDER_MISCONFIGURED, charged=False)),
+        (308, NotSent(ErrorCode.PROVIDER_MISCONFIGURED, charged=False)),  # http → https: our URL
         (410, Refused(ErrorCode.PROVIDER_REJECTED)),
     ],
 )
-def test_each_provider_status_means_one_documented_outcome(status: int, expected: object) -> None:
-    assert answered(status, {"payment_id": "p-1"}) == expected
+async def test_each_provider_status_means_one_documented_outcome(status: int, expected: object) -> None:
+    assert await answered(status, {"payment_id": "p-1"}) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "content_type", "body", "expected"),
+    [
+        (204, "", b"", Unknown(ErrorCode.PROVIDER_MISCONFIGURED)),
+        (200, "text/html", b"<html>welcome</html>", Unknown(ErrorCode.PROVIDER_MISCONFIGURED)),
+        (201, JSON, b"[]", Unknown(ErrorCode.PROVIDER_MISCONFIGURED)),
+        (402, "text/html", b"<html>pay me</html>", NotSent(ErrorCode.PROVIDER_MISCONFIGURED, charged=False)),
+        (404, "text/html", b"<html>not found</html>", NotSent(ErrorCode.PROVIDER_MISCONFIGURED, charged=False)),
+        (404, JSON, b'{"error": "not found"}', NotSent(ErrorCode.PROVIDER_MISCONFIGURED, charged=False)),
+    ],
+    ids=["204", "html-200", "json-not-the-document", "html-402", "html-404", "json-404-to-a-call"],
+)
+async def test_an_answer_that_is_not_the_providers_own_fails_nothing(
+    status: int, content_type: str, body: bytes, expected: object
+) -> None:
+    # Given answers a wrong URL, a proxy or a login page give (contract §6, "Which answers are the API's own")
+    # When the capture's outcome is read, Then nothing is declined or failed: what may have been acted on (a 2xx)
+    # is looked up, the rest is not sent, and neither spends an attempt
+    assert await answered(status, body, content_type=content_type) == expected
 
 
 @pytest.mark.parametrize("code", [ErrorCode.PROVIDER_UNAUTHORIZED, ErrorCode.PROVIDER_MISCONFIGURED])
-def test_credentials_or_a_url_refused_wait_the_longest_backoff_and_spend_no_attempt_however_often(
+def test_credentials_or_a_url_refused_wait_for_the_breaker_and_spend_no_attempt_however_often(
     code: ErrorCode,
 ) -> None:
-    decision = after_call(NotSent(code), 99, POLICY, random.Random(1))
+    decision = after_call(NotSent(code, charged=False), 99, POLICY, random.Random(1))
 
-    assert decision == EffectDecision("pending", code, retry_in=POLICY.max_delay, unmade=True)
+    assert decision == EffectDecision("pending", code, retry_in=timedelta(0), unmade=True)
 
 
 def test_a_provider_still_working_on_the_key_makes_the_effect_uncertain_for_a_look_up() -> None:

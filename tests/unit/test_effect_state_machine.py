@@ -39,9 +39,14 @@ POLICY = EffectPolicy(
         (Unknown(ErrorCode.OUTCOME_UNKNOWN), 1, EffectDecision("uncertain", ErrorCode.OUTCOME_UNKNOWN)),
         (Unknown(ErrorCode.OUTCOME_UNKNOWN), 4, EffectDecision("uncertain", ErrorCode.OUTCOME_UNKNOWN)),
         (
-            NotSent(ErrorCode.PROVIDER_UNAUTHORIZED),
+            NotSent(ErrorCode.PROVIDER_UNAUTHORIZED, charged=False),
             4,
-            EffectDecision("pending", ErrorCode.PROVIDER_UNAUTHORIZED, retry_in=timedelta(seconds=10), unmade=True),
+            EffectDecision("pending", ErrorCode.PROVIDER_UNAUTHORIZED, retry_in=timedelta(0), unmade=True),
+        ),
+        (
+            NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE, charged=False),
+            4,
+            EffectDecision("pending", ErrorCode.DOWNSTREAM_UNAVAILABLE, retry_in=timedelta(0), unmade=True),
         ),
         (
             NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE),
@@ -56,7 +61,8 @@ POLICY = EffectPolicy(
         "refused: failed for good",
         "may have been acted on: uncertain",
         "uncertain even past the attempts: the look-up decides",
-        "credentials refused: the longest wait, no attempt spent",
+        "credentials refused: waits for the breaker, no attempt spent",
+        "the breaker open: waits for it, no attempt spent, even on the last attempt",
         "transient on the last attempt: exhausted",
         "transient past the last attempt: exhausted",
     ],

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from service.adapters.http import MAX_RETRY_AFTER, Answer, _request_bytes, call_status, path_segment, retry_after
+from service.adapters.http import MAX_RETRY_AFTER, Answer, _request_bytes, judge, path_segment, retry_after
 from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
 from service.orders.effects import order_effects
@@ -26,9 +26,9 @@ def test_a_hostile_retry_after_is_capped_or_ignored_never_raised(value: str) -> 
     # that str.isdigit accepts and int() refuses
     answer = Answer(429, {"retry-after": value}, b"")
 
-    # When the effect's call reads it, Then it is capped (or ignored), and the call ends as an outcome
+    # When the effect's call reads it, Then it is capped (or ignored), and the answer is read as an outage
     assert retry_after(answer) in (MAX_RETRY_AFTER, None)
-    assert call_status(answer).code is not None
+    assert judge(answer, lambda _: True).code is ErrorCode.RATE_LIMITED
 
 
 @given(st.text())
@@ -112,14 +112,21 @@ def test_a_request_is_written_as_asked_or_refused_before_a_byte_leaves(key: str,
     assert parsed.body == b'{"a":1}'
 
 
-class _Answering:
-    """An HTTP client whose every GET is answered 200 with one JSON body."""
+JSON = {"content-type": "application/json"}
 
-    def __init__(self, body: object) -> None:
+
+class _Answering:
+    """An HTTP client whose every GET and POST is answered with one status and JSON body."""
+
+    def __init__(self, body: object, status: int = 200) -> None:
         self._body = orjson.dumps(body)
+        self._status = status
 
     async def get(self, url: str, params: object = None) -> Answer:
-        return Answer(200, {}, self._body)
+        return Answer(self._status, JSON, self._body)
+
+    async def post(self, url: str, json: object = None, headers: object = None) -> Answer:
+        return Answer(self._status, JSON, self._body)
 
 
 _JSON = st.recursive(
@@ -156,10 +163,14 @@ async def test_an_email_look_up_says_nothing_was_sent_only_for_an_empty_list(bod
 
 
 @pytest.mark.parametrize("body", [{"payment_id": None}, {"payment_id": ""}, {"payment_id": {}}, {"payment_id": True}])
-def test_a_capture_answered_without_a_usable_payment_id_is_left_to_a_look_up(body: object) -> None:
-    # Given a 201 whose payment id is null, empty, an object or a boolean
-    # When the call's outcome is read, Then it is not recorded as sent with that id: a look-up decides
-    assert _answer(Answer(201, {}, orjson.dumps(body)), "payment_id") == Unknown(ErrorCode.UNEXPECTED_ERROR)
+async def test_a_capture_answered_without_a_usable_payment_id_is_left_to_a_look_up(body: object) -> None:
+    # Given a 201 whose payment id is null, empty, an object or a boolean: not the provider's documented answer
+    payments = PaymentsClient(_Answering(body, 201), "http://payments.test")  # type: ignore[arg-type]
+
+    # When the call's outcome is read, Then it is not recorded as sent with that id: whatever answered may have
+    # acted, a look-up decides; and the provider's breaker opens as for a misconfiguration
+    assert await payments.pay("A-1/payment.capture", {}, "capture") == Unknown(ErrorCode.PROVIDER_MISCONFIGURED)
+    assert payments.guard.breaker.misconfigured
 
 
 @pytest.mark.parametrize(
@@ -186,7 +197,7 @@ async def test_a_payment_answered_with_a_status_that_took_no_money_is_declined_a
     body = {"payment_id": "pay-1", "status": status}
 
     # When the call's outcome and the look-up's are read
-    called = _answer(Answer(code, {}, orjson.dumps(body)), "payment_id", kind)
+    called = _answer(Answer(code, JSON, orjson.dumps(body)), "payment_id", kind)
     found = await PaymentsClient(_Answering(body), "http://payments.test").find(f"A-1/payment.{kind}", kind)  # type: ignore[arg-type]
 
     # Then it is declined, as with a 402 (not `sent`, no `payment.captured`), and the look-up says no payment took
@@ -202,7 +213,7 @@ async def test_a_refund_answered_voided_is_done(status: str) -> None:
 
     # When the call's outcome and the look-up's are read, Then the refund is sent (for a capture the same words
     # would say it took no money)
-    assert _answer(Answer(201, {}, orjson.dumps(body)), "payment_id", "refund") == Sent("ref-1")
+    assert _answer(Answer(201, JSON, orjson.dumps(body)), "payment_id", "refund") == Sent("ref-1")
     found = await PaymentsClient(_Answering(body), "http://payments.test").find("A-1/payment.refund", "refund")  # type: ignore[arg-type]
     assert found == Found("ref-1")
 
@@ -221,7 +232,7 @@ async def test_a_payment_with_any_other_status_is_sent_with_its_id(kind: str, st
     body = {"payment_id": "pay-1", "status": status}
 
     # When the call's outcome and the look-up's are read, Then both record the payment
-    assert _answer(Answer(201, {}, orjson.dumps(body)), "payment_id", kind) == Sent("pay-1")
+    assert _answer(Answer(201, JSON, orjson.dumps(body)), "payment_id", kind) == Sent("pay-1")
     found = await PaymentsClient(_Answering(body), "http://payments.test").find(f"A-1/payment.{kind}", kind)  # type: ignore[arg-type]
     assert found == Found("pay-1")
 
@@ -235,12 +246,12 @@ class _Payments:
         self.posted: list[str] = []
 
     async def get(self, url: str, params: dict[str, str]) -> Answer:
-        status, body = self._answers.get(params["idempotency_key"], (404, {}))
-        return Answer(status, {}, orjson.dumps(body))
+        status, body = self._answers.get(params["idempotency_key"], (404, {"error": "not found"}))
+        return Answer(status, JSON, orjson.dumps(body))
 
     async def post(self, url: str, json: object = None, headers: dict[str, str] | None = None) -> Answer:
         self.posted.append(str((headers or {}).get("Idempotency-Key")))
-        return Answer(201, {}, orjson.dumps({"payment_id": "new-1"}))
+        return Answer(201, JSON, orjson.dumps({"payment_id": "new-1"}))
 
 
 _REFUND = EffectRow("A-1/payment.refund", "A-1", "payment.refund", {"kind": "refund"}, 1, 0, "failed")
@@ -251,7 +262,8 @@ _REFUND = EffectRow("A-1/payment.refund", "A-1", "payment.refund", {"kind": "ref
     [
         ((200, {"payment_id": "ref-1", "status": "voided"}), Sent("ref-1")),
         ((200, {"payment_id": "ref-1", "status": "succeeded"}), Sent("ref-1")),
-        ((404, {}), Refused(OrderCode.CAPTURE_FAILED)),
+        ((404, {"error": "not found"}), Refused(OrderCode.CAPTURE_FAILED)),
+        ((404, {}), NotSent(ErrorCode.PROVIDER_MISCONFIGURED, charged=False)),  # not the provider's own "not found"
         ((503, {}), NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE)),
     ],
 )
@@ -273,3 +285,45 @@ async def test_a_refund_whose_capture_reads_as_voided_asks_for_itself_before_it_
     # posted again either way
     assert called == outcome
     assert http.posted == []
+
+
+_CAPTURE_B = {"order_id": "B-1", "amount_cents": 1000, "currency": "EUR", "kind": "capture"}
+
+
+@pytest.mark.parametrize(
+    ("echoed", "outcome"),
+    [
+        ({}, Sent("pay-B")),  # the contract's answer echoes neither
+        ({"idempotency_key": "B-1/payment.capture", "order_id": "B-1", "amount_cents": 1000}, Sent("pay-B")),
+        ({"idempotency_key": "A-1/payment.capture"}, Unknown(ErrorCode.UNEXPECTED_ERROR)),
+        ({"order_id": "A-1"}, Unknown(ErrorCode.UNEXPECTED_ERROR)),
+        ({"idempotency_key": "B-1/payment.capture", "order_id": "A-1"}, Unknown(ErrorCode.UNEXPECTED_ERROR)),
+        ({"idempotency_key": "b-1/payment.capture"}, Unknown(ErrorCode.UNEXPECTED_ERROR)),  # keys are exact
+        ({"idempotency_key": None}, Unknown(ErrorCode.UNEXPECTED_ERROR)),
+        ({"order_id": "A-1", "status": "failed"}, Unknown(ErrorCode.UNEXPECTED_ERROR)),  # not B's refusal either
+    ],
+    ids=[
+        "none",
+        "its-own",
+        "another-key",
+        "another-order",
+        "its-key-another-order",
+        "key-case",
+        "null-key",
+        "declined",
+    ],
+)
+async def test_a_payment_answer_that_names_another_payment_is_unknown_never_sent(
+    echoed: dict[str, object], outcome: object
+) -> None:
+    # Given a 201 to payment B that may echo the payment's idempotency key or order id (a provider's late second
+    # answer to payment A, read on a kept connection as B's, echoes A's)
+    answer = {"payment_id": "pay-B", "status": "succeeded", **echoed}
+    payments = PaymentsClient(_Answering(answer, 201), "http://payments.test")  # type: ignore[arg-type]
+
+    # When payment B's call reads it
+    called = await payments.pay("B-1/payment.capture", _CAPTURE_B, "capture")
+
+    # Then it is sent only when every field it echoes is B's; otherwise B's effect is uncertain, and the reconciler
+    # looks it up by its key
+    assert called == outcome

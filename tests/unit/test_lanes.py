@@ -137,19 +137,23 @@ def test_a_lane_stalls_its_partition_when_it_holds_all_but_a_rounds_worth() -> N
     assert lanes.parked_keys() == {"K9"}
 
 
-def test_a_record_a_downstream_asked_to_wait_for_stalls_its_partition_until_it_is_due() -> None:
-    # Given a round whose record was told by a downstream to come back at t=10 (backpressure)
+def test_a_record_waiting_for_a_breaker_keeps_its_partition_fetching_and_is_due_when_the_breaker_closes() -> None:
+    # Given a round whose record waits for the customers' breaker until t=10, and another record waiting on another
     lanes = Lanes(round_size=2, bound=12)
-    record = _pending(0, "A")
-    lanes.add(LANE, [record])
+    record, other = _pending(0, "A"), _pending(1, "B")
+    lanes.add(LANE, [record, other])
     taken = lanes.take(0.0, []).due
+    lanes.settle(
+        taken, set(), {record: RetryState(due=10.0, breaker="customers"), other: RetryState(due=10.0, breaker="stock")}
+    )
 
-    # When the round settles without it, with its new retry state
-    lanes.settle(taken, set(), {record: RetryState(due=10.0, backpressure=True)})
+    # Then its partition keeps fetching (records that need no customer flow meanwhile), and nothing is due before t=10
+    assert lanes.stalled(0.0) == set()
+    assert (lanes.take(5.0, []).due, lanes.next_due(0.0)) == ({}, 10.0)
 
-    # Then its partition fetches nothing until t=10, and then it may again
-    assert (lanes.stalled(9.9), lanes.stalled(10.0)) == ({LANE}, set())
-    assert lanes.next_due(0.0) == 10.0
+    # When the customers' breaker closes, Then its records are due at once, and the other breaker's still wait
+    assert lanes.wake("customers") == 1
+    assert list(lanes.take(5.0, []).due) == [record]
 
 
 def test_only_a_retry_tier_lane_stalls_behind_a_head_that_is_not_due_whatever_the_topic_names() -> None:
@@ -178,6 +182,7 @@ async def test_a_record_read_from_a_retry_tier_is_a_tier_copy_and_one_from_the_s
     # Given a processor whose source topic's name holds ".retry.", a record of that topic, and a copy of it on the
     # topic's 30 s tier, due in an hour
     processor = _processor("shop.retry.orders")
+    processor_name = "order-service"  # the default consumer name, which `_processor` keeps
     topics = Topics("shop.retry.orders")
     original = SourceRecord(topics.source, 0, 7, 0, b"A", b"{}", (("message-id", b"A.7"),))
     now = datetime.now(UTC)
@@ -189,6 +194,7 @@ async def test_a_record_read_from_a_retry_tier_is_a_tier_copy_and_one_from_the_s
         AttemptHistory.first(now),
         now + timedelta(hours=1),
         ErrorCode.DOWNSTREAM_TIMEOUT,
+        consumer=processor_name,
     )
     copy = SourceRecord(topics.retry("30s"), 0, 0, 0, b"A", b"{}", tuple(headers))
 
@@ -245,7 +251,7 @@ def test_a_round_that_settles_after_its_lane_was_forgotten_keeps_no_retry_state_
     lanes.forget([LANE])
 
     # When the round settles
-    lanes.settle(taken, set(), {record: RetryState(due=9.0, backpressure=True)})
+    lanes.settle(taken, set(), {record: RetryState(due=9.0, breaker="customers")})
 
     # Then nothing of it stays: no state, no due time, no stalled partition
     assert (lanes.state(record), lanes.next_due(0.0), lanes.stalled(0.0)) == (RetryState(), None, set())

@@ -1,21 +1,21 @@
 """The next step after a failed attempt (service/policy/next_step.py): retry in place within the budget, hand
-over to a tier, quarantine when the budget is spent or the input is invalid, and pause, without spending an
-attempt, when a downstream keeps failing or asks us to wait. Table-driven, no I/O, no sleeping."""
+over to a tier, quarantine when the budget is spent or the input is invalid, and wait for the downstream's circuit
+breaker, without spending an attempt, when the breaker did not charge the failure. Table-driven, no I/O, no
+sleeping."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from service.domain.codes import ErrorCode
-from service.policy.backpressure import BackpressurePolicy
 from service.policy.classify import Failure
 from service.policy.delivery import FRESH, Delivery, RetryState
 from service.policy.handling import DecodeFailure
-from service.policy.next_step import Budgets, NextStep, Pause, Quarantine, RetryInPlace, ToTier, next_step
+from service.policy.next_step import Budgets, NextStep, Quarantine, RetryInPlace, ToTier, Wait, next_step
 from service.policy.records import SourceRecord
 from service.policy.retry import AttemptHistory, Budget, RetryPolicy
 
@@ -27,7 +27,6 @@ POLICY = RetryPolicy(
     tiers=(timedelta(seconds=30), timedelta(minutes=5)),
 )
 BUDGETS = Budgets.of(POLICY)
-BACKPRESSURE = BackpressurePolicy(after_failures=5, pause=timedelta(seconds=2), max_pause=timedelta(minutes=1))
 TIMEOUT = Failure(ErrorCode.DOWNSTREAM_TIMEOUT, downstream="directory")
 
 
@@ -51,20 +50,19 @@ def step(
     state: RetryState = FRESH,
     failure: Failure = TIMEOUT,
     *,
-    failing: int = 0,
     in_tier: bool = False,
     reprocess: bool = False,
+    downtime: float = 0.0,
 ) -> NextStep:
     return next_step(
         delivery(in_tier=in_tier, reprocess=reprocess),
         state,
         failure,
         budgets=BUDGETS,
-        backpressure=BACKPRESSURE,
-        failing=failing,
         now=NOW,
         loop_now=LOOP_NOW,
         rng=random.Random(7),
+        downtime=downtime,
     )
 
 
@@ -86,9 +84,9 @@ def test_a_transient_failure_within_the_blocking_budget_is_retried_in_place_afte
     assert decided.state.history is not None
     assert decided.state.history.attempts == attempt
     assert decided.state.due == LOOP_NOW + decided.delay.total_seconds()
-    assert (decided.state.last_code, decided.state.backpressure, decided.state.verdict) == (
+    assert (decided.state.last_code, decided.state.breaker, decided.state.verdict) == (
         ErrorCode.DOWNSTREAM_TIMEOUT,
-        False,
+        None,
         None,
     )
 
@@ -112,7 +110,7 @@ def test_a_failure_past_the_blocking_phase_is_handed_over_to_the_next_tier(
     decided = step(state, in_tier=in_tier)
 
     assert decided == ToTier(
-        RetryState(decided.state.history, LOOP_NOW, False, None, expected_delay, ErrorCode.DOWNSTREAM_TIMEOUT),
+        RetryState(decided.state.history, LOOP_NOW, None, None, expected_delay, ErrorCode.DOWNSTREAM_TIMEOUT),
         expected_delay,
     ), why
 
@@ -154,93 +152,79 @@ def test_a_spent_budget_or_invalid_input_is_quarantined_on_the_next_write(
     assert decided.state.history.attempts == attempts + 1
 
 
+HELD = Failure(ErrorCode.DOWNSTREAM_UNAVAILABLE, timedelta(seconds=8), "directory", charged=False)
+
+
 @pytest.mark.parametrize(
-    ("failure", "failing", "expected"),
+    ("failure", "expected"),
     [
-        (TIMEOUT, 4, None),
-        (TIMEOUT, 5, timedelta(seconds=2)),
-        (TIMEOUT, 6, timedelta(seconds=4)),
-        (TIMEOUT, 9, timedelta(seconds=32)),
-        (TIMEOUT, 10, timedelta(minutes=1)),
-        (TIMEOUT, 1_000, timedelta(minutes=1)),
-        (Failure(ErrorCode.RATE_LIMITED, timedelta(seconds=3), "directory"), 0, timedelta(seconds=3)),
-        (Failure(ErrorCode.RATE_LIMITED, timedelta(hours=1), "directory"), 0, timedelta(minutes=1)),
-        (Failure(ErrorCode.UNEXPECTED_ERROR, downstream="directory"), 50, None),
-        (Failure(ErrorCode.MALFORMED_PAYLOAD), 50, None),
+        (HELD, timedelta(seconds=8)),
+        (Failure(ErrorCode.RATE_LIMITED, timedelta(seconds=3), "directory", charged=False), timedelta(seconds=3)),
+        (Failure(ErrorCode.DOWNSTREAM_MISCONFIGURED, None, "directory", charged=False), timedelta(seconds=1)),
     ],
-    ids=[
-        "below the threshold: an attempt",
-        "at the threshold: the first pause",
-        "doubling",
-        "doubling again",
-        "bounded",
-        "bounded however long the run",
-        "rate limited: the time the server asked for",
-        "rate limited: bounded",
-        "not transient: never a pause",
-        "invalid: never a pause",
-    ],
+    ids=["open: until its probe", "rate limited: the time the server asked for", "no time given: a second"],
 )
-def test_a_run_of_failures_of_one_downstream_pauses_without_spending_an_attempt(
-    failure: Failure, failing: int, expected: timedelta | None
+def test_a_failure_the_breaker_did_not_charge_waits_for_it_without_spending_an_attempt(
+    failure: Failure, expected: timedelta
 ) -> None:
     before = failed(2, timedelta(seconds=1))
 
-    decided = step(before, failure, failing=failing)
+    decided = step(before, failure)
 
-    if expected is None:
-        assert not isinstance(decided, Pause)
-        assert decided.state.backpressure is False
-        return
-    assert decided == Pause(
-        RetryState(before.history, LOOP_NOW + expected.total_seconds(), backpressure=True), expected
+    assert decided == Wait(
+        RetryState(before.history, LOOP_NOW + expected.total_seconds(), "directory", last_code=failure.code), expected
     )
 
 
-def test_a_first_failure_that_pauses_starts_the_elapsed_budget_with_no_attempt_spent() -> None:
-    decided = step(FRESH, failing=5)
+def test_a_record_the_breaker_refused_before_its_first_call_starts_its_elapsed_budget_with_no_attempt_spent() -> None:
+    decided = step(FRESH, HELD)
 
-    assert decided == Pause(RetryState(AttemptHistory(0, NOW, NOW), LOOP_NOW + 2.0, True), timedelta(seconds=2))
+    assert decided == Wait(
+        RetryState(AttemptHistory(0, NOW, NOW), LOOP_NOW + 8.0, "directory", last_code=HELD.code),
+        timedelta(seconds=8),
+    )
+
+
+def test_a_wait_for_the_breaker_never_outlasts_the_elapsed_budget() -> None:
+    decided = step(failed(2, timedelta(minutes=14, seconds=57)), HELD)
+
+    assert isinstance(decided, Wait)
+    assert decided.duration == timedelta(seconds=3)
 
 
 @pytest.mark.parametrize(
-    ("first_failed_ago", "pauses"),
+    ("failure", "code"),
     [
-        (timedelta(minutes=14, seconds=58), True),  # the pause ends exactly at the 15-minute budget
-        (timedelta(minutes=14, seconds=58, milliseconds=1), False),  # it would end past it
+        (HELD, ErrorCode.DOWNSTREAM_UNAVAILABLE_EXHAUSTED),
+        (replace(HELD, code=ErrorCode.DOWNSTREAM_MISCONFIGURED), ErrorCode.DOWNSTREAM_MISCONFIGURED_EXHAUSTED),
+        (replace(HELD, code=ErrorCode.RATE_LIMITED), ErrorCode.RATE_LIMITED_EXHAUSTED),
     ],
-    ids=["ends at the budget: a pause", "ends past the budget: an attempt"],
 )
-def test_a_pause_that_would_outlast_the_elapsed_budget_spends_an_attempt_instead(
-    first_failed_ago: timedelta, pauses: bool
+def test_a_record_whose_budget_ends_while_its_breaker_is_open_is_quarantined_with_the_breaker_named(
+    failure: Failure, code: ErrorCode
 ) -> None:
-    before = failed(2, first_failed_ago, tier_step=1)
+    before = failed(2, timedelta(minutes=15), tier_step=1)
 
-    decided = step(before, failing=5, in_tier=True)
+    decided = step(before, failure, in_tier=True)
 
-    # So a downstream that never comes back still ends the record in quarantine.
-    assert isinstance(decided, Pause) is pauses
-    if not pauses:
-        assert decided == Quarantine(
-            RetryState(
-                AttemptHistory(3, NOW - first_failed_ago, NOW, 1),
-                LOOP_NOW,
-                verdict=ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED,
-                last_code=ErrorCode.DOWNSTREAM_TIMEOUT,
-            ),
-            ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED,
-        )
-
-
-def test_a_rate_limit_late_in_the_budget_still_pauses_while_the_pause_ends_within_it() -> None:
-    rate_limited = Failure(ErrorCode.RATE_LIMITED, timedelta(seconds=30), "directory")
-
-    decided = step(failed(1, timedelta(minutes=14)), rate_limited)
-
-    assert decided == Pause(
-        RetryState(AttemptHistory(1, NOW - timedelta(minutes=14), NOW), LOOP_NOW + 30.0, True),
-        timedelta(seconds=30),
+    # So a downstream that never comes back still ends the record in quarantine, with no attempt spent on it.
+    assert decided == Quarantine(
+        RetryState(before.history, LOOP_NOW, "directory", verdict=code, last_code=failure.code), code
     )
+
+
+def test_own_downtime_since_the_last_failure_does_not_count_against_the_elapsed_budget() -> None:
+    # Given a record whose first failure was 10.5 min ago, whose next tier (5 min) would end past its 15-min budget
+    before = failed(1, timedelta(minutes=10, seconds=30), tier_step=1)
+    assert isinstance(step(before, TIMEOUT, in_tier=True), Quarantine)
+
+    # When it fails again after our own database was unreachable for a minute since its last failure
+    decided = step(replace(before, downtime_mark=100.0), TIMEOUT, in_tier=True, downtime=160.0)
+
+    # Then that minute is excused: it goes to the next tier, and its history remembers what was excused
+    assert isinstance(decided, ToTier)
+    assert decided.state.history is not None
+    assert (decided.state.history.excused, decided.state.downtime_mark) == (timedelta(minutes=1), 160.0)
 
 
 def test_a_retry_in_place_keeps_a_hand_off_decided_before_so_the_next_write_makes_it() -> None:
@@ -312,8 +296,6 @@ def test_invalid_input_whose_quarantine_write_fails_waits_and_keeps_its_own_code
         FRESH,
         Failure(ErrorCode.UNEXPECTED_ERROR),
         budgets=BUDGETS,
-        backpressure=BACKPRESSURE,
-        failing=0,
         now=NOW,
         loop_now=LOOP_NOW,
         rng=random.Random(7),

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from service.domain.codes import ErrorCode
 from service.policy.records import Coordinates, SourceRecord
-from service.policy.redelivery import Redelivery, origin_of, parse, tier_headers
+from service.policy.redelivery import Redelivery, addressed_elsewhere, origin_of, parse, tier_headers
 from service.policy.retry import AttemptHistory
 
 TIMESTAMP_MS = 1_785_488_400_123  # 2026-07-31T09:00:00.123Z
@@ -22,6 +22,7 @@ LAST_FAILED = datetime(2026, 7, 31, 9, 10, 1, 125_000, tzinfo=UTC)
 DUE = LAST_FAILED + timedelta(seconds=30)
 HISTORY = AttemptHistory(attempts=3, first_failed_at=FIRST_FAILED, last_failed_at=LAST_FAILED, tier_step=1)
 ORIGIN = Coordinates("orders", 12, 884193)
+CONSUMER = "order-service"  # the consumer name that writes the copies
 OURS = [
     "message-id",
     "failure-id",
@@ -31,7 +32,9 @@ OURS = [
     "first-failed-at",
     "last-failed-at",
     "retry-due-at",
+    "retry-excused-ms",
     "error-code",
+    "consumer",
 ]
 
 
@@ -47,7 +50,16 @@ def on_tier(headers: list[tuple[str, bytes]] | tuple[tuple[str, bytes], ...], of
 
 def copy_of(record: SourceRecord, history: AttemptHistory = HISTORY, due_at: datetime = DUE) -> list[tuple[str, bytes]]:
     """The headers of the tier copy of `record`, first read at ORIGIN."""
-    return tier_headers(record, record.message_id, ORIGIN, TIMESTAMP_MS, history, due_at, ErrorCode.DOWNSTREAM_TIMEOUT)
+    return tier_headers(
+        record,
+        record.message_id,
+        ORIGIN,
+        TIMESTAMP_MS,
+        history,
+        due_at,
+        ErrorCode.DOWNSTREAM_TIMEOUT,
+        consumer=CONSUMER,
+    )
 
 
 def epoch_ms(moment: datetime) -> bytes:
@@ -72,7 +84,28 @@ def test_the_tier_headers_name_the_original_coordinates_the_history_and_the_due_
     assert headers["first-failed-at"] == epoch_ms(FIRST_FAILED) == b"1785489000250"
     assert headers["last-failed-at"] == epoch_ms(LAST_FAILED)
     assert headers["retry-due-at"] == epoch_ms(DUE) == b"1785489031125"
+    assert headers["retry-excused-ms"] == b"0"
     assert headers["error-code"] == b"DOWNSTREAM_TIMEOUT"
+    assert headers["consumer"] == CONSUMER.encode()
+
+
+def test_the_time_a_history_excuses_travels_with_the_copy() -> None:
+    # Given a record that sat through 42.5 s of our own outages since its first failure
+    excused = replace(HISTORY, excused=timedelta(seconds=42, milliseconds=500))
+
+    # When its tier copy is read back, Then the excused time comes with it
+    copy = on_tier(copy_of(source(), excused))
+    assert dict(copy.headers)["retry-excused-ms"] == b"42500"
+    assert parse(copy) == Redelivery(ORIGIN, TIMESTAMP_MS, excused, DUE)
+
+
+def test_a_copy_written_before_the_excused_header_existed_excuses_nothing() -> None:
+    headers = [(name, value) for name, value in copy_of(source()) if name != "retry-excused-ms"]
+
+    redelivered = parse(on_tier(headers))
+
+    assert redelivered is not None
+    assert redelivered.history == HISTORY
 
 
 @pytest.mark.parametrize(
@@ -135,7 +168,9 @@ def test_a_tier_copy_reads_back_with_any_original_timestamp(stamp: int) -> None:
     record = replace(source(), timestamp_ms=stamp)
 
     # When its tier copy is read back
-    headers = tier_headers(record, record.message_id, ORIGIN, stamp, HISTORY, DUE, ErrorCode.DOWNSTREAM_TIMEOUT)
+    headers = tier_headers(
+        record, record.message_id, ORIGIN, stamp, HISTORY, DUE, ErrorCode.DOWNSTREAM_TIMEOUT, consumer=CONSUMER
+    )
     copy = on_tier(headers)
 
     # Then it is a redelivery of the original, with that timestamp (not a fresh record of the tier topic)
@@ -170,8 +205,10 @@ def replaced(name: str, value: bytes) -> list[tuple[str, bytes]]:
         *[
             pytest.param(without(name), id=f"missing-{name}")
             for name in OURS
-            if name not in {"message-id", "error-code"}
+            if name not in {"message-id", "error-code", "retry-excused-ms", "consumer"}
         ],
+        pytest.param(replaced("retry-excused-ms", b"-5"), id="excused-negative"),
+        pytest.param(replaced("retry-excused-ms", b"9" * 18), id="excused-overflows"),
         pytest.param(replaced("failure-id", b"orders/12"), id="failure-id-two-parts"),
         pytest.param(replaced("failure-id", b"orders/twelve/884193"), id="failure-id-partition-not-a-number"),
         pytest.param(replaced("failure-id", b"orders/12/"), id="failure-id-no-offset"),
@@ -189,3 +226,33 @@ def replaced(name: str, value: bytes) -> list[tuple[str, bytes]]:
 )
 def test_missing_or_garbled_tier_headers_read_as_no_redelivery(headers: list[tuple[str, bytes]]) -> None:
     assert parse(on_tier(headers)) is None
+
+
+@pytest.mark.parametrize(
+    ("headers", "elsewhere"),
+    [
+        pytest.param((("consumer", b"billing"),), True, id="another-consumer"),
+        pytest.param((("consumer", CONSUMER.encode()),), False, id="this-consumer"),
+        pytest.param((), False, id="sent-before-copies-named-their-consumer"),
+        pytest.param((("consumer", b"billing"), ("consumer", CONSUMER.encode())), False, id="the-last-header-counts"),
+        pytest.param((("consumer", CONSUMER.encode() + b" "),), True, id="compared-byte-exact"),
+    ],
+)
+def test_a_copy_is_another_consumers_only_when_its_consumer_header_names_another_consumer(
+    headers: tuple[tuple[str, bytes], ...], elsewhere: bool
+) -> None:
+    # Given a copy read back from a tier (or the reprocess topic), When it is asked whose it is
+    copy = on_tier(headers)
+
+    # Then it is another consumer's exactly when its header names one
+    assert addressed_elsewhere(copy, CONSUMER) is elsewhere
+
+
+def test_a_record_that_came_with_a_consumer_header_of_its_own_is_copied_under_the_copying_consumers() -> None:
+    # Given a record whose producer set a header named `consumer`
+    record = source((("consumer", b"a producer's value"),))
+
+    # When it is copied to a tier, Then the copy names the consumer that copied it, once
+    copy = on_tier(copy_of(record))
+    assert [value for name, value in copy.headers if name == "consumer"] == [CONSUMER.encode()]
+    assert not addressed_elsewhere(copy, CONSUMER)

@@ -72,10 +72,13 @@ def delivery(
     parked_id: int | None = None,
     in_tier: bool = False,
     reprocess: bool = False,
+    foreign: bool = False,
 ) -> Delivery:
     headers = (("message-id", (message_id or f"m{offset}").encode()),)
     record = SourceRecord(TOPIC, 0, offset, 0, key.encode() if key else None, b"{}", headers)
-    return Delivery(record, message, record.coordinates, 0, parked_id, in_tier=in_tier, reprocess=reprocess)
+    return Delivery(
+        record, message, record.coordinates, 0, parked_id, in_tier=in_tier, reprocess=reprocess, foreign=foreign
+    )
 
 
 def facts(
@@ -109,6 +112,23 @@ REPROCESSED = delivery(0, Message("T-1"), reprocess=True)
 SPENT_IN_TIER = RetryState(AttemptHistory(5, NOW, NOW, tier_step=1), verdict=ErrorCode.DOWNSTREAM_TIMEOUT_EXHAUSTED)
 
 CASES = {
+    "another consumer name's copy is a duplicate: committed past, nothing written": Case(
+        [(delivery(0, Message("T-1"), foreign=True), FRESH)],
+        [(Write.DUPLICATE, None)],
+        book={"created": (), "effects": (), "finished": (), "reprocessed": ()},
+    ),
+    "another consumer name's copy of a message this one retries leaves this one's retry row alone": Case(
+        [(delivery(0, Message("T-1"), foreign=True), FRESH)],
+        [(Write.DUPLICATE, None)],
+        facts(steps={"m0": 1}, holding={"m0"}),
+        book={"created": (), "finished": (), "orphans": ()},
+    ),
+    "another consumer name's copy of a message this one quarantined does not reopen it": Case(
+        [(delivery(0, Message("T-1"), foreign=True), FRESH)],
+        [(Write.DUPLICATE, None)],
+        facts(seen={"m0": "quarantined"}),
+        book={"created": (), "reprocessed": ()},
+    ),
     "a parked record whose key is held again stays parked and gives up its claim": Case(
         [(delivery(0, Message("T-1"), parked_id=5), FRESH)],
         [(Write.HOLD, None)],
@@ -376,3 +396,74 @@ def test_a_round_the_database_knows_nothing_about_is_routed_as_the_per_delivery_
     # Then both route every delivery alike and find the same duplicates
     assert dict(quick.routes) == dict(ruled.routes)
     assert set(quick.duplicates) == set(ruled.duplicates)
+
+
+_HEAD_STATES = {
+    "fresh": FRESH,
+    "spent in its blocking phase": RetryState(
+        AttemptHistory(2, NOW, NOW), verdict=ErrorCode.DOWNSTREAM_UNAVAILABLE_EXHAUSTED
+    ),
+    "spent waiting for its breaker": RetryState(
+        AttemptHistory(0, NOW, NOW), breaker="directory", verdict=ErrorCode.DOWNSTREAM_MISCONFIGURED_EXHAUSTED
+    ),
+    "handed to a tier": RetryState(next_tier=timedelta(seconds=30), last_code=ErrorCode.DOWNSTREAM_TIMEOUT),
+}
+_FOLLOWER_MESSAGES = {
+    "create": Message("K", "create"),
+    "change": Message("K", "change"),
+    "refuse": Message("K", "refuse"),
+}
+
+
+@settings(max_examples=300, deadline=None, print_blob=True)
+@given(
+    head=st.sampled_from(sorted(_HEAD_STATES)),
+    head_parked=st.booleans(),
+    followers=st.lists(st.sampled_from(sorted(_FOLLOWER_MESSAGES)), min_size=1, max_size=4),
+    followers_parked=st.booleans(),
+    others=st.integers(min_value=0, max_value=3),
+    last_resort=st.booleans(),
+    mode=st.sampled_from(["key", "versioned", "unordered"]),
+)
+def test_a_head_quarantined_after_its_retries_parks_every_later_record_of_its_key_in_its_round(
+    head: str,
+    head_parked: bool,
+    followers: list[str],
+    followers_parked: bool,
+    others: int,
+    last_resort: bool,
+    mode: str,
+) -> None:
+    # Given a round holding a head of key K in some retry state (from its blocking phase, its breaker, a tier, or
+    # released from the parked table), later records of K behind it, and records of other keys among them
+    state = _HEAD_STATES[head]
+    single = last_resort  # the last resort writes one delivery alone
+    head_delivery = delivery(0, Message("K", "change"), key="K", parked_id=1 if head_parked else None)
+    due = {head_delivery: state}
+    if not single:
+        for n, name in enumerate(followers, start=1):
+            parked = n + 1 if followers_parked and head_parked else None
+            due[delivery(n, _FOLLOWER_MESSAGES[name], key="K", parked_id=parked)] = FRESH
+        for n in range(others):
+            due[delivery(100 + n, Message(f"O-{n}"), key=f"O-{n}")] = FRESH
+    current = {"K": Thing("K")}
+
+    # When the pure planner decides the round
+    round_ = survey(due, facts(aggregates={"K"}), mode)
+    planned = plan_round(list(due), round_, {}, current, Things(), last_resort=last_resort)
+
+    # Then a head quarantined after its retries, under key ordering, holds K from this transaction on: no later
+    # record of K in the round is applied, rejected or stale; each is parked (or stays parked), and K is blocked
+    writes = {step.delivery: step.write for step in planned.steps}
+    quarantined = writes[head_delivery] in (Write.QUARANTINE, Write.LAST_RESORT)
+    holds = quarantined and state.verdict is not None and mode == "key"
+    later = [d for d in due if d is not head_delivery and d.key == "K"]
+    if holds:
+        assert planned.blocks == (("K", f"{TOPIC}/0/0"),)
+        assert all(writes[d] in (Write.PARK, Write.HOLD) for d in later), [writes[d] for d in later]
+        assert all((writes[d] is Write.HOLD) == (d.parked_id is not None) for d in later)
+        assert {d.parked_id for d in later if d.parked_id is not None} <= set(planned.unclaimed)
+    else:
+        assert planned.blocks == ()
+    # And records of other keys are never held back by it
+    assert all(writes[d] is Write.APPLY for d in due if d.key not in (None, "K"))

@@ -1,0 +1,164 @@
+"""A circuit breaker per downstream: a pure state machine over immutable values.
+
+```
+closed ──a run of `threshold` failed calls of 2+ requests; at once: 429 with Retry-After, not the API's own──▶ open
+open ──its time is up: the next call is the one probe──▶ half_open
+half_open ──the probe is answered by the API──▶ closed
+half_open ──the probe fails──▶ open again, for twice as long (at most `longest_open`)
+```
+
+While the breaker is not closed, no call is charged to a record or an effect: a call it refuses is not made, and
+a failed call is charged only when the breaker is closed before and after it (`record` says so). The run that
+opens it is charged up to its last call, which opens it and is charged to nobody: in a round of many look-ups
+that fail together, only the first `threshold - 1` are charged, and only if their answers come first. A run opens
+it only when it holds failures of at least two different requests (two customers, two idempotency keys): one request
+failing again and again is its record's trouble, retried within the record's budget, and must not hold back the
+calls of every other record.
+Clock readings are seconds on a monotonic clock; the shell (service/adapters/breakers.py) reads it and keeps
+the current value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from service.domain.codes import ErrorCode
+
+
+class State(StrEnum):
+    """Where a breaker stands."""
+
+    CLOSED = "closed"  # calls go through
+    OPEN = "open"  # calls are refused until `until`
+    HALF_OPEN = "half_open"  # one probe call is out; the others are refused until it is answered
+
+
+class Verdict(StrEnum):
+    """What one call said about its downstream."""
+
+    OK = "ok"  # the API answered as itself (a refusal or "not found" of its own included): it works
+    FAILED = "failed"  # an outage: 5xx, 429, a timeout, a connection refused or cut
+    MISCONFIGURED = "misconfigured"  # an answer that is not the API's own: our URL or credentials, not an outage
+
+
+class Admission(StrEnum):
+    """What `admit` lets a call do."""
+
+    CALL = "call"  # closed: go ahead
+    PROBE = "probe"  # the one call that tries a downstream whose breaker is open
+    REFUSED = "refused"  # not made: the breaker is open, or its probe is out
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """A call's verdict, the code of a failure, and a 429's Retry-After in seconds."""
+
+    verdict: Verdict
+    code: ErrorCode | None = None
+    retry_after: float | None = None
+    target: str | None = None  # what was asked for (a customer, an idempotency key); None: cannot tell apart
+
+
+OK = Outcome(Verdict.OK)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerPolicy:
+    """When a breaker opens and for how long (seconds)."""
+
+    threshold: int = 5  # consecutive failed calls that open it
+    first_open: float = 2.0  # how long it stays open the first time; doubled with each failed probe
+    longest_open: float = 60.0
+    probe_timeout: float = 60.0  # a probe never answered (its task cancelled) is given up after this long
+
+
+@dataclass(frozen=True, slots=True)
+class Breaker:
+    """One downstream's breaker."""
+
+    state: State = State.CLOSED
+    failures: int = 0  # closed: the run of consecutive failed calls
+    targets: frozenset[str] = frozenset()  # closed: the requests the run failed on (two are enough to know)
+    openings: int = 0  # times it opened since it was last closed: how long it stays open
+    until: float = 0.0  # open: when the probe may go; half-open: when a probe never answered is given up
+    since: float | None = None  # when it left closed
+    code: ErrorCode | None = None  # the failure that opened it (and keeps it open)
+    misconfigured: bool = False  # opened by an answer that is not the API's own
+
+    def wait(self, now: float) -> float:
+        """How long a refused call should wait before it is tried again, in seconds (0 when closed).
+
+        A probe that is out is answered within the HTTP timeout: a refused call waits a second and is woken at once
+        by the shell when the breaker moves."""
+        if self.state is State.CLOSED:
+            return 0.0
+        if self.state is State.OPEN:
+            return max(0.0, self.until - now)
+        return min(1.0, max(0.0, self.until - now))
+
+
+CLOSED = Breaker()
+
+
+def admit(breaker: Breaker, now: float, policy: BreakerPolicy) -> tuple[Admission, Breaker]:
+    """May a call be made now? A breaker whose open time is up (or whose probe was never answered) lets exactly one
+    call through, as its probe."""
+    if breaker.state is State.CLOSED:
+        return Admission.CALL, breaker
+    if now < breaker.until:
+        return Admission.REFUSED, breaker
+    return Admission.PROBE, replace(breaker, state=State.HALF_OPEN, until=now + policy.probe_timeout)
+
+
+def record(
+    breaker: Breaker, outcome: Outcome, now: float, policy: BreakerPolicy, *, probe: bool
+) -> tuple[Breaker, bool]:
+    """The breaker after a call's outcome, and whether the call is charged to its record or effect (a failure while
+    the breaker stays closed). `probe`: the call was admitted as the probe."""
+    if probe and breaker.state is State.HALF_OPEN:
+        if outcome.verdict is Verdict.OK:
+            return CLOSED, False
+        return _open(breaker, outcome, now, policy), False
+    if breaker.state is not State.CLOSED:
+        # A call admitted before the breaker opened, answered now: the probe decides. A longer Retry-After keeps it
+        # open longer.
+        later = now + min(outcome.retry_after, policy.longest_open) if outcome.retry_after is not None else 0.0
+        if breaker.state is State.OPEN and later > breaker.until:
+            return replace(breaker, until=later), False
+        return breaker, False
+    if outcome.verdict is Verdict.OK:
+        return (breaker if breaker.failures == 0 else CLOSED), False
+    if outcome.verdict is Verdict.MISCONFIGURED or outcome.retry_after is not None:
+        return _open(breaker, outcome, now, policy), False
+    failures = breaker.failures + 1
+    targets = breaker.targets
+    if outcome.target is not None and len(targets) < 2:
+        targets = targets | {outcome.target}
+    if failures >= policy.threshold and (len(targets) >= 2 or outcome.target is None):
+        return _open(breaker, outcome, now, policy), False
+    return replace(breaker, failures=failures, targets=targets), True
+
+
+def release(breaker: Breaker, now: float) -> Breaker:
+    """A probe that ended without an answer (its task was cancelled): the next call probes instead."""
+    if breaker.state is State.HALF_OPEN:
+        return replace(breaker, state=State.OPEN, until=now)
+    return breaker
+
+
+def _open(breaker: Breaker, outcome: Outcome, now: float, policy: BreakerPolicy) -> Breaker:
+    openings = breaker.openings + 1
+    # A 429's Retry-After is the provider's own word for how long (a probe at least every `longest_open` all the
+    # same); otherwise the wait doubles with each opening.
+    doubling = policy.first_open * 2 ** min(openings - 1, 32)
+    duration = min(policy.longest_open, doubling if outcome.retry_after is None else outcome.retry_after)
+    return Breaker(
+        state=State.OPEN,
+        failures=0,
+        openings=openings,
+        until=now + duration,
+        since=breaker.since if breaker.since is not None else now,
+        code=outcome.code or breaker.code or ErrorCode.DOWNSTREAM_UNAVAILABLE,
+        misconfigured=outcome.verdict is Verdict.MISCONFIGURED,
+    )

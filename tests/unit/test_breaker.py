@@ -1,0 +1,243 @@
+"""The circuit breaker's state machine (service/policy/breaker.py): pure, table-driven, and a property over any
+sequence of calls, outcomes and clock readings: nothing is ever charged while the breaker is not closed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
+
+from service.domain.codes import ErrorCode
+from service.policy.breaker import (
+    CLOSED,
+    OK,
+    Admission,
+    Breaker,
+    BreakerPolicy,
+    Outcome,
+    State,
+    Verdict,
+    admit,
+    record,
+    release,
+)
+
+POLICY = BreakerPolicy()
+FAILED = Outcome(Verdict.FAILED, ErrorCode.DOWNSTREAM_UNAVAILABLE)
+WRONG = Outcome(Verdict.MISCONFIGURED, ErrorCode.DOWNSTREAM_MISCONFIGURED)
+SLOW_DOWN = Outcome(Verdict.FAILED, ErrorCode.RATE_LIMITED, retry_after=7.0)
+
+
+def failing(times: int, now: float = 0.0, target: str | None = None) -> tuple[Breaker, list[bool]]:
+    """A closed breaker after `times` failed calls at `now` (of one request, or each of its own), and whether each was
+    charged."""
+    breaker, charges = CLOSED, []
+    for n in range(times):
+        outcome = replace(FAILED, target=target or f"customer-{n}")
+        breaker, charged = record(breaker, outcome, now, POLICY, probe=False)
+        charges.append(charged)
+    return breaker, charges
+
+
+def test_by_default_five_failed_calls_in_a_row_open_it_for_two_seconds_doubling_to_a_minute() -> None:
+    assert BreakerPolicy() == BreakerPolicy(threshold=5, first_open=2.0, longest_open=60.0, probe_timeout=60.0)
+
+
+def test_a_run_of_failures_is_charged_until_the_call_that_opens_the_breaker() -> None:
+    # Given a closed breaker, When five calls fail in a row
+    breaker, charges = failing(5, now=10.0)
+
+    # Then the first four were charged to their records, the fifth opened it and was charged to nobody
+    assert charges == [True, True, True, True, False]
+    assert (breaker.state, breaker.until, breaker.since, breaker.code) == (
+        State.OPEN,
+        12.0,
+        10.0,
+        ErrorCode.DOWNSTREAM_UNAVAILABLE,
+    )
+
+
+def test_one_request_failing_again_and_again_is_its_records_trouble_and_opens_nothing() -> None:
+    # Given the directory failing for one customer only: a dead record retried in place, every call charged to it
+    breaker, charges = failing(20, target="customer-dead")
+
+    # Then the breaker stays closed (the others' look-ups go on), and the record's budget pays for its failures
+    assert (breaker.state, all(charges)) == (State.CLOSED, True)
+
+    # And a second request failing in that run is an outage's sign: the run opens the breaker
+    opened, charged = record(breaker, replace(FAILED, target="customer-2"), 0.0, POLICY, probe=False)
+    assert (opened.state, charged) == (State.OPEN, False)
+
+
+def test_a_success_ends_the_run() -> None:
+    breaker, _ = failing(4)
+    breaker, charged = record(breaker, OK, 0.0, POLICY, probe=False)
+    assert (breaker, charged) == (CLOSED, False)
+    assert failing(4)[0].failures == 4
+
+
+@pytest.mark.parametrize(
+    ("outcome", "open_for", "misconfigured"),
+    [
+        (WRONG, 2.0, True),
+        (SLOW_DOWN, 7.0, False),
+        (Outcome(Verdict.FAILED, ErrorCode.RATE_LIMITED, 600.0), 60.0, False),
+    ],
+    ids=["misconfigured", "retry-after", "retry-after-capped"],
+)
+def test_a_misconfiguration_or_a_429_with_retry_after_opens_it_at_once_charging_nothing(
+    outcome: Outcome, open_for: float, misconfigured: bool
+) -> None:
+    breaker, charged = record(CLOSED, outcome, 100.0, POLICY, probe=False)
+    assert (breaker.state, breaker.until - 100.0, breaker.misconfigured, charged) == (
+        State.OPEN,
+        open_for,
+        misconfigured,
+        False,
+    )
+    assert breaker.code is outcome.code
+
+
+def test_while_open_every_call_is_refused_until_its_time_then_exactly_one_probe_goes() -> None:
+    breaker, _ = failing(5, now=0.0)
+    assert admit(breaker, 1.9, POLICY) == (Admission.REFUSED, breaker)
+    admission, probing = admit(breaker, 2.0, POLICY)
+    assert (admission, probing.state, probing.until) == (Admission.PROBE, State.HALF_OPEN, 62.0)
+    assert admit(probing, 2.5, POLICY)[0] is Admission.REFUSED  # the others wait for the probe
+
+
+def test_a_probe_that_succeeds_closes_it_and_one_that_fails_reopens_it_twice_as_long() -> None:
+    breaker, _ = failing(5, now=0.0)
+    _, probing = admit(breaker, 2.0, POLICY)
+    assert record(probing, OK, 2.1, POLICY, probe=True) == (CLOSED, False)
+    reopened, charged = record(probing, FAILED, 2.1, POLICY, probe=True)
+    assert (reopened.state, reopened.until, reopened.openings, reopened.since, charged) == (
+        State.OPEN,
+        2.1 + 4.0,
+        2,
+        0.0,
+        False,
+    )
+
+
+def test_the_open_time_doubles_with_each_failed_probe_up_to_a_minute() -> None:
+    breaker, now, times = failing(5, now=0.0)[0], 0.0, []
+    for _ in range(8):
+        times.append(breaker.until - now)
+        now = breaker.until
+        _, probing = admit(breaker, now, POLICY)
+        breaker, _ = record(probing, FAILED, now, POLICY, probe=True)
+    assert times == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]
+
+
+def test_a_late_answer_of_a_call_made_before_it_opened_changes_nothing_but_a_longer_retry_after() -> None:
+    breaker, _ = failing(5, now=0.0)
+    assert record(breaker, OK, 1.0, POLICY, probe=False) == (breaker, False)
+    assert record(breaker, FAILED, 1.0, POLICY, probe=False) == (breaker, False)
+    longer, charged = record(breaker, SLOW_DOWN, 1.0, POLICY, probe=False)
+    assert (longer.until, charged) == (8.0, False)
+
+
+def test_a_probe_that_ends_without_an_answer_hands_its_turn_to_the_next_call() -> None:
+    breaker, _ = failing(5, now=0.0)
+    _, probing = admit(breaker, 2.0, POLICY)
+    released = release(probing, 3.0)
+    assert admit(released, 3.0, POLICY)[0] is Admission.PROBE
+
+
+def test_a_probe_never_answered_is_given_up_after_the_probe_timeout() -> None:
+    breaker, _ = failing(5, now=0.0)
+    _, probing = admit(breaker, 2.0, POLICY)
+    assert admit(probing, 61.9, POLICY)[0] is Admission.REFUSED
+    assert admit(probing, 62.0, POLICY)[0] is Admission.PROBE
+
+
+@pytest.mark.parametrize(
+    ("breaker", "now", "expected"),
+    [(CLOSED, 0.0, 0.0), (Breaker(State.OPEN, until=10.0), 4.0, 6.0), (Breaker(State.HALF_OPEN, until=50.0), 4.0, 1.0)],
+)
+def test_a_refused_call_waits_until_the_probe_may_go_or_a_second_while_one_is_out(
+    breaker: Breaker, now: float, expected: float
+) -> None:
+    assert breaker.wait(now) == expected
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One step of a sequence: a call admitted at `at` and answered `took` seconds later with `outcome`
+    (None: it never answered, cancelled)."""
+
+    at: float
+    took: float
+    outcome: Outcome | None
+
+
+_outcomes = st.sampled_from(
+    [
+        OK,
+        FAILED,
+        WRONG,
+        SLOW_DOWN,
+        Outcome(Verdict.FAILED, ErrorCode.DOWNSTREAM_TIMEOUT, target="a"),
+        Outcome(Verdict.FAILED, ErrorCode.DOWNSTREAM_UNAVAILABLE, target="b"),
+    ]
+)
+_calls = st.lists(
+    st.builds(
+        _Call,
+        at=st.floats(min_value=0.0, max_value=5.0),
+        took=st.floats(min_value=0.0, max_value=5.0),
+        outcome=st.none() | _outcomes,
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, print_blob=True)
+@given(_calls, st.integers(min_value=1, max_value=6))
+def test_no_sequence_of_outcomes_and_clock_readings_charges_a_call_while_the_breaker_is_not_closed(
+    calls: list[_Call], threshold: int
+) -> None:
+    # Given a breaker and calls that overlap in any way (each admitted, then answered in any order later)
+    rules = BreakerPolicy(threshold=threshold)
+    breaker, now = CLOSED, 0.0
+    pending: list[tuple[float, int, bool, Outcome | None]] = []  # (answered at, order, probe, outcome)
+    for order, call in enumerate(calls):
+        now += call.at
+        # answers due by now come first, in time order
+        for answer in sorted((p for p in pending if p[0] <= now), key=lambda p: p[:2]):
+            pending.remove(answer)
+            breaker = _answer(breaker, answer[0], answer[2], answer[3], rules)
+        admission, breaker = admit(breaker, now, rules)
+        note(f"{now:.3f} admit -> {admission} {breaker.state}")
+        # Then a refused call is never made, and a probe only goes from a breaker that is not closed
+        if admission is Admission.REFUSED:
+            assert breaker.state is not State.CLOSED
+            assert now < breaker.until
+            continue
+        assert (admission is Admission.PROBE) == (breaker.state is State.HALF_OPEN)
+        pending.append((now + call.took, order, admission is Admission.PROBE, call.outcome))
+    for answered_at, _, probe, outcome in sorted(pending, key=lambda p: p[:2]):
+        breaker = _answer(breaker, answered_at, probe, outcome, rules)
+
+
+def _answer(breaker: Breaker, now: float, probe: bool, outcome: Outcome | None, rules: BreakerPolicy) -> Breaker:
+    """Record one answer and check the charging rule on it."""
+    if outcome is None:
+        return release(breaker, now) if probe else breaker
+    after, charged = record(breaker, outcome, now, rules, probe=probe)
+    note(f"{now:.3f} {outcome.verdict} probe={probe}: {breaker.state} -> {after.state} charged={charged}")
+    if charged:
+        # Charged only for a failure that leaves a closed breaker closed: never while it is open or half-open.
+        assert breaker.state is State.CLOSED
+        assert after.state is State.CLOSED
+        assert outcome.verdict is Verdict.FAILED
+        assert outcome.retry_after is None
+        assert after.failures == breaker.failures + 1
+        # ... below the threshold, or of one request only
+        assert after.failures < rules.threshold or (len(after.targets) < 2 and outcome.target is not None)
+    if after.state is State.OPEN and breaker.state is not State.OPEN:
+        assert after.until > now or outcome.retry_after == 0.0
+    return after
