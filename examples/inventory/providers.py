@@ -21,7 +21,6 @@ from service.adapters.http import (
     Own,
     api_error,
     call_outcome,
-    document,
     lookup_failure,
     lookup_outcome,
     path_segment,
@@ -31,12 +30,10 @@ from service.domain.codes import Code, ErrorCode
 from service.policy.effects import (
     CallOutcome,
     Found,
-    LookupFailed,
     LookupOutcome,
     Missing,
     Refused,
     Sent,
-    Unknown,
 )
 
 
@@ -51,11 +48,11 @@ def _levels(body: object) -> dict[str, int] | None:
     return counts
 
 
-def _stock_own(answer: Answer) -> bool:
+def _stock_own(answer: Answer, body: Any) -> bool:
     """The stock API's own answers: a stock document, or a 404 with its JSON `error` (a SKU it does not know)."""
     if answer.status_code == 404:
-        return api_error(answer)
-    return answer.status_code == 200 and _levels(document(answer)) is not None
+        return api_error(body)
+    return answer.status_code == 200 and _levels(body) is not None
 
 
 class StockClient(Downstream):
@@ -72,21 +69,27 @@ class StockClient(Downstream):
             raise lookup_failure(exchange, self.downstream) from exchange.error
         if answer.status_code == 404:
             return Stock(sku, known=False)
-        available = _levels(document(answer))
+        available = _levels(exchange.body)
         assert available is not None  # (its own answer is a stock document)
         return Stock(sku, known=True, available=available)
+
+
+def _reference(body: object, field: str) -> str | None:
+    """The warehouse's id for what it did: a non-empty text or a number in `body[field]`, else None."""
+    value = body.get(field) if isinstance(body, dict) else None
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        return None
+    return str(value)
 
 
 def _call_own(reference: str, refused: int) -> Own:
     """A call's own answers: 200/201 with a JSON document holding its reference, its refusal (`refused`, with the
     API's JSON `error`), or another of the API's own 4xx refusals."""
 
-    def own(answer: Answer) -> bool:
+    def own(answer: Answer, body: Any) -> bool:
         if answer.status_code in (200, 201):
-            body = document(answer)
-            value = body.get(reference) if isinstance(body, dict) else None
-            return isinstance(value, str | int) and not isinstance(value, bool)
-        return (answer.status_code == refused and api_error(answer)) or refusal(answer)
+            return _reference(body, reference) is not None
+        return (answer.status_code == refused and api_error(body)) or refusal(answer, body)
 
     return own
 
@@ -94,11 +97,10 @@ def _call_own(reference: str, refused: int) -> Own:
 def _found_own(reference: str) -> Own:
     """A look-up's own answers: 200 with a JSON document holding the reference, or 404 with the JSON `error`."""
 
-    def own(answer: Answer) -> bool:
+    def own(answer: Answer, body: Any) -> bool:
         if answer.status_code == 404:
-            return api_error(answer)
-        body = document(answer) if answer.status_code == 200 else None
-        return isinstance(body, dict) and reference in body
+            return api_error(body)
+        return answer.status_code == 200 and _reference(body, reference) is not None
 
     return own
 
@@ -144,8 +146,9 @@ class WarehouseClient(Downstream):
             return Refused(refused[1])
         if answer.status_code not in (200, 201):
             return Refused(ErrorCode.PROVIDER_REJECTED)
-        value = document(answer)[reference]
-        return Sent(str(value)) if value != "" else Unknown(ErrorCode.UNEXPECTED_ERROR)
+        made = _reference(exchange.body, reference)
+        assert made is not None  # (its own answer has one)
+        return Sent(made)
 
     async def _find(self, path: str, idempotency_key: str, reference: str) -> LookupOutcome:
         """GET by the key: found (with its reference), missing (404), or the look-up failed."""
@@ -157,9 +160,6 @@ class WarehouseClient(Downstream):
             return failed
         if answer.status_code == 404:
             return Missing()
-        value = document(answer)[reference]
-        return (
-            Found(str(value))
-            if isinstance(value, str | int) and value != ""
-            else LookupFailed(ErrorCode.UNEXPECTED_ERROR)
-        )
+        found = _reference(exchange.body, reference)
+        assert found is not None  # (its own answer has one)
+        return Found(found)

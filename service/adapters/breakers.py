@@ -18,7 +18,7 @@ import structlog
 
 from service.metrics import Metrics
 from service.policy import breaker as policy
-from service.policy.breaker import Admission, Breaker, BreakerPolicy, Outcome, State
+from service.policy.breaker import OK, Admission, Breaker, BreakerPolicy, Outcome, State
 
 log = structlog.get_logger("order_service.breaker")
 
@@ -54,9 +54,11 @@ class Guard:
         self._listeners: list[Listener] = []
         self._moved = asyncio.Event()
         if metrics is not None:
-            metrics.breaker_state.labels(downstream=name).set(0)
+            # Read at each scrape: an open breaker whose time is up and that no call has probed yet (nothing needed
+            # it) is no longer known to be open.
+            metrics.breaker_state.labels(downstream=name).set_function(self.state_value)
             metrics.breaker_open_seconds.labels(downstream=name).set_function(self.open_seconds)
-            metrics.downstream_misconfigured.labels(downstream=name).set(0)
+            metrics.downstream_misconfigured.labels(downstream=name).set_function(self.misconfigured_value)
 
     @property
     def breaker(self) -> Breaker:
@@ -65,6 +67,8 @@ class Guard:
 
     def admit(self) -> Ticket | None:
         """A ticket for a call, or None when the breaker refuses it (the call is not made)."""
+        if self._breaker is policy.CLOSED:
+            return CALL  # (the common case, as `policy.admit` decides it, without its call: once per downstream call)
         admission, after = policy.admit(self._breaker, self._clock(), self._rules)
         self._move(after)
         if admission is Admission.REFUSED:
@@ -73,6 +77,8 @@ class Guard:
 
     def record(self, ticket: Ticket, outcome: Outcome) -> bool:
         """Take a call's outcome; return whether the call is charged to its record or effect."""
+        if outcome is OK and self._breaker is policy.CLOSED:
+            return False  # (a success that leaves a closed breaker as it is, as `policy.record` decides it)
         after, charged = policy.record(self._breaker, outcome, self._clock(), self._rules, probe=ticket.probe)
         self._move(after)
         return charged
@@ -86,10 +92,26 @@ class Guard:
         """How long a refused call waits before it is tried again, in seconds."""
         return self._breaker.wait(self._clock())
 
+    def state_value(self) -> float:
+        """The state as the metric shows it: 0 closed, 1 half-open (a probe is out, or the next call probes), 2 open."""
+        breaker, now = self._breaker, self._clock()
+        if breaker.state is State.OPEN and now >= breaker.until:
+            return 1.0
+        return float(_STATE_VALUES[breaker.state])
+
     def open_seconds(self) -> float:
-        """How long the breaker has been away from closed (0 when closed)."""
-        since = self._breaker.since
-        return 0.0 if since is None else max(0.0, self._clock() - since)
+        """How long the breaker has been away from closed (0 when closed): up to now while a probe is out, else up to
+        the end of its open time. A breaker that nothing probes (no call needs its downstream) stops growing there,
+        so that an idle one does not look like an outage that never ends."""
+        breaker = self._breaker
+        if breaker.since is None:
+            return 0.0
+        end = self._clock() if breaker.state is State.HALF_OPEN else min(self._clock(), breaker.until)
+        return max(0.0, end - breaker.since)
+
+    def misconfigured_value(self) -> float:
+        """1 while the breaker is open on answers that are not the API's own and its open time runs, else 0."""
+        return 1.0 if self._breaker.misconfigured and self.state_value() == 2.0 else 0.0
 
     def listen(self, listener: Listener) -> None:
         """Call `listener(name, breaker)` after every transition."""
@@ -118,6 +140,7 @@ class Guard:
                 "breaker_open",
                 downstream=self.name,
                 error_code=code,
+                status=after.status,
                 misconfigured=after.misconfigured,
                 open_seconds=round(after.until - self._clock(), 3),
                 openings=after.openings,
@@ -129,9 +152,7 @@ class Guard:
             seconds = None if before.since is None else round(self._clock() - before.since, 3)
             log.info("breaker_closed", downstream=self.name, was_open_seconds=seconds)
         if self._metrics is not None:
-            self._metrics.breaker_state.labels(downstream=self.name).set(_STATE_VALUES[after.state])
             self._metrics.breaker_transitions.labels(downstream=self.name, state=after.state.value).inc()
-            self._metrics.downstream_misconfigured.labels(downstream=self.name).set(int(after.misconfigured))
 
 
 class Breakers:

@@ -146,6 +146,7 @@ class Exchange:
     charged: bool
     refused: bool = False
     wait: timedelta | None = None  # not charged: how long before it is worth trying again
+    body: Any = None  # the answer's JSON document, read once (None when it is not JSON)
 
     @property
     def own(self) -> Answer | None:
@@ -153,7 +154,8 @@ class Exchange:
         return self.answer if self.outcome.verdict is Verdict.OK else None
 
 
-Own = Callable[[Answer], bool]  # whether a (non-5xx, non-429) answer is the API's own: its documented document
+# Whether a (non-5xx, non-429) answer, with its JSON document (None: not JSON), is the API's own.
+Own = Callable[[Answer, Any], bool]
 
 
 class Downstream:
@@ -196,7 +198,12 @@ class Downstream:
         if ticket is None:
             return self._refused()
         try:
+            # (The client bounds the whole exchange too, so an answer dripping in is an outage the breaker sees.)
             answer = await send()
+            body = document(answer)
+            outcome = judge(answer, own, body)
+            if outcome is not OK:
+                outcome = replace(outcome, target=target)
         except TransportError as error:
             outcome = Outcome(Verdict.FAILED, _transport_code(error), target=target)
             charged = self._guard.record(ticket, outcome)
@@ -204,15 +211,16 @@ class Downstream:
         except BaseException:
             self._guard.release(ticket)  # cancelled mid-call (a round's timeout, a stop): it says nothing
             raise
-        outcome = replace(judge(answer, own), target=target)
         charged = self._guard.record(ticket, outcome)
-        return Exchange(answer, None, outcome, charged, wait=None if charged or outcome is OK else self._wait())
+        wait = None if charged or outcome is OK else self._wait()
+        return Exchange(answer, None, outcome, charged, wait=wait, body=body)
 
     def _refused(self) -> Exchange:
         breaker = self._guard.breaker
         outcome = Outcome(
             Verdict.MISCONFIGURED if breaker.misconfigured else Verdict.FAILED,
             breaker.code or ErrorCode.DOWNSTREAM_UNAVAILABLE,
+            status=breaker.status,
         )
         return Exchange(None, None, outcome, charged=False, refused=True, wait=self._wait())
 
@@ -220,7 +228,7 @@ class Downstream:
         return timedelta(seconds=self._guard.wait())
 
 
-def judge(answer: Answer, own: Own) -> Outcome:
+def judge(answer: Answer, own: Own, body: Any = None) -> Outcome:
     """What an answer says about its downstream (contract §6, "Which answers are the API's own"): 429, 5xx, 408 and
     425 are an outage (a 429 with Retry-After opens the breaker for that long); any other answer works if it is the
     API's own (`own`: a JSON document of the API, a 404 with a JSON `error`), and is a misconfiguration if not (an
@@ -228,10 +236,15 @@ def judge(answer: Answer, own: Own) -> Outcome:
     status = answer.status_code
     if status == 429:
         pause = retry_after(answer)
-        return Outcome(Verdict.FAILED, ErrorCode.RATE_LIMITED, pause.total_seconds() if pause is not None else None)
+        seconds = pause.total_seconds() if pause is not None else None
+        return Outcome(Verdict.FAILED, ErrorCode.RATE_LIMITED, seconds, status=status)
     if status >= 500 or status in (408, 425):
-        return Outcome(Verdict.FAILED, ErrorCode.DOWNSTREAM_UNAVAILABLE)
-    return OK if own(answer) else Outcome(Verdict.MISCONFIGURED, ErrorCode.DOWNSTREAM_MISCONFIGURED)
+        return Outcome(Verdict.FAILED, ErrorCode.DOWNSTREAM_UNAVAILABLE, status=status)
+    try:
+        its_own = own(answer, body)
+    except (TypeError, ValueError, KeyError, AttributeError):
+        its_own = False  # a body shaped so that reading it fails is no document of the API's
+    return OK if its_own else Outcome(Verdict.MISCONFIGURED, ErrorCode.DOWNSTREAM_MISCONFIGURED, status=status)
 
 
 # Answers to a call that are never an API's own refusal (contract §6): our credentials (401, 403), our URL (404, 405:
@@ -239,11 +252,11 @@ def judge(answer: Answer, own: Own) -> Outcome:
 NOT_REFUSALS = frozenset({401, 403, 404, 405, 407, 408, 425, 429})
 
 
-def refusal(answer: Answer) -> bool:
-    """Whether a call's answer is an API's own refusal of it: a 4xx that is not about our configuration or an
-    outage, with a JSON body."""
+def refusal(answer: Answer, body: Any) -> bool:
+    """Whether a call's answer (its JSON document `body`) is an API's own refusal of it: a 4xx that is not about our
+    configuration or an outage, with a JSON body."""
     status = answer.status_code
-    return 400 <= status < 500 and status not in NOT_REFUSALS and document(answer) is not None
+    return 400 <= status < 500 and status not in NOT_REFUSALS and body is not None
 
 
 def is_json(answer: Answer) -> bool:
@@ -262,9 +275,8 @@ def document(answer: Answer) -> Any:
         return None
 
 
-def api_error(answer: Answer) -> bool:
-    """Whether the answer is the API's own error document: JSON, an object with an `error` field."""
-    body = document(answer)
+def api_error(body: Any) -> bool:
+    """Whether an answer's JSON document is the API's own error document: an object with an `error` field."""
     return isinstance(body, dict) and "error" in body
 
 
@@ -307,10 +319,9 @@ def call_outcome(exchange: Exchange) -> CallOutcome | None:
     body without the reference) may have been acted on by whatever answered: unknown, looked up.
     """
     if exchange.refused:
-        # An effect says what its provider's configuration did in its own words (PROVIDER_*, not DOWNSTREAM_*).
-        misconfigured = exchange.outcome.verdict is Verdict.MISCONFIGURED
-        code = exchange.outcome.code or ErrorCode.DOWNSTREAM_UNAVAILABLE
-        return NotSent(ErrorCode.PROVIDER_MISCONFIGURED if misconfigured else code, charged=False)
+        # Claimed again as soon as the breaker lets calls through; in the effect's own words (PROVIDER_*).
+        code = _provider_code(exchange.outcome.code, exchange.outcome.status)
+        return NotSent(code, retry_after=timedelta(0), charged=False)
     if exchange.error is not None:
         if isinstance(exchange.error, ConnectFailed):
             return NotSent(ErrorCode.DOWNSTREAM_UNREACHABLE, charged=exchange.charged)
@@ -324,20 +335,19 @@ def call_outcome(exchange: Exchange) -> CallOutcome | None:
         code = exchange.outcome.code or ErrorCode.DOWNSTREAM_UNAVAILABLE
         return NotSent(code, retry_after(answer) if code is ErrorCode.RATE_LIMITED else None, charged=exchange.charged)
     status = answer.status_code
-    if status in (401, 403):
-        return NotSent(ErrorCode.PROVIDER_UNAUTHORIZED, charged=False)
     if 200 <= status < 300:
         return Unknown(ErrorCode.PROVIDER_MISCONFIGURED)
-    return NotSent(ErrorCode.PROVIDER_MISCONFIGURED, charged=False)
+    # Never charged: our configuration, not the effect. Behind the breaker it opened (or found open), claimed again
+    # as soon as a probe succeeds; alone (one request's trouble, the breaker closed), after the longest backoff.
+    wait = None if exchange.charged else timedelta(0)
+    return NotSent(_provider_code(exchange.outcome.code, status), retry_after=wait, charged=False)
 
 
 def lookup_outcome(exchange: Exchange) -> LookupFailed | None:
     """A provider look-up's exchange when it is not the API's own answer (the effect stays as it is); None when it
     is (the domain's client reads it)."""
     if exchange.refused:
-        misconfigured = exchange.outcome.verdict is Verdict.MISCONFIGURED
-        code = exchange.outcome.code or ErrorCode.DOWNSTREAM_UNAVAILABLE
-        return LookupFailed(ErrorCode.PROVIDER_MISCONFIGURED if misconfigured else code, charged=False)
+        return LookupFailed(_provider_code(exchange.outcome.code, exchange.outcome.status), charged=False)
     if exchange.error is not None:
         return LookupFailed(_transport_code(exchange.error), charged=exchange.charged)
     verdict = exchange.outcome.verdict
@@ -345,8 +355,12 @@ def lookup_outcome(exchange: Exchange) -> LookupFailed | None:
         return None
     if verdict is Verdict.FAILED:
         return LookupFailed(exchange.outcome.code or ErrorCode.DOWNSTREAM_UNAVAILABLE, charged=exchange.charged)
-    answer = exchange.answer
-    unauthorized = answer is not None and answer.status_code in (401, 403)
-    return LookupFailed(
-        ErrorCode.PROVIDER_UNAUTHORIZED if unauthorized else ErrorCode.PROVIDER_MISCONFIGURED, charged=False
-    )
+    return LookupFailed(_provider_code(exchange.outcome.code, exchange.outcome.status), charged=False)
+
+
+def _provider_code(code: ErrorCode | None, status: int | None) -> ErrorCode:
+    """A provider's failure in an effect's words: our credentials (401, 403) or our URL (any other answer that is not
+    its own) as PROVIDER_UNAUTHORIZED / PROVIDER_MISCONFIGURED; an outage's code as it is."""
+    if code is ErrorCode.DOWNSTREAM_MISCONFIGURED:
+        return ErrorCode.PROVIDER_UNAUTHORIZED if status in (401, 403) else ErrorCode.PROVIDER_MISCONFIGURED
+    return code or ErrorCode.DOWNSTREAM_UNAVAILABLE

@@ -96,6 +96,7 @@ class _Connection(asyncio.Protocol):
         self._reads = 0  # data_received calls: the pool's sweep tells a silent exchange by it
         self._seen_reads = 0
         self._silent_since = 0.0
+        self._sent_at = 0.0  # when the exchange under way wrote its request
         self._headers: list[tuple[bytes, bytes]] = []
         self._body = bytearray()
         self._head_size = 0  # bytes received before the final answer's headers ended
@@ -205,13 +206,17 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         self._seen_reads = self._reads
         self._silent_since = now
+        self._sent_at = now
         self._transport.write(request)
         return waiter
 
     def check(self, now: float, timeout: float) -> None:
         """Called by the pool's sweep while an exchange is under way: end it TimedOut when nothing has come for
-        `timeout` seconds (as seen by the sweeps)."""
-        if self._reads != self._seen_reads:
+        `timeout` seconds (as seen by the sweeps), or when its whole answer has not come within twice that (an
+        answer dripping in a byte at a time would otherwise hold the call, and its record, for ever)."""
+        if now - self._sent_at >= 2 * timeout:
+            self.fail(TimedOut(f"no whole answer within {2 * timeout:g} s"))
+        elif self._reads != self._seen_reads:
             self._seen_reads = self._reads
             self._silent_since = now
         elif now - self._silent_since >= timeout:

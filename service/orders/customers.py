@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from service.adapters.http import Answer, Downstream, api_error, document, lookup_failure, path_segment
+from typing import Any
+
+from service.adapters.http import Answer, Downstream, api_error, lookup_failure, path_segment
 from service.orders.model import CustomerStatus
 
 _STATUSES = {"active": CustomerStatus.ACTIVE, "blocked": CustomerStatus.BLOCKED}
 
 
-def _own(answer: Answer) -> bool:
+def _own(answer: Answer, body: Any) -> bool:
     """The directory's own answers: a customer (`{"id", "status": "active"|"blocked"}`), or a 404 with its JSON
     `error` (an unknown customer). Anything else (an HTML 404 of a wrong path, a redirect, 401, `[]`) is not."""
     if answer.status_code == 404:
-        return api_error(answer)
-    body = document(answer) if answer.status_code == 200 else None
-    return isinstance(body, dict) and isinstance(body.get("id"), str) and body.get("status") in _STATUSES
+        return api_error(body)
+    if answer.status_code != 200 or not isinstance(body, dict):
+        return False
+    status = body.get("status")
+    return isinstance(body.get("id"), str) and isinstance(status, str) and status in _STATUSES
 
 
 class CustomersClient(Downstream):
@@ -34,4 +38,4 @@ class CustomersClient(Downstream):
             raise lookup_failure(exchange, self.downstream) from exchange.error
         if answer.status_code == 404:
             return CustomerStatus.UNKNOWN
-        return _STATUSES[document(answer)["status"]]
+        return _STATUSES[exchange.body["status"]]

@@ -15,7 +15,6 @@ from service.adapters.http import (
     Own,
     api_error,
     call_outcome,
-    document,
     lookup_outcome,
     refusal,
 )
@@ -65,21 +64,21 @@ def _call_own(reference_field: str, payment_kind: str | None = None) -> Own:
     """A call's own answers: a 2xx JSON document with its reference (or, for a payment, a status that says it took no
     money), or a JSON refusal (402, 409, 422, any 4xx that is not about our configuration)."""
 
-    def own(answer: Answer) -> bool:
+    def own(answer: Answer, body: Any) -> bool:
         if answer.status_code not in (200, 201, 202):
-            return refusal(answer)
-        body = document(answer)
-        declined = payment_kind is not None and _declined(body, payment_kind)
-        return declined or _reference(body, reference_field) is not None
+            return refusal(answer, body)
+        # (its reference first: a call's answer has one, and a declined payment's too, as a rule)
+        return _reference(body, reference_field) is not None or (
+            payment_kind is not None and _declined(body, payment_kind)
+        )
 
     return own
 
 
-def _answer(response: Answer, reference_field: str, payment_kind: str | None = None) -> CallOutcome:
-    """What the provider's own answer to a call means for the effect."""
+def _answer(response: Answer, body: Any, reference_field: str, payment_kind: str | None = None) -> CallOutcome:
+    """What the provider's own answer to a call (`body`: its JSON document) means for the effect."""
     status = response.status_code
     if status in (200, 201, 202):
-        body = document(response)
         if payment_kind is not None and _declined(body, payment_kind):
             return Refused(OrderCode.PAYMENT_DECLINED)
         reference = _reference(body, reference_field)
@@ -96,18 +95,21 @@ def _payment_found(kind: str) -> Own:
     """A payment look-up's own answers: a payment document (a JSON object with its id, or one that took no money),
     or a 404 with the API's JSON `error` (none under that key)."""
 
-    def own(answer: Answer) -> bool:
+    def own(answer: Answer, body: Any) -> bool:
         if answer.status_code == 404:
-            return api_error(answer)
-        body = document(answer) if answer.status_code == 200 else None
-        return isinstance(body, dict) and (_declined(body, kind) or _reference(body, "payment_id") is not None)
+            return api_error(body)
+        return (
+            answer.status_code == 200
+            and isinstance(body, dict)
+            and (_declined(body, kind) or _reference(body, "payment_id") is not None)
+        )
 
     return own
 
 
-def _emails_found(answer: Answer) -> bool:
+def _emails_found(answer: Answer, body: Any) -> bool:
     """The email look-up's own answer: a JSON list (empty: none sent with that ref)."""
-    return answer.status_code == 200 and isinstance(document(answer), list)
+    return answer.status_code == 200 and isinstance(body, list)
 
 
 def _answers_another(answered: Any, idempotency_key: str, body: dict[str, Any]) -> bool:
@@ -139,11 +141,11 @@ class PaymentsClient(Downstream):
             outcome = call_outcome(exchange)
             assert outcome is not None
             return outcome
-        if answer.status_code in (200, 201, 202) and _answers_another(document(answer), idempotency_key, body):
+        if answer.status_code in (200, 201, 202) and _answers_another(exchange.body, idempotency_key, body):
             # Neither sent (its id is another payment's) nor refused: whether this one was made, a look-up by its
             # key tells.
             return Unknown(ErrorCode.UNEXPECTED_ERROR)
-        return _answer(answer, "payment_id", kind)
+        return _answer(answer, exchange.body, "payment_id", kind)
 
     async def find(self, idempotency_key: str, kind: str) -> LookupOutcome:
         """Look a payment of this kind (`capture`, `refund`) up by its idempotency key."""
@@ -155,7 +157,7 @@ class PaymentsClient(Downstream):
             return failed
         if answer.status_code == 404:
             return Missing()
-        body = document(answer)
+        body = exchange.body
         if _declined(body, kind):
             # It took no money: as if there were none (a capture is then sent again, and the provider answers the
             # same key with the same failure; a refund finds nothing to refund).
@@ -178,7 +180,7 @@ class EmailsClient(Downstream):
             outcome = call_outcome(exchange)
             assert outcome is not None
             return outcome
-        return _answer(answer, "email_id")
+        return _answer(answer, exchange.body, "email_id")
 
     async def find(self, ref: str) -> LookupOutcome:
         """Look up the emails sent with this ref."""
@@ -190,7 +192,7 @@ class EmailsClient(Downstream):
             failed = lookup_outcome(exchange)
             assert failed is not None
             return failed
-        sent = document(answer)
+        sent = exchange.body
         if not sent:
             return Missing()
         # Any email listed was sent; the first with an id we can record is the effect's reference.

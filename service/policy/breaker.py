@@ -1,7 +1,8 @@
 """A circuit breaker per downstream: a pure state machine over immutable values.
 
 ```
-closed ──a run of `threshold` failed calls of 2+ requests; at once: 429 with Retry-After, not the API's own──▶ open
+closed ──a run of `threshold` failed calls of 2+ requests; 2 answers of 2 requests not the API's own; a 429 with
+         Retry-After──▶ open
 open ──its time is up: the next call is the one probe──▶ half_open
 half_open ──the probe is answered by the API──▶ closed
 half_open ──the probe fails──▶ open again, for twice as long (at most `longest_open`)
@@ -12,8 +13,9 @@ a failed call is charged only when the breaker is closed before and after it (`r
 opens it is charged up to its last call, which opens it and is charged to nobody: in a round of many look-ups
 that fail together, only the first `threshold - 1` are charged, and only if their answers come first. A run opens
 it only when it holds failures of at least two different requests (two customers, two idempotency keys): one request
-failing again and again is its record's trouble, retried within the record's budget, and must not hold back the
-calls of every other record.
+failing again and again, or answered with what its API never answers, is its record's (or effect's) trouble, retried
+within its own budget, and must not hold back the calls of every other record. An answer that is not the API's own
+opens it as soon as a second request of the run gets one too: a wrong URL answers every request so.
 Clock readings are seconds on a monotonic clock; the shell (service/adapters/breakers.py) reads it and keeps
 the current value.
 """
@@ -58,6 +60,7 @@ class Outcome:
     code: ErrorCode | None = None
     retry_after: float | None = None
     target: str | None = None  # what was asked for (a customer, an idempotency key); None: cannot tell apart
+    status: int | None = None  # the HTTP status of the answer, when there was one (logged: 401 or a wrong URL?)
 
 
 OK = Outcome(Verdict.OK)
@@ -71,6 +74,10 @@ class BreakerPolicy:
     first_open: float = 2.0  # how long it stays open the first time; doubled with each failed probe
     longest_open: float = 60.0
     probe_timeout: float = 60.0  # a probe never answered (its task cancelled) is given up after this long
+    # A 429's Retry-After is honoured, at least this long (a `Retry-After: 0` would make every call a probe) and at
+    # most this long (a provider's number may be anything).
+    shortest_retry_after: float = 1.0
+    longest_retry_after: float = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +92,7 @@ class Breaker:
     since: float | None = None  # when it left closed
     code: ErrorCode | None = None  # the failure that opened it (and keeps it open)
     misconfigured: bool = False  # opened by an answer that is not the API's own
+    status: int | None = None  # the HTTP status of the answer that opened it, if any
 
     def wait(self, now: float) -> float:
         """How long a refused call should wait before it is tried again, in seconds (0 when closed).
@@ -123,19 +131,22 @@ def record(
     if breaker.state is not State.CLOSED:
         # A call admitted before the breaker opened, answered now: the probe decides. A longer Retry-After keeps it
         # open longer.
-        later = now + min(outcome.retry_after, policy.longest_open) if outcome.retry_after is not None else 0.0
+        later = now + _retry_after(outcome.retry_after, policy) if outcome.retry_after is not None else 0.0
         if breaker.state is State.OPEN and later > breaker.until:
             return replace(breaker, until=later), False
         return breaker, False
     if outcome.verdict is Verdict.OK:
         return (breaker if breaker.failures == 0 else CLOSED), False
-    if outcome.verdict is Verdict.MISCONFIGURED or outcome.retry_after is not None:
+    if outcome.retry_after is not None:
         return _open(breaker, outcome, now, policy), False
     failures = breaker.failures + 1
     targets = breaker.targets
     if outcome.target is not None and len(targets) < 2:
         targets = targets | {outcome.target}
-    if failures >= policy.threshold and (len(targets) >= 2 or outcome.target is None):
+    several = len(targets) >= 2 or outcome.target is None
+    # A misconfiguration seen by two requests opens it at once; an outage needs the whole run.
+    threshold = 2 if outcome.verdict is Verdict.MISCONFIGURED else policy.threshold
+    if several and failures >= min(threshold, policy.threshold):
         return _open(breaker, outcome, now, policy), False
     return replace(breaker, failures=failures, targets=targets), True
 
@@ -149,10 +160,11 @@ def release(breaker: Breaker, now: float) -> Breaker:
 
 def _open(breaker: Breaker, outcome: Outcome, now: float, policy: BreakerPolicy) -> Breaker:
     openings = breaker.openings + 1
-    # A 429's Retry-After is the provider's own word for how long (a probe at least every `longest_open` all the
-    # same); otherwise the wait doubles with each opening.
-    doubling = policy.first_open * 2 ** min(openings - 1, 32)
-    duration = min(policy.longest_open, doubling if outcome.retry_after is None else outcome.retry_after)
+    # A 429's Retry-After is the provider's own word for how long; otherwise the wait doubles with each opening.
+    if outcome.retry_after is not None:
+        duration = _retry_after(outcome.retry_after, policy)
+    else:
+        duration = min(policy.longest_open, policy.first_open * 2 ** min(openings - 1, 32))
     return Breaker(
         state=State.OPEN,
         failures=0,
@@ -161,4 +173,9 @@ def _open(breaker: Breaker, outcome: Outcome, now: float, policy: BreakerPolicy)
         since=breaker.since if breaker.since is not None else now,
         code=outcome.code or breaker.code or ErrorCode.DOWNSTREAM_UNAVAILABLE,
         misconfigured=outcome.verdict is Verdict.MISCONFIGURED,
+        status=outcome.status,
     )
+
+
+def _retry_after(seconds: float, policy: BreakerPolicy) -> float:
+    return min(max(seconds, policy.shortest_retry_after), policy.longest_retry_after)

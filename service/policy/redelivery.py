@@ -11,7 +11,7 @@ copies; a reprocess copy names its consumer the same way).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from service.domain.codes import ErrorCode
@@ -116,6 +116,10 @@ def parse(record: SourceRecord) -> Redelivery | None:
             tier_step=_count(record.header("retry-step")),
             excused=timedelta(milliseconds=_excused(record.header("retry-excused-ms"))),
         )
+        # What a copy excuses cannot be more than the time between its first and its last failure (a garbled or
+        # hostile header must not make its elapsed budget endless).
+        between = max(timedelta(0), history.last_failed_at - history.first_failed_at)
+        history = replace(history, excused=min(history.excused, between))
         return Redelivery(
             origin=Coordinates(topic, _count(partition), _count(offset)),
             origin_timestamp_ms=_stamp(record.header("origin-timestamp")),

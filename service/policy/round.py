@@ -265,7 +265,9 @@ def plan_round(
         state = due[delivery]
         message = delivery.decoded
         reopen = delivery.reprocess and seen.get(message_id) == "quarantined"
-        retried = state.verdict is not None  # its budget is spent (or its breaker outlasted it): it holds its key
+        # Its budget is spent (or its breaker outlasted it): it holds its key. (Invalid input whose quarantine write
+        # failed has a verdict too, its own code: never retried, it holds nothing.)
+        retried = state.verdict is not None and not delivery.failed
         if last_resort:
             code = state.verdict or (message.code if delivery.failed else None)
             planner.quarantine(delivery, code or ErrorCode.UNEXPECTED_ERROR, reopen, retried, last_resort=True)

@@ -26,11 +26,16 @@ class Downtime:
         """Seconds of outage so far, the one under way included."""
         return self._total + (self._clock() - self._since if self._inside else 0.0)
 
+    def now(self) -> float:
+        """A reading of the stopwatch's clock (for `waiting(since=…)`)."""
+        return self._clock()
+
     @contextlib.contextmanager
-    def waiting(self) -> Iterator[None]:
-        """Count the time inside the block as downtime (once, however many blocks overlap)."""
+    def waiting(self, since: float | None = None) -> Iterator[None]:
+        """Count the time inside the block as downtime, from `since` (a `now()` reading: the start of the work that
+        found the outage) or from now; once, however many blocks overlap."""
         if self._inside == 0:
-            self._since = self._clock()
+            self._since = self._clock() if since is None else min(since, self._clock())
         self._inside += 1
         try:
             yield

@@ -187,6 +187,7 @@ class Processor:
         """Attempt the due deliveries (with their retry states, in lane order) once."""
         delay = 1.0
         for _ in range(_MAX_CONFLICT_ROUNDS):
+            started = self._downtime.now()
             try:
                 return await self._attempt(due)
             except ConcurrentWrite:
@@ -195,7 +196,7 @@ class Processor:
                 # The database is away: nothing was written and no attempt is spent; wait and retry. The wait is
                 # downtime: it does not count against the records' elapsed budgets.
                 log.warning("database_unavailable", retry_in_seconds=delay)
-                with self._downtime.waiting():
+                with self._downtime.waiting(since=started):  # the attempt that found it too (a pool's timeout)
                     await sleep_unless_stopped(stop, delay)
                 if stop.is_set():
                     return _NOTHING

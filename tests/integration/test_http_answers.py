@@ -23,7 +23,7 @@ from datetime import timedelta
 
 import pytest
 
-from service.adapters.http import HttpClient
+from service.adapters.http import HttpClient, TimedOut
 from tests.support import eventually
 
 TIMEOUT = 2.0
@@ -347,3 +347,31 @@ async def test_a_connection_the_server_closed_after_answering_is_not_used_again(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+# ---------------------------------------------------------------- an answer that never ends
+
+
+async def test_an_answer_dripping_in_a_byte_at_a_time_times_out_within_twice_the_timeout(
+    serve: Callable[..., RawServer],
+) -> None:
+    # Given a provider that answers a byte every 0.2 s, for ever: no single wait ever reaches the client's timeout
+    def drip(peer: Peer) -> None:
+        assert peer.request() is not None
+        head = b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+        peer.send(head)
+        while not server.closing.is_set():
+            peer.send(b" ")
+            time.sleep(0.2)  # the provider's pace: the fault itself
+
+    server: RawServer = serve(drip)
+    client = HttpClient.open(timedelta(seconds=0.5), connections=2)
+    started = time.monotonic()
+    try:
+        # When a call is made, Then it ends as a timeout (sent: it may have been acted on) within about twice the
+        # timeout, instead of holding the call for as long as the provider drips
+        with pytest.raises(TimedOut):
+            await client.post(f"{server.url}/payments", json={}, headers={"Idempotency-Key": "D"})
+    finally:
+        await client.close()
+    assert time.monotonic() - started < 2 * 0.5 * 1.5

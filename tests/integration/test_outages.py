@@ -8,15 +8,18 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from dependency_injector import providers
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.adapters.breakers import Breakers
 from service.config import Settings
 from service.orders.fakes import Downstream
 from service.policy.breaker import State
+from service.policy.effects import EffectPolicy
 from tests.support import Topics, eventually, produce, read_topic, rows, running, scalar
 from tests.support import settings_for as base_settings
 from tests.support.orders import placed, shipped
@@ -216,3 +219,42 @@ async def test_a_payments_outage_exhausts_no_effect_and_every_capture_goes_out_a
     assert await scalar(engine, "SELECT count(*) FROM effects WHERE state = 'failed'") == 0
     assert await scalar(engine, "SELECT max(attempts) FROM effects") <= 3
     assert len(downstream.payments()) == 100
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"status": 308, "headers": [("Location", "https://payments.example/payments")]},
+        {"status": 401, "body": b"<html>Sign in</html>"},
+        {"status": 204, "content_type": None},
+    ],
+    ids=["redirect", "401", "204"],
+)
+async def test_a_payment_provider_answering_what_its_api_never_answers_fails_no_payment(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream, answer: dict[str, Any]
+) -> None:
+    # Given a payment provider that answers its first captures with what its API never answers (http:// redirected
+    # to https://, a login page, a 204), then as itself
+    settings = settings_for(database_url, kafka, topics, payments_url=downstream.url, effect_max_attempts=3)
+    downstream.answer_next("payments.post", times=3, **answer)
+    await produce(kafka, topics.source, [(f"R-{n}", placed(f"R-{n}"), {}) for n in range(10)])
+
+    # When the consumer, the effect worker and (for what may have been acted on) the reconciler run
+    # (the one capture first so answered alone, its provider's breaker still closed, is tried again 1 s later, not 30)
+    quick = providers.Singleton(EffectPolicy, max_attempts=3, alone_misconfigured_wait=timedelta(seconds=1))
+    async with running(
+        settings, "consumer_loop", "effect_worker", configure=lambda c: c.effect_policy.override(quick)
+    ) as container:
+        guard = container.breakers()["payments"]
+        await eventually(lambda: asyncio.sleep(0, guard.breaker.misconfigured), timeout=30)
+
+        async def settled() -> bool:
+            await container.reconciler().run_once(5.0)  # (an uncertain capture is looked up, as cron does)
+            return bool(await scalar(engine, "SELECT count(*) = 10 FROM effects WHERE state = 'sent'"))
+
+        await eventually(settled, timeout=90, interval=1.0)
+
+    # Then no capture failed, none was declined, none spent an attempt on those answers, and each was made once
+    assert await scalar(engine, "SELECT count(*) FROM effects WHERE state = 'failed'") == 0
+    assert await scalar(engine, "SELECT count(*) FROM orders WHERE details->>'payment_status' = 'failed'") == 0
+    assert len(downstream.payments()) == 10

@@ -303,9 +303,14 @@ async def rows(engine: AsyncEngine, sql: str, **params: Any) -> list[dict[str, A
 
 
 @contextlib.asynccontextmanager
-async def running(settings: Settings, *parts: str) -> AsyncIterator[Container]:
-    """Run service loops in this process (e.g. "consumer_loop", "relay") until the block exits."""
+async def running(
+    settings: Settings, *parts: str, configure: Callable[[Container], object] | None = None
+) -> AsyncIterator[Container]:
+    """Run service loops in this process (e.g. "consumer_loop", "relay") until the block exits; `configure` may
+    override the container's providers first."""
     container = Container(settings=settings)
+    if configure is not None:
+        configure(container)
     await container.init_resources()
     stop = asyncio.Event()
     loops = []

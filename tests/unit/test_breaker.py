@@ -79,25 +79,46 @@ def test_a_success_ends_the_run() -> None:
 
 
 @pytest.mark.parametrize(
-    ("outcome", "open_for", "misconfigured"),
+    ("outcome", "open_for"),
     [
-        (WRONG, 2.0, True),
-        (SLOW_DOWN, 7.0, False),
-        (Outcome(Verdict.FAILED, ErrorCode.RATE_LIMITED, 600.0), 60.0, False),
+        (SLOW_DOWN, 7.0),
+        (replace(SLOW_DOWN, retry_after=6000.0), 600.0),
+        (replace(SLOW_DOWN, retry_after=0.0), 1.0),
     ],
-    ids=["misconfigured", "retry-after", "retry-after-capped"],
+    ids=["retry-after", "retry-after-capped", "retry-after-0-floored"],
 )
-def test_a_misconfiguration_or_a_429_with_retry_after_opens_it_at_once_charging_nothing(
-    outcome: Outcome, open_for: float, misconfigured: bool
+def test_a_429_with_retry_after_opens_it_at_once_for_that_long_charging_nothing(
+    outcome: Outcome, open_for: float
 ) -> None:
     breaker, charged = record(CLOSED, outcome, 100.0, POLICY, probe=False)
     assert (breaker.state, breaker.until - 100.0, breaker.misconfigured, charged) == (
         State.OPEN,
         open_for,
-        misconfigured,
+        False,
         False,
     )
-    assert breaker.code is outcome.code
+    assert breaker.code is ErrorCode.RATE_LIMITED
+
+
+def test_answers_not_the_apis_own_to_two_requests_open_it_as_misconfigured_one_request_alone_does_not() -> None:
+    # Given an answer that is not the API's own to one request (a WAF's page for one payload, a proxy's 414)
+    breaker, charged = record(CLOSED, replace(WRONG, target="c-1"), 0.0, POLICY, probe=False)
+
+    # Then it is that request's trouble: charged to it, the breaker stays closed, and again and again likewise
+    assert (breaker.state, charged) == (State.CLOSED, True)
+    again, charged_again = record(breaker, replace(WRONG, target="c-1"), 0.0, POLICY, probe=False)
+    assert (again.state, charged_again) == (State.CLOSED, True)
+
+    # When a second request of the run gets one too (a wrong URL answers every request so), Then it opens at once
+    opened, charged = record(again, replace(WRONG, target="c-2", status=401), 0.0, POLICY, probe=False)
+    assert (opened.state, opened.misconfigured, opened.status, opened.until, charged) == (
+        State.OPEN,
+        True,
+        401,
+        2.0,
+        False,
+    )
+    assert opened.code is ErrorCode.DOWNSTREAM_MISCONFIGURED
 
 
 def test_while_open_every_call_is_refused_until_its_time_then_exactly_one_probe_goes() -> None:
@@ -233,11 +254,11 @@ def _answer(breaker: Breaker, now: float, probe: bool, outcome: Outcome | None, 
         # Charged only for a failure that leaves a closed breaker closed: never while it is open or half-open.
         assert breaker.state is State.CLOSED
         assert after.state is State.CLOSED
-        assert outcome.verdict is Verdict.FAILED
+        assert outcome.verdict is not Verdict.OK
         assert outcome.retry_after is None
         assert after.failures == breaker.failures + 1
         # ... below the threshold, or of one request only
         assert after.failures < rules.threshold or (len(after.targets) < 2 and outcome.target is not None)
     if after.state is State.OPEN and breaker.state is not State.OPEN:
-        assert after.until > now or outcome.retry_after == 0.0
+        assert after.until >= now + 1.0
     return after

@@ -109,12 +109,16 @@ async def test_an_answer_that_is_not_the_providers_own_fails_nothing(
 
 
 @pytest.mark.parametrize("code", [ErrorCode.PROVIDER_UNAUTHORIZED, ErrorCode.PROVIDER_MISCONFIGURED])
-def test_credentials_or_a_url_refused_wait_for_the_breaker_and_spend_no_attempt_however_often(
+def test_credentials_or_a_url_refused_spend_no_attempt_however_often(
     code: ErrorCode,
 ) -> None:
-    decision = after_call(NotSent(code, charged=False), 99, POLICY, random.Random(1))
+    # One call answered so (its provider's breaker closed: one request's trouble) waits 30 s;
+    # one its provider's open breaker refused is claimed again as soon as the breaker lets calls through
+    answered = after_call(NotSent(code, charged=False), 99, POLICY, random.Random(1))
+    refused = after_call(NotSent(code, retry_after=timedelta(0), charged=False), 99, POLICY, random.Random(1))
 
-    assert decision == EffectDecision("pending", code, retry_in=timedelta(0), unmade=True)
+    assert answered == EffectDecision("pending", code, retry_in=POLICY.alone_misconfigured_wait, unmade=True)
+    assert refused == EffectDecision("pending", code, retry_in=timedelta(0), unmade=True)
 
 
 def test_a_provider_still_working_on_the_key_makes_the_effect_uncertain_for_a_look_up() -> None:

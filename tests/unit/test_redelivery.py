@@ -90,13 +90,23 @@ def test_the_tier_headers_name_the_original_coordinates_the_history_and_the_due_
 
 
 def test_the_time_a_history_excuses_travels_with_the_copy() -> None:
-    # Given a record that sat through 42.5 s of our own outages since its first failure
-    excused = replace(HISTORY, excused=timedelta(seconds=42, milliseconds=500))
+    # Given a record that sat through 42.5 s of our own outages between its first failure and its last, a minute later
+    excused = replace(HISTORY, last_failed_at=FIRST_FAILED + timedelta(minutes=1), excused=timedelta(seconds=42.5))
 
     # When its tier copy is read back, Then the excused time comes with it
     copy = on_tier(copy_of(source(), excused))
     assert dict(copy.headers)["retry-excused-ms"] == b"42500"
     assert parse(copy) == Redelivery(ORIGIN, TIMESTAMP_MS, excused, DUE)
+
+
+def test_a_copy_never_excuses_more_than_the_time_between_its_first_and_last_failure() -> None:
+    # Given a copy whose header claims more excused time than has passed between its failures (garbled, or hostile)
+    headers = [(name, b"99999999999" if name == "retry-excused-ms" else value) for name, value in copy_of(source())]
+
+    # When it is read, Then its elapsed budget can still end: it excuses at most that time
+    redelivered = parse(on_tier(headers))
+    assert redelivered is not None
+    assert redelivered.history.excused == LAST_FAILED - FIRST_FAILED
 
 
 def test_a_copy_written_before_the_excused_header_existed_excuses_nothing() -> None:
