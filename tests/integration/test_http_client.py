@@ -254,7 +254,7 @@ async def test_a_refused_connection_is_connect_failed_not_timed_out(client: Http
 
 
 async def dribbles(received: Received, writer: asyncio.StreamWriter) -> None:
-    """An answer a byte at a time, each within the timeout: the call is slow, never silent."""
+    """An answer a byte at a time, each within the timeout: the call is slow, never silent (about 4 s in all)."""
     for byte in answer(body=b"{}"):
         writer.write(bytes([byte]))
         await asyncio.sleep(TIMEOUT / 10)
@@ -272,7 +272,9 @@ async def test_a_full_pool_waits_the_timeout_and_then_fails_to_connect(serve) ->
 
         assert failed.value.timed_out is True
         assert [request.head[0] for request in server.requests] == ["POST /a HTTP/1.1"]
-        assert (await held).status_code == 200, "a slow answer is not a silent one"
+        # A slow answer is not a silent one, but it must be whole within twice the timeout: this one never is
+        with pytest.raises(TimedOut, match="no whole answer"):
+            await held
     finally:
         await one.close()
 

@@ -249,7 +249,7 @@ async def test_a_payment_provider_answering_what_its_api_never_answers_fails_no_
         await eventually(lambda: asyncio.sleep(0, guard.breaker.misconfigured), timeout=30)
 
         async def settled() -> bool:
-            await container.reconciler().run_once(5.0)  # (an uncertain capture is looked up, as cron does)
+            await (await container.reconciler()).run_once(5.0)  # (an uncertain capture is looked up, as cron does)
             return bool(await scalar(engine, "SELECT count(*) = 10 FROM effects WHERE state = 'sent'"))
 
         await eventually(settled, timeout=90, interval=1.0)
