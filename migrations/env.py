@@ -7,19 +7,22 @@ from logging.config import fileConfig
 
 from alembic import context
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from service.config import load_settings
 from service.orders import tables as order_tables  # noqa: F401 (the domain's tables join the metadata)
+from service.store.connect import Database
 from service.store.tables import metadata
+from service.store.uow import create_engine
 
 config = context.config
 if config.config_file_name is not None:
     fileConfig(config.config_file_name)
 
 
-def _url() -> str:
-    return config.get_main_option("sqlalchemy.url") or load_settings().database_url
+def _database() -> Database:
+    """What `order-service migrate` connects to (service/store/schema.py), else the settings' (a bare `alembic`)."""
+    given = config.attributes.get("database")
+    return given if isinstance(given, Database) else load_settings().database
 
 
 def _run(connection: Connection) -> None:
@@ -29,7 +32,7 @@ def _run(connection: Connection) -> None:
 
 
 async def _run_async() -> None:
-    engine = create_async_engine(_url())
+    engine = create_engine(_database(), pool_size=1)
     try:
         async with engine.connect() as connection:
             await connection.run_sync(_run)
@@ -39,7 +42,7 @@ async def _run_async() -> None:
 
 
 if context.is_offline_mode():
-    context.configure(url=_url(), target_metadata=metadata, literal_binds=True)
+    context.configure(url=_database().url, target_metadata=metadata, literal_binds=True)
     with context.begin_transaction():
         context.run_migrations()
 else:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from datetime import timedelta
-from typing import Annotated, Any, Literal, TypeVar, overload
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar, get_args, overload
 
 from pydantic import (
     AfterValidator,
@@ -16,7 +18,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -24,6 +27,7 @@ from service.console.tokens import parse_tokens
 from service.durations import FORMAT_HINT, format_duration, parse_duration
 from service.policy.owners import parse_owners
 from service.policy.retry import Budget, RetryPolicy, build_policy
+from service.store import connect
 
 PROGRAM = "order-service"  # the console script, the distribution, the default consumer name
 ENV_PREFIX = "ORDERS_"  # every setting is this prefix and its name in capitals: ORDERS_DATABASE_URL
@@ -55,8 +59,26 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
 
-    database_url: str = "postgresql+asyncpg://postgres@127.0.0.1:55432/orders"
+    # A secret: it may hold the password (contract §11); see `database` for what connects.
+    database_url: SecretStr = SecretStr("postgresql+asyncpg://postgres@127.0.0.1:55432/orders")
+    database_password: SecretStr | None = None
     kafka_bootstrap_servers: str = "127.0.0.1:19092"
+    # Kafka's security (contract §11): every client the service builds takes these (service/adapters/kafka.py).
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] = "PLAIN"
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_oauth_token_url: str | None = None
+    kafka_oauth_client_id: str | None = None
+    kafka_oauth_client_secret: SecretStr | None = None
+    kafka_oauth_scope: str | None = None
+    kafka_ssl_cafile: str | None = None
+    kafka_ssl_certfile: str | None = None
+    kafka_ssl_keyfile: str | None = None
+    # The topics `topics apply` creates (contract §11): partitions (None: the source topic's count, else 6) and
+    # replication factor (None: the broker's default).
+    topic_partitions: int | None = Field(default=None, ge=1, le=100_000)
+    topic_replication_factor: int | None = Field(default=None, ge=1, le=100)
     consumer_name: str = Field(default=PROGRAM, min_length=1, max_length=200)
     source_topic: str = Field(default="orders", pattern=r"^[A-Za-z0-9._-]{1,200}$")
     retry_tiers: str = "30s,5m"
@@ -142,14 +164,41 @@ class Settings(BaseSettings):
 
     @field_validator("database_url")
     @classmethod
-    def _check_database_url(cls, value: str) -> str:
-        _check_database_url(value)
+    def _check_database_url(cls, value: SecretStr) -> SecretStr:
+        _check_database_url(value.get_secret_value())
+        try:
+            connect.database(value.get_secret_value())
+        except connect.DatabaseUrlError as error:
+            raise ValueError(f"{error}; {_DATABASE_URL_FORM}") from None
         return value
+
+    @property
+    def database(self) -> connect.Database:
+        """The database every connection of the service goes to (the password of ORDERS_DATABASE_PASSWORD, TLS)."""
+        password = self.database_password.get_secret_value() if self.database_password is not None else None
+        return connect.database(self.database_url.get_secret_value(), password)
 
     @field_validator("kafka_bootstrap_servers")
     @classmethod
     def _check_bootstrap_servers(cls, value: str) -> str:
         return _bootstrap_servers(value)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The environment, and every secret also from a file named by `<VARIABLE>_FILE` (contract §11)."""
+        return init_settings, SecretFiles(settings_cls), env_settings, dotenv_settings, file_secret_settings
+
+    @model_validator(mode="after")
+    def _check_kafka_security(self) -> Settings:
+        _check_kafka_security(self)
+        return self
 
     @model_validator(mode="after")
     def _check_together(self) -> Settings:
@@ -205,6 +254,95 @@ class ConfigurationError(Exception):
     """Configuration that cannot be used; its message is one line naming the variable."""
 
 
+def secret_fields(settings_cls: type[BaseSettings]) -> list[str]:
+    """The settings that are secrets (typed `SecretStr`): the one place that says which ones (contract §11)."""
+    return [
+        name
+        for name, field in settings_cls.model_fields.items()
+        if field.annotation is SecretStr or SecretStr in get_args(field.annotation)
+    ]
+
+
+class SecretFiles(PydanticBaseSettingsSource):
+    """Each secret from the file `<VARIABLE>_FILE` names (one trailing newline ignored), as Kubernetes and Docker
+    mount secrets; both the variable and its file set is a configuration error."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        """(Fields are read together, in `__call__`.)"""
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for name in secret_fields(self.settings_cls):
+            variable = f"{ENV_PREFIX}{name.upper()}"
+            path = os.environ.get(f"{variable}_FILE")
+            if path is None:
+                continue
+            if variable in os.environ:
+                raise ConfigurationError(
+                    f"invalid configuration: {variable} and {variable}_FILE are both set: give the secret one way"
+                )
+            try:
+                value = Path(path).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as error:
+                raise ConfigurationError(
+                    f"invalid configuration: {variable}_FILE: cannot read {path} ({type(error).__name__})"
+                ) from None
+            found[name] = value.removesuffix("\n").removesuffix("\r")
+        return found
+
+
+_KAFKA_TLS = ("SSL", "SASL_SSL")
+_KAFKA_SASL = ("SASL_PLAINTEXT", "SASL_SSL")
+
+
+def _check_kafka_security(settings: Settings) -> None:
+    """The Kafka security settings go together: what a protocol and mechanism need is set, what they cannot use is
+    not, and every file named is readable (a mistake here would only show as a client that never connects)."""
+    p = ENV_PREFIX
+    protocol, mechanism = settings.kafka_security_protocol, settings.kafka_sasl_mechanism
+    protocol_is = f"with {p}KAFKA_SECURITY_PROTOCOL={protocol}"
+    files = {
+        "KAFKA_SSL_CAFILE": settings.kafka_ssl_cafile,
+        "KAFKA_SSL_CERTFILE": settings.kafka_ssl_certfile,
+        "KAFKA_SSL_KEYFILE": settings.kafka_ssl_keyfile,
+    }
+    if protocol not in _KAFKA_TLS:
+        given = [name for name, value in files.items() if value]
+        if given:
+            raise ValueError(f"{p}{given[0]}: has no use {protocol_is}; use SSL or SASL_SSL")
+    if (settings.kafka_ssl_certfile is None) != (settings.kafka_ssl_keyfile is None):
+        raise ValueError(f"{p}KAFKA_SSL_CERTFILE and {p}KAFKA_SSL_KEYFILE: the client certificate needs its key")
+    for name, value in files.items():
+        if value and not Path(value).is_file():
+            raise ValueError(f"{p}{name}: no readable file at {value}")
+    if protocol not in _KAFKA_SASL:
+        return
+    if mechanism == "OAUTHBEARER":
+        missing = [
+            name
+            for name, value in (
+                ("KAFKA_OAUTH_TOKEN_URL", settings.kafka_oauth_token_url),
+                ("KAFKA_OAUTH_CLIENT_ID", settings.kafka_oauth_client_id),
+                ("KAFKA_OAUTH_CLIENT_SECRET", settings.kafka_oauth_client_secret),
+            )
+            if not value
+        ]
+        if missing:
+            raise ValueError(f"{p}{missing[0]}: needed with {p}KAFKA_SASL_MECHANISM=OAUTHBEARER")
+        token_url = settings.kafka_oauth_token_url or ""
+        if not token_url.startswith(("https://", "http://")):
+            raise ValueError(f"{p}KAFKA_OAUTH_TOKEN_URL: must be an https:// (or http://) URL")
+        authority = re.split(r"[/?#]", token_url.partition("://")[2], maxsplit=1)[0]
+        try:
+            _check_address(authority, "allowed: an http(s) URL with a host", port_required=False)
+        except ValueError as error:
+            raise ValueError(f"{p}KAFKA_OAUTH_TOKEN_URL: {error}") from None
+    elif not settings.kafka_sasl_username or settings.kafka_sasl_password is None:
+        name = "KAFKA_SASL_USERNAME" if not settings.kafka_sasl_username else "KAFKA_SASL_PASSWORD"
+        raise ValueError(f"{p}{name}: needed with {p}KAFKA_SASL_MECHANISM={mechanism}")
+
+
 def describe_validation_error(error: ValidationError) -> str:
     """Turn pydantic's report into one line per contract §2: the variable, the value's problem, what is allowed."""
     parts = []
@@ -227,7 +365,8 @@ _BASE_URL_FORM = (
 )
 _DATABASE_URL_FORM = (
     "allowed: postgresql+asyncpg://user[:password]@host[:port]/database[?options], a port from 1 to 65535, "
-    "special characters of the user and password percent-encoded"
+    "special characters of the user and password percent-encoded, libpq's sslmode (disable, allow, prefer, require, "
+    "verify-ca, verify-full), sslrootcert, sslcert and sslkey naming readable files"
 )
 _BOOTSTRAP_FORM = "allowed: comma-separated host:port, a port from 1 to 65535, an IPv6 address in brackets ([::1]:9092)"
 

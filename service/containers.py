@@ -43,7 +43,7 @@ from service.worker.reprocess import Reprocessor
 
 
 async def _engine(settings: Settings) -> AsyncIterator[AsyncEngine]:
-    engine = create_engine(settings.database_url)
+    engine = create_engine(settings.database)
     try:
         yield engine
     finally:

@@ -50,6 +50,7 @@ _SECONDS = re.compile(r"[0-9]+", re.ASCII)
 _TARGET = re.compile(r"[!-~]+", re.ASCII)
 _UNSAFE_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+_JSON, _FORM = "application/json", "application/x-www-form-urlencoded"
 # An absolute URL's scheme and authority: up to the first "/", "?" or "#" after "//" (RFC 3986 §3.2).
 _AUTHORITY = re.compile(r"[^:/?#]+://[^/?#]*")
 
@@ -78,8 +79,19 @@ class HttpClient:
         """POST a JSON body to `url` (already percent-encoded)."""
         return await self._request("POST", url, None, orjson.dumps(json), headers or {})
 
+    async def post_form(self, url: str, *, form: Mapping[str, str], headers: Mapping[str, str] | None = None) -> Answer:
+        """POST a form (`application/x-www-form-urlencoded`: an OAuth 2 token request) to `url`."""
+        body = urlencode(form, quote_via=quote, safe="").encode()
+        return await self._request("POST", url, None, body, headers or {}, _FORM)
+
     async def _request(
-        self, method: str, url: str, params: Mapping[str, str] | None, body: bytes, headers: Mapping[str, str]
+        self,
+        method: str,
+        url: str,
+        params: Mapping[str, str] | None,
+        body: bytes,
+        headers: Mapping[str, str],
+        content_type: str = _JSON,
     ) -> Answer:
         # A request that cannot be written (a line break in an id, a lone surrogate in a parameter) fails before a
         # byte leaves.
@@ -87,7 +99,7 @@ class HttpClient:
             origin, host, target = _split(url)
             if params:
                 target = f"{target}{'&' if '?' in target else '?'}{urlencode(params, quote_via=quote, safe='')}"
-            request = _request_bytes(method, host, target, body, headers)
+            request = _request_bytes(method, host, target, body, headers, content_type)
         except ValueError as error:
             raise ConnectFailed(f"{type(error).__name__}: {error}", timed_out=False) from error
         return await self._pool.exchange(origin, request)
@@ -96,12 +108,14 @@ class HttpClient:
 _OWS = " \t"
 
 
-def _request_bytes(method: str, host: str, target: str, body: bytes, headers: Mapping[str, str]) -> bytes:
+def _request_bytes(
+    method: str, host: str, target: str, body: bytes, headers: Mapping[str, str], content_type: str = _JSON
+) -> bytes:
     if not _TARGET.fullmatch(target):
         raise ValueError(f"the request target {target[:100]!r} is not percent-encoded")
     lines = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nAccept: */*\r\nAccept-Encoding: identity\r\n"]
     if method == "POST":
-        lines.append(f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n")
+        lines.append(f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n")
     for name, value in headers.items():
         if not _TARGET.fullmatch(name) or ":" in name or _UNSAFE_VALUE.search(value):
             raise ValueError(f"the header {name[:100]!r} cannot be written")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
+import ssl
 import struct
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -11,7 +13,10 @@ from typing import Any
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka import errors as kafka_errors
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.helpers import create_ssl_context
 
+from service.adapters import oauth
 from service.config import Settings
 from service.policy.records import SourceRecord
 from service.stopping import sleep_unless_stopped
@@ -51,10 +56,47 @@ FETCH_MAX_WAIT_MS = 20
 FETCH_MIN_BYTES = 512 * 1024
 
 
+def client_options(settings: Settings) -> dict[str, Any]:
+    """The bootstrap servers and the security options every Kafka client of the service takes (contract §11):
+    TLS with the CA file (host names always verified) and a client certificate for mutual TLS, SASL with PLAIN,
+    SCRAM or OAUTHBEARER (a token of the OAuth 2 client-credentials grant, service/adapters/oauth.py)."""
+    protocol = settings.kafka_security_protocol
+    options: dict[str, Any] = {"bootstrap_servers": settings.kafka_bootstrap_servers, "security_protocol": protocol}
+    if protocol in ("SSL", "SASL_SSL"):
+        options["ssl_context"] = _ssl_context(
+            settings.kafka_ssl_cafile, settings.kafka_ssl_certfile, settings.kafka_ssl_keyfile
+        )
+    if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
+        mechanism = settings.kafka_sasl_mechanism
+        options["sasl_mechanism"] = mechanism
+        if mechanism == "OAUTHBEARER":
+            options["sasl_oauth_token_provider"] = oauth.provider_for(settings)
+        else:
+            password = settings.kafka_sasl_password
+            options["sasl_plain_username"] = settings.kafka_sasl_username
+            options["sasl_plain_password"] = password.get_secret_value() if password is not None else None
+    return options
+
+
+@functools.lru_cache(maxsize=8)
+def _ssl_context(cafile: str | None, certfile: str | None, keyfile: str | None) -> ssl.SSLContext:
+    """A TLS context that verifies the brokers' certificates and host names (the system's CAs without `cafile`),
+    with a client certificate when given; one per process and files (a context loads its files once)."""
+    context: ssl.SSLContext = create_ssl_context(cafile=cafile, certfile=certfile, keyfile=keyfile)
+    context.check_hostname = True
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def make_admin(settings: Settings) -> AIOKafkaAdminClient:
+    """An admin client (topics, ACLs, group offsets), with the service's security options."""
+    return AIOKafkaAdminClient(client_id=f"{settings.consumer_name}-admin", **client_options(settings))
+
+
 def make_consumer(settings: Settings) -> AIOKafkaConsumer:
     """A group member with manual commits: offsets move only after records are terminal."""
     return AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap_servers,
+        **client_options(settings),
         group_id=settings.consumer_name,
         client_id=f"{settings.consumer_name}-consumer",
         enable_auto_commit=False,
@@ -104,7 +146,7 @@ def make_producer(settings: Settings, *, idempotent: bool = True) -> AIOKafkaPro
     """
     register_error_codes()
     return AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap_servers,
+        **client_options(settings),
         client_id=f"{settings.consumer_name}-relay",
         enable_idempotence=idempotent,
         acks="all",
@@ -143,10 +185,9 @@ async def stop_quietly(client: Any) -> None:
 async def group_lag(settings: Settings, topic: str) -> int:
     """Records of `topic` that the consumer group has not committed yet (all partitions)."""
     from aiokafka import TopicPartition
-    from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap_servers, enable_auto_commit=False)
+    admin = make_admin(settings)
+    consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
     try:
         await admin.start()
         await consumer.start()

@@ -60,7 +60,7 @@ async def _schema_ready(settings: Settings, stop: asyncio.Event) -> bool:
     delay = 1.0
     while not stop.is_set():
         try:
-            await schema.require_head(settings.database_url, MIGRATIONS)
+            await schema.require_head(settings.database, MIGRATIONS)
             return True
         except Exception as error:
             if not is_unavailable(error):
@@ -80,7 +80,7 @@ def migrate() -> None:
     settings = configured()
     logging.getLogger("alembic").setLevel(min(logging.INFO, logging.getLogger().level))  # say each upgrade
     try:
-        head = schema.upgrade_to_head(settings.database_url, MIGRATIONS)
+        head = schema.upgrade_to_head(settings.database, MIGRATIONS)
     except OSError as error:
         typer.echo(f"migrate: database unreachable ({type(error).__name__})", err=True)
         raise typer.Exit(1) from None

@@ -27,10 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import create_async_engine
 
 from service.config import PROGRAM
 from service.errors import SchemaNotCurrent
+from service.store import connect
+from service.store.connect import Database
+from service.store.uow import create_engine
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -42,22 +44,22 @@ Locations = Sequence[str | os.PathLike[str]]
 
 
 @contextmanager
-def alembic_config(database_url: str, extra_locations: Locations = ()) -> Iterator[Config]:
-    """Alembic's configuration for `database_url`, with the packaged revisions (and `extra_locations`), for the
-    block."""
+def alembic_config(database: Database | str, extra_locations: Locations = ()) -> Iterator[Config]:
+    """Alembic's configuration for `database`, with the packaged revisions (and `extra_locations`), for the block.
+    The migrations' environment (migrations/env.py) connects to it as the service does (`Database`: its TLS, its
+    password), never through a URL in the configuration, where a password would be written out."""
     with _script_config(extra_locations) as config:
-        # Config values are interpolated: a literal % in a password must be doubled.
-        config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+        config.attributes["database"] = connect.database(database) if isinstance(database, str) else database
         yield config
 
 
-def upgrade_to_head(database_url: str, extra_locations: Locations = ()) -> str:
+def upgrade_to_head(database: Database | str, extra_locations: Locations = ()) -> str:
     """Apply every migration not yet applied; returns the head revision the schema is now at (the heads, comma
     separated, when extra locations add branches)."""
     from alembic import command
     from alembic.script import ScriptDirectory
 
-    with alembic_config(database_url, extra_locations) as config:
+    with alembic_config(database, extra_locations) as config:
         command.upgrade(config, "heads" if extra_locations else "head")
         heads = ScriptDirectory.from_config(config).get_heads()
     return _listed(heads) or "base"
@@ -72,9 +74,9 @@ def head_revision(extra_locations: Locations = ()) -> str:
         return _listed(ScriptDirectory.from_config(config).get_heads()) or "base"
 
 
-async def require_head(database_url: str, extra_locations: Locations = ()) -> None:
+async def require_head(database: Database | str, extra_locations: Locations = ()) -> None:
     """Raise SchemaNotCurrent unless the database is at `head_revision()` (long-running commands check first)."""
-    current = await current_heads(database_url)
+    current = await current_heads(database)
     if not current:
         raise SchemaNotCurrent(f"the database is not migrated: run `{PROGRAM} migrate`")
     if frozenset(current) == _declared_heads(extra_locations):
@@ -91,16 +93,16 @@ async def require_head(database_url: str, extra_locations: Locations = ()) -> No
             )
 
 
-async def current_revision(database_url: str) -> str | None:
+async def current_revision(database: Database | str) -> str | None:
     """The revision the database is at (its heads, comma separated, when it has several), or None when it was
     never migrated."""
-    return _listed(await current_heads(database_url)) or None
+    return _listed(await current_heads(database)) or None
 
 
-async def current_heads(database_url: str) -> tuple[str, ...]:
+async def current_heads(database: Database | str) -> tuple[str, ...]:
     """The revisions in the database's version table: one per branch not implied by another; () when never
     migrated."""
-    engine = create_async_engine(database_url)
+    engine = create_engine(database, pool_size=1)
     try:
         async with engine.connect() as connection:
             # Alembic's version table, found as Alembic finds it (unqualified: on the search path).

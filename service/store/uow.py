@@ -14,6 +14,8 @@ from sqlalchemy import exc, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction, create_async_engine
 
 from service.errors import ConcurrentWrite, InfrastructureUnavailable
+from service.store import connect
+from service.store.connect import Database
 
 # SQLSTATEs that say the server is going away or not taking connections, whatever class the driver maps them to:
 # class 08 (connection exception), admin and crash shutdown, "cannot connect now" (starting up or shutting
@@ -132,8 +134,8 @@ async def one_statement(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
         yield connection
 
 
-def create_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
-    """The engine every process uses.
+def create_engine(database: Database | str, *, pool_size: int = 5) -> AsyncEngine:
+    """The engine every process uses, on `database` (service/store/connect.py: its TLS, its password).
 
     No `pool_pre_ping`: it costs three round trips per checkout (BEGIN, a ping, ROLLBACK), a large part of a
     small round at a steady rate (docs/performance.md). A connection the database dropped fails once instead, as
@@ -143,14 +145,16 @@ def create_engine(url: str, *, pool_size: int = 5) -> AsyncEngine:
     statements take arrays of ids; a generic plan cached while the tables were still empty would scan them
     whole for as long as the connection lives (seconds per round once they have grown).
     """
+    if isinstance(database, str):
+        database = connect.database(database)
     return create_async_engine(
-        url,
+        database.url,
         pool_size=pool_size,
         # Up to three times the pool at a peak: `run` shares one engine between the consumer's rounds, the relay's
         # batches in flight (five), the effect lanes and the listening sessions.
         max_overflow=2 * pool_size,
         pool_recycle=1800,
-        connect_args={"server_settings": {"plan_cache_mode": "force_custom_plan"}},
+        connect_args={"server_settings": {"plan_cache_mode": "force_custom_plan"}, **database.connect_args()},
     )
 
 

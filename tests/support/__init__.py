@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError, UnknownTopicOrPartitionError
+from pydantic import SecretStr
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -140,6 +141,8 @@ def env_for(settings: Settings) -> dict[str, str]:
     for name, value in settings.model_dump().items():
         if value is None:
             continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
         if isinstance(value, tuple | list):
             value = ",".join(value)
         elif isinstance(value, timedelta):

@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
 from service.config import ConfigurationError, load_settings
@@ -122,7 +123,8 @@ def test_a_valid_variable_is_read_into_its_setting(
 ) -> None:
     monkeypatch.setenv(variable, value)
 
-    assert getattr(load_settings(OrderSettings), field) == expected
+    read = getattr(load_settings(OrderSettings), field)
+    assert (read.get_secret_value() if isinstance(read, SecretStr) else read) == expected
 
 
 def test_an_explicit_override_wins_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -359,7 +361,8 @@ def test_an_address_that_can_be_connected_to_is_read(
 ) -> None:
     monkeypatch.setenv(variable, value)
 
-    assert getattr(load_settings(OrderSettings), field) == expected
+    read = getattr(load_settings(OrderSettings), field)
+    assert (read.get_secret_value() if isinstance(read, SecretStr) else read) == expected
 
 
 @pytest.mark.parametrize(
@@ -463,7 +466,7 @@ def test_any_text_given_as_a_url_is_read_or_refused_in_one_line_without_its_pass
         assert password is None or password not in message
     # Or it is a URL the service can connect to
     elif field == "database_url":
-        parsed = make_url(loaded.database_url)
+        parsed = make_url(loaded.database_url.get_secret_value())
         assert parsed.drivername == "postgresql+asyncpg"
         assert parsed.port is None or 1 <= parsed.port <= 65535
     elif (read := getattr(loaded, field)) is not None:
