@@ -196,7 +196,8 @@ def best_stage(*runs: Stage) -> Stage:
 
 async def relay_stage(bench: Bench, count: int, suffix: str = "") -> tuple[Stage, Stage]:
     """A raw idempotent producer sending `count` messages, then one relay publishing them from the outbox."""
-    topic = await bench.new_topic(f"relay{suffix}", derived=False)
+    # The relay starts once the topics it writes exist (its start-up check): the source's derived topics.
+    topic = await bench.new_topic(f"relay{suffix}", derived=True)
     raw_topic = await bench.new_topic(f"rawprod{suffix}", derived=False)
     dsn, url = await bench.new_database(f"relay{suffix}")
     messages = [accepted(topic, number) for number in range(count)]
@@ -211,6 +212,7 @@ async def relay_stage(bench: Bench, count: int, suffix: str = "") -> tuple[Stage
             ORDERS_DATABASE_URL=url,
             ORDERS_KAFKA_BOOTSTRAP_SERVERS=bench.bootstrap,
             ORDERS_CONSUMER_NAME=f"bench-relay{suffix}-{bench.stamp}",
+            ORDERS_SOURCE_TOPIC=topic,
             ORDERS_METRICS_PORT="0",
         )
         process = await bench.spawn(f"relay{suffix}", [str(ORDER_SERVICE), "relay"], env)

@@ -292,6 +292,24 @@ class SecretFiles(PydanticBaseSettingsSource):
         return found
 
 
+def check_credentials(settings: Settings, downstreams: tuple[str, ...]) -> None:
+    """A domain's downstream credentials (contract §6: `<downstream>_token`, `_ca_file`, `_cert_file`, `_key_file`)
+    go together: a client certificate needs its key, every file named is readable, and a CA or a certificate needs an
+    https:// URL (a token alone may go over http to a local sidecar)."""
+    p = ENV_PREFIX
+    for name in downstreams:
+        ca, cert, key = (getattr(settings, f"{name}_{what}", None) for what in ("ca_file", "cert_file", "key_file"))
+        variable = f"{p}{name.upper()}"
+        if (cert is None) != (key is None):
+            raise ValueError(f"{variable}_CERT_FILE and {variable}_KEY_FILE: the client certificate needs its key")
+        for what, value in (("CA_FILE", ca), ("CERT_FILE", cert), ("KEY_FILE", key)):
+            if value is not None and not Path(value).is_file():
+                raise ValueError(f"{variable}_{what}: no readable file at {value}")
+        url = getattr(settings, f"{name}_url", None)
+        if (ca or cert) and url is not None and not url.startswith("https://"):
+            raise ValueError(f"{variable}_CA_FILE / _CERT_FILE: need an https:// {variable}_URL")
+
+
 _KAFKA_TLS = ("SSL", "SASL_SSL")
 _KAFKA_SASL = ("SASL_PLAINTEXT", "SASL_SSL")
 

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.adapters import kafka
 from service.adapters.breakers import Breakers
-from service.adapters.http import HttpClient
+from service.adapters.http import Credentials, HttpClient
 from service.config import Settings
 from service.domain.codes import registered
 from service.health import HealthServer
@@ -40,6 +40,7 @@ from service.worker.processor import Processor
 from service.worker.reconciler import Reconciler
 from service.worker.relay import Relay
 from service.worker.reprocess import Reprocessor
+from service.worker.topics_check import TopicsCheck
 
 
 async def _engine(settings: Settings) -> AsyncIterator[AsyncEngine]:
@@ -87,8 +88,11 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-async def _ready(engine: AsyncEngine, settings: Settings) -> bool:
-    """Ready when PostgreSQL answers a query and a Kafka bootstrap server accepts a connection."""
+async def _ready(engine: AsyncEngine, settings: Settings, topics_check: TopicsCheck) -> bool:
+    """Ready when the topics the process needs were found at start-up, PostgreSQL answers a query and a Kafka
+    bootstrap server accepts a connection."""
+    if not topics_check.ready:
+        return False
     try:
         async with asyncio.timeout(2):
             await ping(engine)
@@ -139,11 +143,27 @@ class Container(containers.DeclarativeContainer):
     downtime = providers.Singleton(Downtime)
 
     customers = providers.Factory(
-        CustomersClient, http=http, base_url=settings.provided.customers_url, breakers=breakers
+        CustomersClient,
+        http=http,
+        base_url=settings.provided.customers_url,
+        breakers=breakers,
+        credentials=providers.Callable(Credentials.of, settings, "customers"),
     )
     handler = providers.Factory(OrderHandler, customers=customers, known_tenants=settings.provided.known_tenants)
-    payments = providers.Factory(PaymentsClient, http=http, base_url=settings.provided.payments_url, breakers=breakers)
-    emails = providers.Factory(EmailsClient, http=http, base_url=settings.provided.emails_url, breakers=breakers)
+    payments = providers.Factory(
+        PaymentsClient,
+        http=http,
+        base_url=settings.provided.payments_url,
+        breakers=breakers,
+        credentials=providers.Callable(Credentials.of, settings, "payments"),
+    )
+    emails = providers.Factory(
+        EmailsClient,
+        http=http,
+        base_url=settings.provided.emails_url,
+        breakers=breakers,
+        credentials=providers.Callable(Credentials.of, settings, "emails"),
+    )
     effect_kinds = providers.Factory(order_effects, payments=payments, emails=emails)
     effect_specs = providers.Object(ORDER_EFFECT_SPECS)
     decode = providers.Object(decode_order)  # a record's bytes as a message (reprocess re-reads stored payloads)
@@ -171,6 +191,7 @@ class Container(containers.DeclarativeContainer):
         topics=providers.Callable(_topics, settings, policy),
         batch_size=settings.provided.batch_size,
         breakers=breakers,
+        settings=settings,
     )
     effect_worker = providers.Factory(
         EffectWorker,
@@ -205,7 +226,9 @@ class Container(containers.DeclarativeContainer):
         make_producer=kafka_producer.provider,
         make_one_by_one_producer=one_by_one_producer.provider,
     )
-    readiness = providers.Callable(functools.partial, _ready, engine, settings)
+    # The start-up check of the topics a long-running process reads and writes (service/cli/serve.py).
+    topics_check = providers.Singleton(TopicsCheck, settings=settings)
+    readiness = providers.Callable(functools.partial, _ready, engine, settings, topics_check)
     gauges = providers.Factory(
         GaugeRefresher,
         engine=engine,

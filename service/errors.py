@@ -53,3 +53,17 @@ class ConcurrentWrite(OrderServiceError):
 
 class SchemaNotCurrent(OrderServiceError):
     """The database is not at the schema revision this version needs: never migrated, or older (run `migrate`)."""
+
+
+class TopicsProblem(OrderServiceError):
+    """A declared topic cannot be used or changed (contract §11): missing, not authorized, or refused by the broker.
+    The message is the one line an operator reads: the topic, and the operation where one was refused."""
+
+
+class TopicsMissing(TopicsProblem):
+    """Topics a process reads or writes do not exist, or may not be described (DESCRIBE on the topic)."""
+
+    def __init__(self, line: str, missing: tuple[str, ...], not_authorized: tuple[str, ...]) -> None:
+        super().__init__(line)
+        self.missing = missing
+        self.not_authorized = not_authorized

@@ -3,18 +3,32 @@
 The command line (service/cli.py) turns any exception that ends a command into one line on stderr and exit
 code 1 (contract §10); a stack trace only at ORDERS_LOG_LEVEL=debug. The causes an operator can act on are
 named: a database that does not exist or is not migrated, one that cannot be reached, a broker that cannot
-be reached, a port already in use.
+be reached, a port already in use; and on secured infrastructure (contract §11) a refused login, a certificate that
+does not verify, a missing ACL (the operation and the resource), a token endpoint that refuses. Never a secret: the
+lines name settings, never their values.
 """
 
 from __future__ import annotations
 
 import errno
+import ssl
 from collections.abc import Iterator
 
-from aiokafka.errors import KafkaConnectionError, KafkaError
+from aiokafka.errors import (
+    AuthenticationFailedError,
+    ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    SaslAuthenticationFailed,
+    TopicAuthorizationFailedError,
+    TransactionalIdAuthorizationFailed,
+    UnsupportedSaslMechanismError,
+)
 
+from service.adapters.oauth import TokenUnavailable
 from service.config import ENV_PREFIX, PROGRAM
-from service.errors import InfrastructureUnavailable, SchemaNotCurrent
+from service.errors import InfrastructureUnavailable, SchemaNotCurrent, TopicsProblem
 from service.store.uow import sqlstate
 
 # PostgreSQL's SQLSTATEs for the causes named here.
@@ -46,11 +60,50 @@ def first_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+_ACLS = f"`{PROGRAM} topics acls` lists what the service's principal needs"
+
+
+def kafka_reason(found: list[BaseException], doing: str | None = None) -> str | None:
+    """The one line for a Kafka failure on secured infrastructure, or None: a login refused, a certificate that does
+    not verify, an operation the broker's ACLs refuse (`doing`: the operation, when the caller knows it: READ for a
+    consumer, WRITE for a producer), a token endpoint that gives no token."""
+    for cause in found:
+        if isinstance(cause, TokenUnavailable):
+            return f"{cause} ({ENV_PREFIX}KAFKA_OAUTH_TOKEN_URL, {ENV_PREFIX}KAFKA_OAUTH_CLIENT_ID, _CLIENT_SECRET)"
+        if isinstance(cause, SaslAuthenticationFailed | AuthenticationFailedError):
+            return (
+                f"Kafka refused the login ({ENV_PREFIX}KAFKA_SASL_MECHANISM, {ENV_PREFIX}KAFKA_SASL_USERNAME, "
+                f"{ENV_PREFIX}KAFKA_SASL_PASSWORD, or the OAuth client)"
+            )
+        if isinstance(cause, UnsupportedSaslMechanismError):
+            return f"Kafka does not take this SASL mechanism ({ENV_PREFIX}KAFKA_SASL_MECHANISM)"
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return f"Kafka's certificate does not verify: {cause.verify_message} ({ENV_PREFIX}KAFKA_SSL_CAFILE)"
+        if isinstance(cause, ssl.SSLError):
+            return (
+                f"the TLS handshake with Kafka failed: {cause.reason or type(cause).__name__} ({ENV_PREFIX}KAFKA_SSL_*)"
+            )
+        if isinstance(cause, GroupAuthorizationFailedError):
+            return f"not authorized: READ on group {_named(cause)} ({_ACLS})"
+        if isinstance(cause, TopicAuthorizationFailedError):
+            operation = doing or "DESCRIBE, READ or WRITE"
+            return f"not authorized: {operation} on topic {_named(cause)} ({_ACLS})"
+        if isinstance(cause, ClusterAuthorizationFailedError | TransactionalIdAuthorizationFailed):
+            return f"not authorized on the cluster: {type(cause).__name__} ({_ACLS})"
+    return None
+
+
+def _named(error: KafkaError) -> str:
+    """The resource an authorization error names (aiokafka puts the topic or the group in its arguments)."""
+    names = [str(arg) for arg in error.args if isinstance(arg, str | set | list | tuple | frozenset)]
+    return ", ".join(sorted(names)) if names else "(not named by the broker)"
+
+
 def explain(error: BaseException, *, metrics_port: int | None = None) -> str:
     """One line saying what went wrong and, where there is one, what to do."""
     found = list(causes(error))
     for cause in found:
-        if isinstance(cause, SchemaNotCurrent):
+        if isinstance(cause, SchemaNotCurrent | TopicsProblem):
             return str(cause)
     for cause in found:
         state = sqlstate(cause)
@@ -60,6 +113,13 @@ def explain(error: BaseException, *, metrics_port: int | None = None) -> str:
             return f"the database is not migrated: run `{PROGRAM} migrate`"
         if state in _AUTHENTICATION:
             return f"the database refused the login: {first_line(cause)} ({ENV_PREFIX}DATABASE_URL)"
+    kafka = kafka_reason(found)
+    if kafka is not None:
+        return kafka
+    for cause in found:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            reason = cause.verify_message
+            return f"the database's certificate does not verify: {reason} ({ENV_PREFIX}DATABASE_URL sslrootcert)"
     for cause in found:
         if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
             port = f" {metrics_port}" if metrics_port else ""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import re
+import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -30,6 +31,7 @@ from typing import Any, Final
 from urllib.parse import quote, urlencode, urlsplit
 
 import orjson
+from pydantic import SecretStr
 
 from service.adapters.breakers import Breakers, Guard
 from service.adapters.http1 import Answer, ConnectFailed, Cut, Origin, Pool, TimedOut, TransportError
@@ -71,9 +73,16 @@ class HttpClient:
         """Close every connection."""
         await self._pool.close()
 
-    async def get(self, url: str, *, params: Mapping[str, str] | None = None) -> Answer:
+    async def get(
+        self, url: str, *, params: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None
+    ) -> Answer:
         """GET `url` (already percent-encoded) with these query parameters."""
-        return await self._request("GET", url, params, b"", {})
+        return await self._request("GET", url, params, b"", headers or {})
+
+    def trust(self, base_url: str, context: ssl.SSLContext) -> None:
+        """Call the https origin of `base_url` with this TLS context (a downstream's own CA, a client certificate)."""
+        origin, _ = _origin(_AUTHORITY.match(base_url).group())  # type: ignore[union-attr]
+        self._pool.trust(origin.host, origin.port, context)
 
     async def post(self, url: str, *, json: Any, headers: Mapping[str, str] | None = None) -> Answer:
         """POST a JSON body to `url` (already percent-encoded)."""
@@ -172,17 +181,59 @@ class Exchange:
 Own = Callable[[Answer, Any], bool]
 
 
+@dataclass(frozen=True)
+class Credentials:
+    """What a downstream may need to accept our calls (contract §6): a bearer token (a secret), a CA file for its
+    certificate, and a client certificate with its key for mutual TLS."""
+
+    token: SecretStr | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @staticmethod
+    def of(settings: Any, downstream: str) -> Credentials:
+        """A downstream's credentials from its settings `<downstream>_token`, `_ca_file`, `_cert_file`, `_key_file`
+        (ORDERS_<DOWNSTREAM>_TOKEN, …); a setting a domain does not declare is none."""
+        return Credentials(*(getattr(settings, f"{downstream}_{what}", None) for what in _CREDENTIALS))
+
+    def tls(self) -> ssl.SSLContext | None:
+        """The TLS context for its own CA or a client certificate; None for the system's CAs and no certificate."""
+        if self.ca_file is None and self.cert_file is None:
+            return None
+        context = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file is not None:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+
+_CREDENTIALS = ("token", "ca_file", "cert_file", "key_file")
+
+
 class Downstream:
     """A downstream at a configurable base URL, sharing the process's HTTP client and its breaker (by name, from
-    the process's `Breakers`); unset disables its calls."""
+    the process's `Breakers`); unset disables its calls. Its credentials go with every call: the token as
+    `Authorization: Bearer …`, its CA and client certificate on the connections to its origin."""
 
-    downstream = "downstream"  # its name: its breaker, its metrics' label
+    downstream = "downstream"  # its name: its breaker, its metrics' label, its settings' prefix
 
-    def __init__(self, http: HttpClient, base_url: str | None, breakers: Breakers | None = None) -> None:
+    def __init__(
+        self,
+        http: HttpClient,
+        base_url: str | None,
+        breakers: Breakers | None = None,
+        credentials: Credentials | None = None,
+    ) -> None:
         self._http = http
         self._base_url = base_url
         # A client made alone (a test, a one-off) has a breaker of its own.
         self._guard = breakers[self.downstream] if breakers is not None else Guard(self.downstream, BreakerPolicy())
+        credentials = credentials or Credentials()
+        token = credentials.token
+        self._auth = {"Authorization": f"Bearer {token.get_secret_value()}"} if token is not None else {}
+        context = credentials.tls()
+        if context is not None and base_url is not None and base_url.startswith("https://"):
+            http.trust(base_url, context)
 
     @property
     def enabled(self) -> bool:
@@ -197,13 +248,15 @@ class Downstream:
     async def _get(self, path: str, own: Own, params: Mapping[str, str] | None = None) -> Exchange:
         """GET `{base}{path}` through the breaker (`path` already percent-encoded)."""
         target = f"{path}?{urlencode(sorted(params.items()))}" if params else path
-        return await self._exchange(lambda: self._http.get(f"{self._base_url}{path}", params=params), own, target)
+        send = functools.partial(self._http.get, f"{self._base_url}{path}", params=params, headers=self._auth)
+        return await self._exchange(send, own, target)
 
     async def _post(
         self, path: str, own: Own, body: Any, *, target: str, headers: Mapping[str, str] | None = None
     ) -> Exchange:
         """POST a JSON body to `{base}{path}` through the breaker; `target` tells this request from others to the same
         path (an idempotency key, a ref), so that one request failing again and again opens no breaker."""
+        headers = {**self._auth, **headers} if headers else self._auth
         send = functools.partial(self._http.post, f"{self._base_url}{path}", json=body, headers=headers)
         return await self._exchange(send, own, target)
 

@@ -304,6 +304,7 @@ class Pool:
         self._sweep_every = timeout / 10
         self._sweep: asyncio.TimerHandle | None = None
         self._tls: ssl.SSLContext | None = None
+        self._trusted: dict[tuple[str, int], ssl.SSLContext] = {}  # a downstream's own CA or client certificate
         self._closed = False
 
     async def exchange(self, origin: Origin, request: bytes) -> Answer:
@@ -398,8 +399,12 @@ class Pool:
             idle.clear()
         return None
 
+    def trust(self, host: str, port: int, context: ssl.SSLContext) -> None:
+        """Connect to `host:port` over TLS with this context (a downstream's own CA, a client certificate)."""
+        self._trusted[(host, port)] = context
+
     async def _connect(self, origin: Origin) -> _Connection:
-        tls = self._context() if origin.tls else None
+        tls = (self._trusted.get((origin.host, origin.port)) or self._context()) if origin.tls else None
         try:
             async with asyncio.timeout(self._timeout):
                 _, connection = await self.loop.create_connection(

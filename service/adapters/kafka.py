@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import random
 import ssl
 import struct
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -158,19 +159,78 @@ def make_producer(settings: Settings, *, idempotent: bool = True) -> AIOKafkaPro
     )
 
 
-async def start_with_backoff(start: Callable[[], Awaitable[Any]], stop: asyncio.Event, what: str) -> bool:
-    """Call `start` until it succeeds or `stop` is set; one clear log line per failed try, no traceback."""
+async def diagnose(settings: Settings) -> BaseException | None:
+    """Why a client could not connect, when the client does not say: aiokafka answers every failed bootstrap with
+    "Unable to bootstrap" and logs the cause (a certificate that does not verify, a refused login). One connection to
+    the first bootstrap server with the same options raises that cause; None when it connects."""
+    from aiokafka.conn import create_conn
+
+    options = client_options(settings)
+    host, _, port = options.pop("bootstrap_servers").split(",")[0].strip().rpartition(":")
+    try:
+        async with asyncio.timeout(15):
+            connection = await create_conn(host.strip("[]"), int(port), request_timeout_ms=10_000, **options)
+    except Exception as error:
+        return error
+    connection.close()
+    return None
+
+
+async def start_with_backoff(
+    start: Callable[[], Awaitable[Any]],
+    stop: asyncio.Event,
+    what: str,
+    settings: Settings | None = None,
+) -> bool:
+    """Call `start` until it succeeds or `stop` is set; one clear log line per failed try, no traceback, saying why
+    when `settings` let the cause be found (`diagnose`)."""
+    from service.explain import explain
+
     delay = 1.0
     while not stop.is_set():
         try:
             await start()
             return True
         except Exception as error:
-            log.warning("kafka_unavailable", client=what, error=type(error).__name__, retry_in_seconds=delay)
+            cause = await diagnose(settings) if settings is not None and _unexplained(error) else None
+            if cause is not None and not _named_by(cause):
+                cause = None  # (unreachable, as the client said)
+            log.warning(
+                "kafka_unavailable",
+                client=what,
+                error=type(error).__name__,
+                reason=explain(cause or error),
+                retry_in_seconds=delay,
+            )
             log.debug("kafka_unavailable_detail", exc_info=error)
             await sleep_unless_stopped(stop, delay)
             delay = min(delay * 2, 30.0)
     return False
+
+
+@contextlib.asynccontextmanager
+async def diagnosed(settings: Settings) -> AsyncIterator[None]:
+    """For a short command's Kafka clients: a failed bootstrap is raised as its cause (`diagnose`), so that the
+    command's one line says why (service/explain.py)."""
+    try:
+        yield
+    except kafka_errors.KafkaConnectionError as error:
+        cause = await diagnose(settings)
+        if cause is None or not _named_by(cause):
+            raise  # (unreachable, as it said)
+        raise cause from error
+
+
+def _named_by(cause: BaseException) -> bool:
+    """Whether a diagnosed cause says more than "unreachable": a login, a certificate, an ACL, a token endpoint."""
+    from service.explain import causes, kafka_reason
+
+    return kafka_reason(list(causes(cause))) is not None
+
+
+def _unexplained(error: BaseException) -> bool:
+    """A failed start whose cause aiokafka kept to its log: its bootstrap's KafkaConnectionError."""
+    return isinstance(error, kafka_errors.KafkaConnectionError)
 
 
 async def stop_quietly(client: Any) -> None:
@@ -189,8 +249,9 @@ async def group_lag(settings: Settings, topic: str) -> int:
     admin = make_admin(settings)
     consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
     try:
-        await admin.start()
-        await consumer.start()
+        async with diagnosed(settings):
+            await admin.start()
+            await consumer.start()
         partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or set())]
         if not partitions:
             await consumer.topics()

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from service.cli import console, effects, outbox, parked, quarantine, reprocess, serve
+from service.cli import console, effects, outbox, parked, quarantine, reprocess, serve, topics
 from service.cli.environment import describe
 from service.config import PROGRAM
 from service.containers import DOMAIN_READS
@@ -28,6 +28,7 @@ app.add_typer(quarantine.app, name="quarantine")
 app.add_typer(reprocess.app, name="reprocess")
 app.add_typer(parked.app, name="parked")
 app.add_typer(outbox.app, name="outbox")
+app.add_typer(topics.app, name="topics")
 app.command()(console.console)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import typer
 
 from service.cli.common import assembled, configured, provide, run_async, use
+from service.cli.reprocess import reprocess_topic_exists
 from service.config import ENV_PREFIX, PROGRAM, Settings
 from service.console.tokens import parse_tokens
 from service.containers import CODES
@@ -59,6 +60,7 @@ def _server(config: Any) -> Any:
 
 async def _reprocess(owner: Settings, selection: Selection, options: Options, progress: Progress) -> Report:
     """A reprocess run as `order-service reprocess` makes it: the owner consumer's container and reprocessor."""
+    await reprocess_topic_exists(owner)
     return await use(owner, "reprocessor", lambda runner: runner.run(selection, options, progress, lambda _: False))
 
 

@@ -26,7 +26,23 @@ _CONSUME = (
     "http_timeout",
     "batch_size",
 )
-_RELAY = ("relay_batch_size",)
+# The relay checks at start-up that the topics it writes exist: the retry tiers' and the other derived topics.
+_RELAY = ("source_topic", "retry_tiers", "relay_batch_size")
+# The declared topics and their configs: the retry horizon (tiers, budgets) and the dedup window set the retention.
+_TOPICS = (
+    "source_topic",
+    "retry_tiers",
+    "max_attempts",
+    "max_elapsed",
+    "blocking_attempts",
+    "blocking_elapsed",
+    "ordering",
+    "dedup_window",
+    "topic_partitions",
+    "topic_replication_factor",
+)
+# Commands that never connect to the database (every other one reads ORDERS_DATABASE_URL).
+_WITHOUT_DATABASE = ("topics",)
 _EFFECTS = (
     "source_topic",
     "http_timeout",
@@ -55,6 +71,9 @@ READS: dict[str, tuple[str, ...]] = {
     "effects show": (),
     "effects retry": (),
     "outbox": (),
+    "topics plan": _KAFKA + _TOPICS,
+    "topics apply": _KAFKA + _TOPICS,
+    "topics acls": ("kafka_bootstrap_servers", "consumer_name", "source_topic"),
     "console": (
         "console_bind",
         "console_tokens",
@@ -68,14 +87,18 @@ READS: dict[str, tuple[str, ...]] = {
 
 
 def reads(path: str, domain: Mapping[str, tuple[str, ...]] | None = None) -> tuple[str, ...]:
-    """The variables the command at `path` reads: its own entry, else its group's, always with _EVERY, and the
-    domain's for the same command (`domain`: a command path → the domain's settings it reads)."""
+    """The variables the command at `path` reads: its own entry, else its group's, always with _EVERY (but the
+    database URL for a group of _WITHOUT_DATABASE), and the domain's for the same command (`domain`: a command path →
+    the domain's settings it reads)."""
     words = path.split()
     while words and " ".join(words) not in READS:
         words.pop()
     command = " ".join(words)
     own = READS.get(command, ()) + (domain or {}).get(command, ())
-    return tuple(f"{ENV_PREFIX}{name.upper()}" for name in dict.fromkeys(_EVERY + own))
+    every: tuple[str, ...] = _EVERY
+    if path.strip().partition(" ")[0] in _WITHOUT_DATABASE:
+        every = tuple(name for name in _EVERY if name != "database_url")
+    return tuple(f"{ENV_PREFIX}{name.upper()}" for name in dict.fromkeys(every + own))
 
 
 def describe(command: Any, domain: Mapping[str, tuple[str, ...]], path: str = "") -> None:

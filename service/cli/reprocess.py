@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from dataclasses import asdict
 from typing import Annotated, Any
 
 import typer
+from aiokafka.errors import KafkaError
 from rich.console import Console
 
 from service import operations
+from service.adapters import topics
 from service.cli.common import (
     JsonFlag,
     configured,
@@ -139,6 +142,8 @@ def reprocess(
             return False
         return typer.confirm(question, err=True)
 
+    if not dry_run:
+        run_async(lambda _: reprocess_topic_exists(settings))
     report = run_async(
         lambda _: use(settings, "reprocessor", lambda runner: runner.run(selection, options, progress, confirm))
     )
@@ -172,6 +177,14 @@ def reprocess(
             err=True,
         )
         raise typer.Exit(1)
+
+
+async def reprocess_topic_exists(owner: Settings) -> None:
+    """A run's start-up check (contract §11): the owner's reprocess topic, which it sends copies to and reads the
+    consumer's lag of, exists (TopicsMissing, one line, otherwise). A broker that cannot be reached is left to the
+    run, which records the outage in its audit row."""
+    with contextlib.suppress(KafkaError, OSError, TimeoutError):
+        await topics.require(owner, [owner.topics.reprocess])
 
 
 def _as_owner_of(settings: Settings, selection: Selection, consumer: str | None) -> Settings:

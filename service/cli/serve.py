@@ -10,6 +10,7 @@ from typing import Annotated
 import structlog
 import typer
 
+from service.adapters import topics
 from service.cli.common import (
     JsonFlag,
     assembled,
@@ -23,23 +24,33 @@ from service.config import Settings
 from service.containers import MIGRATIONS
 from service.errors import InfrastructureUnavailable
 from service.explain import first_line
+from service.policy import topics as topic_plan
 from service.runtime import collect_garbage, tune_garbage_collector
 from service.stopping import sleep_unless_stopped
 
+# The topics each long-running part reads or writes itself (contract §11); the effect worker and the gauges use none.
+_NEEDS = {"consumer_loop": topic_plan.CONSUMED, "relay": topic_plan.PUBLISHED}
+
 
 def serve_parts(settings: Settings, *parts: str) -> None:
-    """Run long-running loops until SIGTERM/SIGINT, with /metrics, /healthz and /readyz."""
+    """Run long-running loops until SIGTERM/SIGINT, with /metrics, /healthz and /readyz; first wait (not ready) until
+    the topics they read and write exist."""
+    roles = frozenset().union(*(_NEEDS.get(part, frozenset()) for part in parts))
+    needed = topic_plan.named(topics.declared(settings), roles)
 
     async def serve(stop: asyncio.Event) -> None:
         if not await _schema_ready(settings, stop):
             return
         async with assembled(settings) as container:
-            # Every long-running process also keeps the database-derived gauges fresh for its /metrics.
-            loops = [await provide(container, part) for part in (*parts, "gauges")]
             health = await provide(container, "health")
+            check = await provide(container, "topics_check")
             await health.start()
-            tune_garbage_collector()
             try:
+                if not await check.wait(needed, stop):
+                    return
+                # Every long-running process also keeps the database-derived gauges fresh for its /metrics.
+                loops = [await provide(container, part) for part in (*parts, "gauges")]
+                tune_garbage_collector()
                 async with asyncio.TaskGroup() as group:
                     for part in loops:
                         group.create_task(part.run(stop))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import field_validator
+from pydantic import SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from service.config import BaseUrl, Settings
+from service.config import BaseUrl, Settings, check_credentials
+
+DOWNSTREAMS = ("customers", "payments", "emails")
 
 
 class OrderSettings(Settings):
@@ -16,7 +18,25 @@ class OrderSettings(Settings):
     customers_url: BaseUrl = None
     payments_url: BaseUrl = None
     emails_url: BaseUrl = None
+    # Each downstream's credentials (contract §6): a bearer token (a secret), its CA, a client certificate and key.
+    customers_token: SecretStr | None = None
+    customers_ca_file: str | None = None
+    customers_cert_file: str | None = None
+    customers_key_file: str | None = None
+    payments_token: SecretStr | None = None
+    payments_ca_file: str | None = None
+    payments_cert_file: str | None = None
+    payments_key_file: str | None = None
+    emails_token: SecretStr | None = None
+    emails_ca_file: str | None = None
+    emails_cert_file: str | None = None
+    emails_key_file: str | None = None
     known_tenants: Annotated[tuple[str, ...], NoDecode] = ("acme", "globex", "initech")
+
+    @model_validator(mode="after")
+    def _check_credentials(self) -> OrderSettings:
+        check_credentials(self, DOWNSTREAMS)
+        return self
 
     @field_validator("known_tenants", mode="before")
     @classmethod

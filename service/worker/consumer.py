@@ -21,11 +21,13 @@ from sqlalchemy.exc import DBAPIError
 
 from service.adapters.breakers import Breakers
 from service.adapters.kafka import start_with_backoff, stop_quietly, to_source
+from service.config import Settings
 from service.errors import InfrastructureUnavailable
+from service.explain import kafka_reason
 from service.metrics import Metrics
 from service.policy.breaker import Breaker, State
 from service.policy.delivery import Delivery, RetryState
-from service.stopping import wait_unless_stopped
+from service.stopping import sleep_unless_stopped, wait_unless_stopped
 from service.worker.lanes import Lanes, Taken
 from service.worker.processor import LOOKUP_CONCURRENCY, Processor
 from service.worker.spacing import SPACING_SECONDS
@@ -83,9 +85,11 @@ class ConsumerLoop:
         topics: list[str],
         batch_size: int,
         breakers: Breakers | None = None,
+        settings: Settings | None = None,
     ) -> None:
         self._processor = processor
         self._breakers = breakers
+        self._settings = settings  # (to say why the broker cannot be reached: its TLS, its login)
         self._metrics = metrics
         self._make_consumer = make_consumer
         self._topics = topics
@@ -112,7 +116,7 @@ class ConsumerLoop:
             self._breakers.listen(self._breaker_moved)
         consumer = self._make_consumer()
         consumer.subscribe(self._topics, listener=_Rebalance(self, consumer))
-        if not await start_with_backoff(consumer.start, stop, "consumer"):
+        if not await start_with_backoff(consumer.start, stop, "consumer", self._settings):
             await stop_quietly(consumer)
             return
         log.info("consumer_started", topics=self._topics)
@@ -163,6 +167,7 @@ class ConsumerLoop:
         are at hand the moment a round ends. Pausing would make it drop that buffer and fetch it again.
         """
         loop = asyncio.get_running_loop()
+        refused = 1.0  # the wait after a fetch the broker refused (an ACL), doubled while it goes on refusing
         while not stop.is_set():
             room = self._lanes.room()
             if room <= 0:
@@ -174,6 +179,15 @@ class ConsumerLoop:
             except UnicodeDecodeError:
                 await self._skip_unreadable(consumer)
                 continue
+            except KafkaError as error:
+                # An ACL the broker refuses (contract §11: one line naming the operation and the resource, then
+                # wait and ask again, never a crash loop): nothing is fetched, so nothing goes wrong meanwhile.
+                why = kafka_reason([error], doing="READ") or type(error).__name__
+                log.warning("kafka_fetch_refused", reason=why, retry_in_seconds=refused)
+                await sleep_unless_stopped(stop, refused)
+                refused = min(refused * 2, 30.0)
+                continue
+            refused = 1.0
             if not batches:
                 continue
             self._take(batches)
@@ -425,7 +439,7 @@ class ConsumerLoop:
         try:
             await consumer.commit(offsets)
         except KafkaError as error:
-            log.warning("offset_commit_failed", error=type(error).__name__)
+            log.warning("offset_commit_failed", error=type(error).__name__, reason=kafka_reason([error]))
             return
         for partition, offset in offsets.items():
             self._committed[partition] = offset

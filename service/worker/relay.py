@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.adapters.kafka import start_with_backoff, stop_quietly
 from service.config import Settings
 from service.errors import ConcurrentWrite, InfrastructureUnavailable
+from service.explain import kafka_reason
 from service.faults import crash_point
 from service.metrics import Metrics
 from service.stopping import sleep_unless_stopped
@@ -91,7 +92,7 @@ class Relay:
         while not stop.is_set():
             producer = self._make_producer()
             self.spoiled = False
-            if not await start_with_backoff(producer.start, stop, "relay"):
+            if not await start_with_backoff(producer.start, stop, "relay", self._settings):
                 await stop_quietly(producer)
                 return
             replaced, batches = False, self._batches
@@ -112,7 +113,8 @@ class Relay:
             except KafkaError as error:
                 # A fresh producer after a broker outage: the old one's idempotence state may be stale.
                 delay = self._backoff(delay, batches)
-                log.warning("kafka_publish_failed", error=type(error).__name__, retry_in_seconds=delay)
+                why = kafka_reason([error], doing="WRITE")
+                log.warning("kafka_publish_failed", error=type(error).__name__, reason=why, retry_in_seconds=delay)
             finally:
                 await producer.stop()
             if replaced:

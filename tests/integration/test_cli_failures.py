@@ -43,7 +43,7 @@ LONG = ["consume", "relay", "effects", "run"]
 
 
 def _url(settings: Settings, database: str) -> str:
-    return settings.database_url.rsplit("/", 1)[0] + f"/{database}"
+    return settings.database_url.get_secret_value().rsplit("/", 1)[0] + f"/{database}"
 
 
 def _one_line(stderr: str) -> str:

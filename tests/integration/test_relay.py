@@ -210,7 +210,7 @@ async def _log_contains(process: ServiceProcess, text: str) -> bool:
 
 async def _outbox_rows(settings: Settings, messages: list[OutboxMessage]) -> list[int]:
     """Write outbox rows directly, as a round would."""
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_url.get_secret_value())
     try:
         async with UnitOfWork(engine) as uow:
             ids = await outbox.add(uow.connection, messages)

@@ -108,7 +108,9 @@ def test_the_copy_carries_the_teams_names(copy: Path) -> None:
     assert 'ENV_PREFIX = "CATALOG_"' in config
     assert 'METRICS_PREFIX = "catalog"' in config
     assert 'source_topic: str = Field(default="catalog"' in config
-    assert "catalog:12 catalog.retry.30s:12" in files["docker-compose.yml"]
+    # The compose file's topics are the copy's: its source topic, created with `topics apply` from its image
+    assert "SOURCE_TOPIC: catalog\n" in files["docker-compose.yml"]
+    assert 'command: ["topics", "apply", "--create-source"]' in files["docker-compose.yml"]
     dashboards = files["deploy/prometheus/alerts.yml"] + files["deploy/grafana/dashboards/catalog-service.json"]
     assert "catalog_consumer_lag" in dashboards
     assert not re.search(r"\borders_", dashboards)

@@ -65,7 +65,8 @@ class Topics:
         return topic == self.source or topic.startswith(f"{self.source}.")
 
     def all(self) -> list[str]:
-        """Every topic a test may touch; the retry tiers tests use are 1s and 2s."""
+        """Every topic a test may touch; the retry tiers tests use are 1s, 2s and 3s. The service's processes wait at
+        start-up until the topics they read and write exist (contract §11), so each tier a test configures is here."""
         return [
             self.source,
             self.quarantine,
@@ -74,6 +75,7 @@ class Topics:
             self.reprocess,
             self.retry("1s"),
             self.retry("2s"),
+            self.retry("3s"),
         ]
 
 

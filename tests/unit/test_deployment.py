@@ -11,6 +11,7 @@ import pytest
 import typer
 import yaml
 
+from service.adapters.topics import declared
 from service.cli import app
 from service.config import ENV_PREFIX
 from service.metrics import Metrics
@@ -86,12 +87,18 @@ def test_dependencies_name_existing_services_with_valid_conditions(compose: dict
                 assert "healthcheck" in services[dependency], f"{dependency} has no healthcheck"
 
 
-def test_long_running_services_have_healthchecks_and_run_after_migrate(compose: dict[str, Any]) -> None:
+def test_long_running_services_have_healthchecks_and_run_after_migrate_and_topics_apply(
+    compose: dict[str, Any],
+) -> None:
     for name, spec in _service_containers(compose).items():
         if spec["command"] == ["migrate"]:
             assert spec["depends_on"]["postgres"]["condition"] == "service_healthy"
             continue
+        if spec["command"][:2] == ["topics", "apply"]:
+            assert spec["depends_on"]["kafka"]["condition"] == "service_healthy"
+            continue
         assert spec["depends_on"]["migrate"]["condition"] == "service_completed_successfully", name
+        assert spec["depends_on"]["topics"]["condition"] == "service_completed_successfully", name
         if "entrypoint" in spec:
             continue  # the scheduled reconciler serves no HTTP
         assert "/readyz" in " ".join(spec["healthcheck"]["test"]), name
@@ -115,14 +122,27 @@ def test_the_platform_is_postgres_16_and_the_local_kafka_4_in_kraft_mode(compose
     assert version.startswith("4.")
     assert services["postgres"]["image"].startswith("postgres:16")
     assert services["kafka"]["image"] == f"apache/kafka:{version}"
-    assert services["kafka-topics"]["image"] == f"apache/kafka:{version}"
     assert "controller" in services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"]
     assert "KAFKA_ZOOKEEPER_CONNECT" not in services["kafka"]["environment"]
 
 
-def test_the_topics_created_are_the_contract_topics(compose: dict[str, Any]) -> None:
-    script = " ".join(compose["services"]["kafka-topics"]["command"])
-    created = {spec.split(":")[0] for spec in re.findall(r"\borders[\w.]*:\d+", script)}
+def test_the_topics_are_created_by_topics_apply_from_the_image_and_are_the_contract_topics(
+    compose: dict[str, Any],
+) -> None:
+    # Given the compose file's one-shot topic creation
+    topics = compose["services"]["topics"]
+    environment = {
+        key.removeprefix(ENV_PREFIX).lower(): value
+        for key, value in topics["environment"].items()
+        if not str(value).startswith("${")
+    }
+
+    # Then it is `order-service topics apply`, creating the source topic too (no producer here owns it)
+    assert topics["image"] == "order-service:local"
+    assert topics["command"] == ["topics", "apply", "--create-source"]
+    assert Settings(**environment).topic_partitions == 12
+    # And the topics it declares, with the service's own settings, are the contract's
+    created = {spec.name for spec in declared(Settings(**environment))}
     assert created == {
         "orders",
         "orders.retry.30s",

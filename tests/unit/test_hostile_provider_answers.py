@@ -122,7 +122,7 @@ class _Answering:
         self._body = orjson.dumps(body)
         self._status = status
 
-    async def get(self, url: str, params: object = None) -> Answer:
+    async def get(self, url: str, params: object = None, headers: object = None) -> Answer:
         return Answer(self._status, JSON, self._body)
 
     async def post(self, url: str, json: object = None, headers: object = None) -> Answer:
@@ -244,7 +244,7 @@ class _Payments:
         self._answers = answers
         self.posted: list[str] = []
 
-    async def get(self, url: str, params: dict[str, str]) -> Answer:
+    async def get(self, url: str, params: dict[str, str], headers: object = None) -> Answer:
         status, body = self._answers.get(params["idempotency_key"], (404, {"error": "not found"}))
         return Answer(status, JSON, orjson.dumps(body))
 

@@ -42,6 +42,7 @@ CLUSTER_SCOPED = {"Namespace"}
 CONFIGMAP = "order-service"
 DATABASE_SECRET = "order-service-database"
 LONG_RUNNING = {"consume", "relay", "effects"}
+WITHOUT_DATABASE = {"topics"}  # commands that never connect to PostgreSQL
 PROBES = ("startupProbe", "livenessProbe", "readinessProbe")
 _QUANTITY_UNITS = {"": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30}
 
@@ -308,7 +309,8 @@ def test_every_command_a_manifest_runs_is_a_command_of_the_cli(objects: list[Obj
 def test_each_command_runs_as_the_workload_its_lifetime_needs(objects: list[Object]) -> None:
     runs = {(obj["kind"], spec["containers"][0]["args"][0]) for obj, spec in _workloads(objects)}
 
-    assert runs == {("Job", "migrate"), ("CronJob", "reconcile")} | {("Deployment", name) for name in LONG_RUNNING}
+    one_shot = {("Job", "migrate"), ("Job", "topics"), ("CronJob", "reconcile")}
+    assert runs == one_shot | {("Deployment", name) for name in LONG_RUNNING}
 
 
 def test_every_probe_asks_a_path_the_health_server_serves(objects: list[Object]) -> None:
@@ -373,6 +375,10 @@ def test_the_configuration_every_container_gets_is_one_the_service_accepts(
 
 def test_every_container_reads_the_configmap_and_the_database_secret(objects: list[Object]) -> None:
     for container in _containers(objects):
+        if container["args"][0] in WITHOUT_DATABASE:
+            # It never connects to PostgreSQL, so it gets no database password (least privilege).
+            assert container["envFrom"] == [{"configMapRef": {"name": CONFIGMAP}}], container["name"]
+            continue
         assert container["envFrom"] == [
             {"configMapRef": {"name": CONFIGMAP}},
             {"secretRef": {"name": DATABASE_SECRET}},
@@ -421,11 +427,22 @@ def test_the_reconciler_cron_job_forbids_concurrent_runs(objects: list[Object]) 
     assert cron["spec"]["concurrencyPolicy"] == "Forbid"
 
 
-def test_the_migrate_job_retries_a_bounded_number_of_times_and_is_cleaned_up(objects: list[Object]) -> None:
-    job = _the(objects, "Job")
+def test_every_job_retries_a_bounded_number_of_times_and_is_cleaned_up(objects: list[Object]) -> None:
+    jobs = [obj for obj in objects if obj["kind"] == "Job"]
 
-    assert 1 <= job["spec"]["backoffLimit"] <= 10
-    assert job["spec"]["ttlSecondsAfterFinished"] > 0
+    assert {job["metadata"]["name"] for job in jobs} == {"order-service-migrate", "order-service-topics-apply"}
+    for job in jobs:
+        assert 1 <= job["spec"]["backoffLimit"] <= 10
+        assert job["spec"]["ttlSecondsAfterFinished"] > 0
+
+
+def test_the_topics_job_applies_the_declared_topics_and_leaves_the_source_to_its_producers(
+    objects: list[Object],
+) -> None:
+    job = _the(objects, "Job", "order-service-topics-apply")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+
+    assert container["args"] == ["topics", "apply"]
 
 
 def test_a_disruption_budget_covers_consume(objects: list[Object]) -> None:

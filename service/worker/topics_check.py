@@ -1,0 +1,63 @@
+"""A long-running process's start-up check of its topics (contract §11): it waits, with backoff, until every topic it
+reads and writes exists and may be described, saying so once per backoff step, and is not ready meanwhile. No crash
+loop while a `topics apply` Job runs: the process starts working when the topics appear.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+
+import structlog
+from aiokafka.errors import KafkaError
+
+from service.adapters import topics
+from service.config import PROGRAM, Settings
+from service.errors import TopicsProblem
+from service.stopping import sleep_unless_stopped
+
+log = structlog.get_logger(f"{PROGRAM.replace('-', '_')}.topics")
+
+Look = Callable[[Settings, Sequence[str]], Awaitable[topics.Found]]
+_FIRST_DELAY_SECONDS = 1.0
+_LONGEST_DELAY_SECONDS = 30.0  # the longest a process keeps working after `topics apply` made its topics
+
+
+class TopicsCheck:
+    """The process's start-up check; `ready` is what /readyz says of it (service/containers.py)."""
+
+    def __init__(self, settings: Settings, look: Look = topics.look) -> None:
+        self._settings = settings
+        self._look = look
+        self.ready = True  # a process that checks nothing (effects) waits for nothing
+
+    async def wait(self, names: Sequence[str], stop: asyncio.Event) -> bool:
+        """Return True once every one of `names` exists and may be described; False when stopped first."""
+        if not names:
+            return True
+        self.ready = False
+        delay = _FIRST_DELAY_SECONDS
+        while not stop.is_set():
+            try:
+                found = await self._look(self._settings, names)
+            except (KafkaError, OSError, TimeoutError) as error:
+                error_name = type(error).__name__
+                log.warning("kafka_unavailable", client="topics check", error=error_name, retry_in_seconds=delay)
+            except TopicsProblem as error:  # an answer about a topic that is neither "missing" nor "not authorized"
+                log.warning("topics_check_failed", error=str(error), retry_in_seconds=delay)
+            else:
+                if found.complete:
+                    self.ready = True
+                    if delay > _FIRST_DELAY_SECONDS:  # said missing before: say they are there now
+                        log.info("topics_found", topics=list(names))
+                    return True
+                log.warning(
+                    "topics_missing",
+                    missing=list(found.missing),
+                    not_authorized=[f"DESCRIBE on topic {name}" for name in found.not_authorized],
+                    fix=str(topics.not_ready(self._settings, found)),
+                    retry_in_seconds=delay,
+                )
+            await sleep_unless_stopped(stop, delay)
+            delay = min(delay * 2, _LONGEST_DELAY_SECONDS)
+        return False
