@@ -20,6 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.orders.fakes import Downstream
 from tests.support import Topics, create_topics, delete_topics, kafka_reachable, make_engine
 
+# The secured broker and the TLS PostgreSQL role (contract §11): fixtures secured_kafka, secured_admin,
+# secured_topics, pg_tls, tls_database_url.
+pytest_plugins = ["tests.support.secured"]
+
 ROOT = Path(__file__).resolve().parent.parent
 PG_HOST = "127.0.0.1"
 PG_PORT = int(os.environ.get("ORDERS_TEST_PG_PORT", "55432"))
