@@ -67,6 +67,8 @@ def kafka_reason(found: list[BaseException], doing: str | None = None) -> str | 
     """The one line for a Kafka failure on secured infrastructure, or None: a login refused, a certificate that does
     not verify, an operation the broker's ACLs refuse (`doing`: the operation, when the caller knows it: READ for a
     consumer, WRITE for a producer), a token endpoint that gives no token."""
+    # A certificate or a TLS handshake is Kafka's only when a Kafka client failed on it (the database's are below).
+    kafka = any(isinstance(cause, KafkaError | TokenUnavailable) for cause in found)
     for cause in found:
         if isinstance(cause, TokenUnavailable):
             return f"{cause} ({ENV_PREFIX}KAFKA_OAUTH_TOKEN_URL, {ENV_PREFIX}KAFKA_OAUTH_CLIENT_ID, _CLIENT_SECRET)"
@@ -77,9 +79,9 @@ def kafka_reason(found: list[BaseException], doing: str | None = None) -> str | 
             )
         if isinstance(cause, UnsupportedSaslMechanismError):
             return f"Kafka does not take this SASL mechanism ({ENV_PREFIX}KAFKA_SASL_MECHANISM)"
-        if isinstance(cause, ssl.SSLCertVerificationError):
+        if isinstance(cause, ssl.SSLCertVerificationError) and kafka:
             return f"Kafka's certificate does not verify: {cause.verify_message} ({ENV_PREFIX}KAFKA_SSL_CAFILE)"
-        if isinstance(cause, ssl.SSLError):
+        if isinstance(cause, ssl.SSLError) and kafka:
             return (
                 f"the TLS handshake with Kafka failed: {cause.reason or type(cause).__name__} ({ENV_PREFIX}KAFKA_SSL_*)"
             )

@@ -36,9 +36,19 @@ class _NamedWriteLogger(structlog.WriteLogger):
         self.name = name
 
 
-# aiokafka's line for a broker it cannot reach at start: the service says it once per retry
-# (`kafka_unavailable`, with the delay), so a start during an outage is one line per retry, not two.
-_CONNECTION_CHATTER = ('Unable connect to "',)  # the bootstrap form; "… to node with id …" (mid-run) is thinned
+# aiokafka's lines for a broker it cannot connect to at start, or that names only a node id: the service says it
+# itself, with the cause aiokafka keeps to its log (`kafka_unavailable`, `kafka_fetch_refused`, a short command's one
+# line: service/adapters/kafka.py `diagnose`), once per retry; a short command's output stays one line. The mid-run
+# form ("Unable connect to node with id …") is thinned below.
+_CONNECTION_CHATTER = ('Unable connect to "', "Unable to update metadata from ")
+
+
+def _no_node(record: logging.LogRecord) -> bool:
+    """aiokafka's "Unable connect to node with id …: StaleMetadata": metadata that names no such broker (a broker
+    that refused the client's OAuth token answers so), which the service's own line explains."""
+    args = record.args
+    stale = isinstance(args, tuple) and len(args) > 1 and type(args[1]).__name__ == "StaleMetadata"
+    return stale and str(record.msg).startswith("Unable connect to node with id")
 
 
 class _KafkaChatter(logging.Filter):
@@ -58,7 +68,7 @@ class _KafkaChatter(logging.Filter):
         if not record.name.startswith("aiokafka"):
             return True
         template = str(record.msg)
-        if template.startswith(_CONNECTION_CHATTER):
+        if template.startswith(_CONNECTION_CHATTER) or _no_node(record):
             return False
         now = time.monotonic()
         kind = (record.name, template)

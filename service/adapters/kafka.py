@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka import errors as kafka_errors
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.metadata import MetadataRequest
 
 from service.adapters import oauth
 from service.config import Settings
@@ -172,7 +173,18 @@ async def diagnose(settings: Settings) -> BaseException | None:
             connection = await create_conn(host.strip("[]"), int(port), request_timeout_ms=10_000, **options)
     except Exception as error:
         return error
-    connection.close()
+    try:
+        async with asyncio.timeout(15):
+            metadata: Any = await connection.send(MetadataRequest([]))
+    except Exception as error:
+        return error
+    finally:
+        connection.close()
+    if not metadata.brokers and settings.kafka_sasl_mechanism == "OAUTHBEARER":
+        # aiokafka's OAUTHBEARER takes the broker's refusal of a token (an expired one, say: RFC 7628's
+        # {"status":"invalid_token"}) for a login; the broker then answers as to a client that never logged in.
+        refused: BaseException = kafka_errors.SaslAuthenticationFailed("the broker refused the OAuth token")
+        return refused
     return None
 
 
@@ -184,7 +196,7 @@ async def start_with_backoff(
 ) -> bool:
     """Call `start` until it succeeds or `stop` is set; one clear log line per failed try, no traceback, saying why
     when `settings` let the cause be found (`diagnose`)."""
-    from service.explain import explain
+    from service.explain import causes, explain, kafka_reason
 
     delay = 1.0
     while not stop.is_set():
@@ -199,7 +211,7 @@ async def start_with_backoff(
                 "kafka_unavailable",
                 client=what,
                 error=type(error).__name__,
-                reason=explain(cause or error),
+                reason=kafka_reason([*causes(cause), *causes(error)]) if cause else explain(error),
                 retry_in_seconds=delay,
             )
             log.debug("kafka_unavailable_detail", exc_info=error)
@@ -214,7 +226,7 @@ async def diagnosed(settings: Settings) -> AsyncIterator[None]:
     command's one line says why (service/explain.py)."""
     try:
         yield
-    except kafka_errors.KafkaConnectionError as error:
+    except (kafka_errors.KafkaConnectionError, kafka_errors.NodeNotReadyError) as error:
         cause = await diagnose(settings)
         if cause is None or not _named_by(cause):
             raise  # (unreachable, as it said)
@@ -225,12 +237,13 @@ def _named_by(cause: BaseException) -> bool:
     """Whether a diagnosed cause says more than "unreachable": a login, a certificate, an ACL, a token endpoint."""
     from service.explain import causes, kafka_reason
 
-    return kafka_reason(list(causes(cause))) is not None
+    return kafka_reason([*causes(cause), kafka_errors.KafkaConnectionError()]) is not None
 
 
 def _unexplained(error: BaseException) -> bool:
-    """A failed start whose cause aiokafka kept to its log: its bootstrap's KafkaConnectionError."""
-    return isinstance(error, kafka_errors.KafkaConnectionError)
+    """A failed start whose cause aiokafka kept to its log: its bootstrap's KafkaConnectionError, or a node that never
+    became ready (a connection the broker closed after the login)."""
+    return isinstance(error, kafka_errors.KafkaConnectionError | kafka_errors.NodeNotReadyError)
 
 
 async def stop_quietly(client: Any) -> None:

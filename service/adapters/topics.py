@@ -20,7 +20,7 @@ from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import for_code
 from aiokafka.protocol.metadata import MetadataRequest
 
-from service.adapters.kafka import client_options, make_admin
+from service.adapters.kafka import client_options, diagnosed, make_admin
 from service.config import PROGRAM, Settings
 from service.errors import TopicsMissing, TopicsProblem
 from service.policy.topics import Alter, Create, Observed, TopicSpec, declared_topics, not_ready_line
@@ -62,7 +62,7 @@ async def _metadata(settings: Settings, names: Sequence[str]) -> dict[str, dict[
     """The broker's metadata of each named topic (error code, partitions), creating none."""
     client = AIOKafkaClient(**client_options(settings), client_id=f"{settings.consumer_name}-topics")
     try:
-        async with asyncio.timeout(LOOK_SECONDS):
+        async with asyncio.timeout(LOOK_SECONDS), diagnosed(settings):
             await client.bootstrap()
             response = await client.send(
                 client.get_random_node(), MetadataRequest(list(names), allow_auto_topic_creation=False)
@@ -142,7 +142,8 @@ async def _configs(
     """Each topic's configs: every value, and those set on the topic itself."""
     admin = make_admin(settings)
     try:
-        await admin.start()
+        async with diagnosed(settings):
+            await admin.start()
         responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, name) for name in names])
     finally:
         await _close(admin)
@@ -189,7 +190,8 @@ async def create(settings: Settings, creates: Sequence[Create]) -> list[Outcome]
     ]
     admin = make_admin(settings)
     try:
-        await admin.start()
+        async with diagnosed(settings):
+            await admin.start()
         response = await admin.create_topics(topics)
     finally:
         await _close(admin)
@@ -212,7 +214,8 @@ async def alter(settings: Settings, alters: Sequence[Alter]) -> list[Outcome]:
         return outcomes
     admin = make_admin(settings)
     try:
-        await admin.start()
+        async with diagnosed(settings):
+            await admin.start()
         responses = await admin.alter_configs(wanted)
     finally:
         await _close(admin)

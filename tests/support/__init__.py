@@ -345,6 +345,17 @@ class ServiceProcess:
             [sys.executable, "-m", "service", command], cwd=ROOT, env=env, stdout=self._log, stderr=self._log
         )
 
+    @classmethod
+    def with_env(cls, command: str, env: dict[str, str], log_path: Path) -> ServiceProcess:
+        """The command with exactly this environment (secured settings, secrets in files)."""
+        process = cls.__new__(cls)
+        process.log_path = log_path
+        process._log = log_path.open("ab")
+        process.process = subprocess.Popen(
+            [sys.executable, "-m", "service", command], cwd=ROOT, env=env, stdout=process._log, stderr=process._log
+        )
+        return process
+
     def terminate(self, timeout: float = 30.0) -> int:
         self.process.send_signal(signal.SIGTERM)
         code = self.process.wait(timeout=timeout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from aiokafka.errors import StaleMetadata
 
 from service import logs
 
@@ -32,10 +33,21 @@ def test_an_outage_of_aiokafka_lines_is_thinned_to_one_per_growing_interval_with
     assert passed[0] == "Failed fetch messages from 1: NodeNotReadyError"
     assert passed[1].endswith("(9 like it held back)")
     # Another kind of line, our own lines and a start-up connection refusal are judged on their own
-    assert chatter.filter(line(msg="Unable to update metadata from %r"))
+    assert chatter.filter(line(msg="Failed to commit %s"))
+    assert not chatter.filter(line(name="aiokafka", msg="Unable to update metadata from %r"))  # names a node id only
     assert chatter.filter(line(name="order_service.consumer"))
     assert not chatter.filter(line(name="aiokafka", msg='Unable connect to "%s": %s'))  # at start: ours says it
     assert chatter.filter(line(name="aiokafka", msg="Unable connect to node with id %s: %s"))  # mid-run: thinned
+    stale = logging.LogRecord(
+        "aiokafka",
+        logging.ERROR,
+        __file__,
+        1,
+        "Unable connect to node with id %s: %s",
+        ("bootstrap", StaleMetadata("x")),
+        None,
+    )
+    assert not chatter.filter(stale)  # metadata naming no broker: ours says why
     # And a kind quiet for five minutes starts over
     clock[0] += 301
     assert chatter.filter(line())
