@@ -11,16 +11,18 @@ scripts/pg-local, the fault-injection server for the downstreams.
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.orders.fakes import Downstream
+from service.orders.fakes import CUSTOMERS_GET, Downstream
 from tests.support import ROOT, ServiceProcess, Topics, eventually, rows, scalar
 from tests.support.orders import placed, shipped
 from tests.support.secured import LISTENERS, Acl, Listener, PgTls, SecuredAdmin, SecuredKafka
@@ -119,25 +121,45 @@ async def test_the_pipeline_runs_over_each_secured_listener_with_exactly_the_con
         for b in json.loads(printed[printed.index("{") :])["bindings"]
     ]
     await secured_admin.grant(*bindings)
-    # And orders produced by the producers (placed, then shipped), one of them a customer the directory does not know
+    # And orders produced by the producers (placed, then shipped), one of them a customer the directory does not know,
+    # one whose look-ups fail until its attempts are spent
     records = [(f"P-{n}", placed(f"P-{n}", customer=f"c-{n}")) for n in range(ORDERS)]
     records += [(f"P-{n}", shipped(f"P-{n}")) for n in range(ORDERS // 2)]
     records.append(("P-X", placed("P-X", customer="missing-1")))
+    records.append(("P-Q", placed("P-Q", customer="c-q")))
+    downstream.fail_next(CUSTOMERS_GET, times=3, key="c-q")
     await produce_as_admin(secured_kafka, topics.source, records)
+    token = "operator-" + "t" * 32
+    (tmp_path / "console-tokens").write_text(f"ann:operator:{token}\n")
+    console_port = _free_port()
+    console_env = env | {
+        "ORDERS_CONSOLE_TOKENS_FILE": str(tmp_path / "console-tokens"),
+        "ORDERS_CONSOLE_BIND": f"127.0.0.1:{console_port}",
+    }
 
     # When consume, relay and effects run as the service's principal, over TLS to the database
     processes = [
         ServiceProcess.with_env(role, env, tmp_path / f"{role}.log") for role in ("consume", "relay", "effects")
     ]
+    processes.append(ServiceProcess.with_env("console", console_env, tmp_path / "console.log"))
     try:
-        await eventually(lambda: scalar(engine, "SELECT count(*) FROM inbox"), timeout=90)
+        await eventually(lambda: _count_is(engine, "SELECT count(*) FROM inbox", len(records) - 1), timeout=90)
+        await eventually(lambda: _count_is(engine, "SELECT count(*) FROM quarantine WHERE status = 'open'", 1))
+        # And the console shows the quarantined record, read over the same TLS
+        quarantined = await eventually(lambda: _console_quarantine(console_port, token), timeout=30)
+        assert len(quarantined) == 1, quarantined
+        assert "P-Q" in json.dumps(quarantined), quarantined
+        # And the CLI reprocesses it through the secured broker
+        code, printed = await cli(
+            env, "reprocess", "--error-code", "DOWNSTREAM_UNAVAILABLE_EXHAUSTED", "--reason", "directory back", "--yes"
+        )
+        assert code == 0, printed
         await eventually(lambda: _count_is(engine, "SELECT count(*) FROM inbox", len(records)), timeout=90)
         await eventually(
-            lambda: _count_is(engine, "SELECT count(*) FROM effects WHERE state = 'sent'", ORDERS + ORDERS // 2),
+            lambda: _count_is(engine, "SELECT count(*) FROM effects WHERE state = 'sent'", ORDERS + 1 + ORDERS // 2),
             timeout=90,
         )
         await eventually(lambda: _count_is(engine, "SELECT count(*) FROM outbox WHERE published_at IS NULL", 0))
-        # And the CLI and the console read it over the same TLS
         code, printed = await cli(env, "quarantine", "stats", "--json")
         assert code == 0, printed
         for process in processes:
@@ -152,9 +174,10 @@ async def test_the_pipeline_runs_over_each_secured_listener_with_exactly_the_con
         {"status": "processed", "n": len(records) - 1},
         {"status": "rejected", "n": 1},
     ]
-    assert len(downstream.payments()) == ORDERS
+    assert await scalar(engine, "SELECT status FROM quarantine") == "reprocessed"
+    assert len(downstream.payments()) == ORDERS + 1
     published = await scalar(engine, f"SELECT count(*) FROM outbox WHERE topic = '{topics.events}'")
-    assert published >= ORDERS  # a captured payment per order, at least
+    assert published >= ORDERS + 1  # a captured payment per order, at least
     assert await count_as_admin(secured_kafka, topics.events) == published
     assert await count_as_admin(secured_kafka, topics.rejected) == 1
     # And nothing anyone printed holds a secret
@@ -165,6 +188,27 @@ async def test_the_pipeline_runs_over_each_secured_listener_with_exactly_the_con
 
 async def _owned(admin: SecuredAdmin, topics: Topics) -> list[str]:
     return [name for name in await admin.topic_names() if topics.owns(name)]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def _console_quarantine(port: int, token: str) -> list[dict[str, Any]] | None:
+    """The console API's open quarantine, or None while the console is not up."""
+    try:
+        async with httpx.AsyncClient(timeout=5) as client:
+            answer = await client.get(
+                f"http://127.0.0.1:{port}/api/quarantine", headers={"Authorization": f"Bearer {token}"}
+            )
+    except httpx.TransportError:
+        return None
+    if answer.status_code != 200:
+        return None
+    items: list[dict[str, Any]] = answer.json()["items"]
+    return items or None
 
 
 async def _count_is(engine: AsyncEngine, sql: str, expected: int) -> bool:
