@@ -77,7 +77,7 @@ async def topics(kafka: str) -> AsyncIterator[Topics]:
     """Fresh topic names for this test (source with 3 partitions), created on the broker and deleted after it.
 
     Deleted, because a broker keeps every partition's state in its heap: left there run after run, a suite's
-    topics filled the local broker's (docs/performance.md, eighteenth session)."""
+    topics filled the local broker's (docs/performance.md, "The machine")."""
     topics = Topics(f"t{uuid.uuid4().hex[:10]}")
     await create_topics(kafka, topics)
     yield topics
