@@ -26,6 +26,7 @@ from service.orders.effects import order_effects
 from service.orders.handler import OrderHandler
 from service.orders.messages import decode as decode_order
 from service.orders.messages import invalid_field
+from service.orders.migrations import LOCATION as ORDER_MIGRATIONS
 from service.orders.providers import EmailsClient, PaymentsClient
 from service.orders.settings import READS as ORDER_READS
 from service.orders.settings import OrderSettings
@@ -122,9 +123,8 @@ SETTINGS = OrderSettings
 DOMAIN_READS = ORDER_READS
 # Every error code a filter may name: the core's and the domain's (service/orders/codes.py).
 CODES = tuple(registered(OrderCode))
-# The domain's own Alembic version locations, beside the core's (service/store/schema.py): none, because the
-# order domain's tables are in the core's history (0001, 0007); a new domain keeps its own on a branch.
-MIGRATIONS: tuple[str, ...] = ()
+# The domain's own Alembic version locations, beside the core's (service/store/schema.py): its branch `orders`.
+MIGRATIONS = (ORDER_MIGRATIONS,)
 
 
 class Container(containers.DeclarativeContainer):
