@@ -45,6 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import load_settings
 from service.containers import CODES as KNOWN_CODES
+from service.containers import MIGRATIONS
 from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
 from service.orders.effects import SPECS as ORDER_EFFECT_SPECS
@@ -725,9 +726,9 @@ async def explain(dsn: str, timings: Sequence[Timing], path: Path) -> None:
 def migrate(url: str, revision: str | None) -> None:
     """Migrate with the service's own migrations: to the head, or to `revision`."""
     if revision is None:
-        upgrade_to_head(url)
+        upgrade_to_head(url, MIGRATIONS)
         return
-    with alembic_config(url) as config:
+    with alembic_config(url, MIGRATIONS) as config:
         command.upgrade(config, revision)
 
 

@@ -1,18 +1,18 @@
-"""The database schema: Alembic's `upgrade head`, run from the migrations that travel inside the package.
+"""The database schema: Alembic's `upgrade heads`, run from the migrations that travel inside the package.
 
 The revisions live in the checkout's top-level `migrations/` and are installed as `service.migrations`, so an
 installed wheel migrates from any directory without an `alembic.ini`; `alembic` in the checkout still works.
 
-The core's history holds only the core's tables. A domain keeps its revisions in a version location of its own, on
-a branch of its own (`branch_labels`, `depends_on` a core revision: `service/orders/migrations/`,
-`examples/inventory/migrations/`). Every function here takes those locations in `extra_locations`: the history
-has several heads, `upgrade heads` brings each to its head, and the schema is current when every head is applied.
-Without extra locations it is the core's history alone.
+The core's history is for the core's tables (its revision 0016 handed the order domain's table over to that
+domain). A domain keeps its revisions in a version location of its own, on a branch of its own (`branch_labels`,
+`depends_on` a core revision: `service/orders/migrations/`, `examples/inventory/migrations/`). Every function here
+takes those locations in `extra_locations`: the history has several heads, `upgrade heads` brings each to its head,
+and the schema is current when every head is applied. Without extra locations it is the core's history alone.
 
 Every long-running command checks the schema as it starts, and importing Alembic is a large part of a start (its
-package imports every dialect's DDL, and Mako's syntax highlighters with it). So the check first
-reads each revision file's `revision`, `down_revision` and `depends_on` without importing it, and asks Alembic only when
-those do not simply match the version table (docs/performance.md).
+package imports every dialect's DDL, and Mako's syntax highlighters with it). So the check first reads each
+revision file's `revision`, `down_revision` and `depends_on` without importing it, and asks Alembic only when those
+do not simply match the version table (docs/performance.md).
 """
 
 from __future__ import annotations
