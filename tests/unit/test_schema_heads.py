@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.orders.migrations import LOCATION as ORDERS
 from service.store import schema
 
 INVENTORY = Path(__file__).resolve().parents[2] / "examples" / "inventory" / "migrations" / "versions"
-ORDERS = Path(__file__).resolve().parents[2] / "service" / "orders" / "migrations" / "versions"
 
 
 def _alembic_heads(extra_locations: tuple[Path, ...] = ()) -> frozenset[str]:
