@@ -119,6 +119,8 @@ _REVISION_FILE = re.compile(r"(?!\.#|__init__)(.*\.py)$")
 # its range separator); anything else, and Alembic decides.
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_.]+")
 _NAMES = ("revision", "down_revision", "depends_on")
+# Each revision's `down_revision` names and `depends_on` names.
+_History = dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
 
 
 def _declared_heads(extra_locations: Locations) -> frozenset[str] | None:
@@ -150,12 +152,12 @@ def _recorded_heads(extra_locations: Locations) -> frozenset[str] | None:
     return frozenset(heads - needed)
 
 
-def _heads(history: dict[str, tuple[tuple[str, ...], tuple[str, ...]]]) -> frozenset[str]:
+def _heads(history: _History) -> frozenset[str]:
     """The revisions of a checked history that no other names as its `down_revision`."""
     return frozenset(history.keys() - {name for below, _ in history.values() for name in below})
 
 
-def _declared_history(extra_locations: Locations) -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]] | None:
+def _declared_history(extra_locations: Locations) -> _History | None:
     """Each revision's `down_revision` and `depends_on` names, read from the files as text.
 
     None whenever Alembic could see the history otherwise: a file that does not set `revision` and
@@ -165,7 +167,7 @@ def _declared_history(extra_locations: Locations) -> dict[str, tuple[tuple[str, 
     """
     with as_file(files(MIGRATIONS)) as location:
         directories = [Path(location) / "versions", *map(Path, extra_locations)]
-        history: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        history: _History = {}
         for directory in directories:
             if not directory.is_dir():
                 continue  # as Alembic: a version location that does not exist holds no revisions

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 import pytest
 from alembic import command
@@ -80,10 +81,11 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
 
 
-def _previous(release: Path, env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
-    """Start the previous release's command line from its own directory (its `service` package comes first)."""
+def _previous(release: Path, env: dict[str, str], *args: str, output: int | IO[bytes]) -> subprocess.Popen[bytes]:
+    """Start the previous release's command line from its own directory (its `service` package comes first), its
+    output (both streams) to `output`."""
     return subprocess.Popen(
-        [sys.executable, "-m", "service", *args], cwd=release, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-m", "service", *args], cwd=release, env=env, stdout=output, stderr=subprocess.STDOUT
     )
 
 
@@ -92,9 +94,9 @@ def _migrate_with_the_previous_release(release: Path, database_url: str) -> None
     with schema.alembic_config(database_url, MIGRATIONS) as config:
         command.downgrade(config, "base")
     env = env_for(settings_for(database_url, "127.0.0.1:9", Topics("unused")))
-    migrate = _previous(release, env, "migrate")
-    out, err = migrate.communicate(timeout=120)
-    assert migrate.returncode == 0, (out + err).decode()
+    migrate = _previous(release, env, "migrate", output=subprocess.PIPE)
+    out, _ = migrate.communicate(timeout=120)
+    assert migrate.returncode == 0, out.decode()
     assert asyncio.run(schema.current_heads(database_url)) == (PREVIOUS_HEAD,)
 
 
@@ -157,13 +159,15 @@ async def test_a_fresh_database_gets_the_cores_tables_from_the_core_and_the_orde
 
 
 async def test_the_previous_release_keeps_consuming_while_this_version_migrates_the_database_under_it(
-    previous_release: Path, database_url: str, engine: AsyncEngine, kafka: str, topics: Topics
+    previous_release: Path, database_url: str, engine: AsyncEngine, kafka: str, topics: Topics, tmp_path: Path
 ) -> None:
     # Given the previous release's schema and its consumer running on it, which has looked an order up in the
     # empty orders table (a shipment for an order it does not know is rejected)
     await asyncio.to_thread(_migrate_with_the_previous_release, previous_release, database_url)
     settings = settings_for(database_url, kafka, topics)
-    consumer = _previous(previous_release, env_for(settings), "consume")
+    log = tmp_path / "consume.log"
+    with log.open("wb") as output:
+        consumer = _previous(previous_release, env_for(settings), "consume", output=output)
     try:
         await produce(kafka, topics.source, [("B-0", shipped("B-0"), {})])
         await eventually(lambda: _inbox(engine, "rejected"), timeout=60)
@@ -177,9 +181,9 @@ async def test_the_previous_release_keeps_consuming_while_this_version_migrates_
         assert await scalar(engine, "SELECT count(*) FROM orders WHERE status = 'placed'") == 3
     finally:
         consumer.send_signal(signal.SIGTERM)
-        out, err = await asyncio.to_thread(consumer.communicate, timeout=60)
+        await asyncio.to_thread(consumer.wait, timeout=60)
     # And it stops cleanly, as it always did
-    assert consumer.returncode == 0, (out + err).decode()[-2000:]
+    assert consumer.returncode == 0, log.read_text()[-2000:]
 
 
 async def _inbox(engine: AsyncEngine, status: str, count: int = 1) -> bool:
