@@ -21,14 +21,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.containers import MIGRATIONS
 from service.orders import tables as order_tables  # noqa: F401 (the domain's tables join the metadata)
+from service.orders.migrations import LOCATION
 from service.store import schema
 from service.store.tables import metadata
 from tests.support import ROOT, Topics, env_for, eventually, produce, rows, scalar, settings_for
 from tests.support.orders import placed, shipped
 
-# The revision file that starts the order domain's branch: the release before the commit that added it is the
-# previous release, whose schema is the core's revision 0015 with the order domain's table in it.
-BRANCH_ROOT = "service/orders/migrations/versions/orders_0001_orders.py"
+# The revision file that starts the order domain's branch: the release before the commit that added it (under any
+# name: git follows renames) is the previous release, whose schema is the core's 0015 with the orders table in it.
+BRANCH_ROOT = (LOCATION / "orders_0001_orders.py").relative_to(ROOT).as_posix()
 PREVIOUS_HEAD = "0015"
 
 # One row in every table of the previous release's schema, as that release writes them (the quarantine's rows also
@@ -65,7 +66,7 @@ PREVIOUS_ROWS = (
 @pytest.fixture(scope="module")
 def previous_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The previous release's service and migrations, extracted from git into a directory of their own."""
-    added = _git("log", "--diff-filter=A", "--format=%H", "--", BRANCH_ROOT).split()
+    added = _git("log", "--follow", "--diff-filter=A", "--format=%H", "--", BRANCH_ROOT).split()
     assert added, f"{BRANCH_ROOT} is not in this checkout's git history"
     directory = tmp_path_factory.mktemp("previous-release")
     archive = subprocess.run(
