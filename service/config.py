@@ -23,15 +23,12 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from service.console.tokens import parse_tokens
 from service.durations import FORMAT_HINT, format_duration, parse_duration
+from service.names import ENV_PREFIX, PROGRAM
+from service.policy.operators import parse_tokens
 from service.policy.owners import parse_owners
 from service.policy.retry import Budget, RetryPolicy, build_policy
 from service.store import connect
-
-PROGRAM = "order-service"  # the console script, the distribution, the default consumer name
-ENV_PREFIX = "ORDERS_"  # every setting is this prefix and its name in capitals: ORDERS_DATABASE_URL
-METRICS_PREFIX = "orders"  # every metric is named <prefix>_<what>: orders_records_total
 
 
 def _to_timedelta(value: Any) -> Any:

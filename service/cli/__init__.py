@@ -8,8 +8,8 @@ import typer
 
 from service.cli import console, effects, outbox, parked, quarantine, reprocess, serve, topics
 from service.cli.environment import describe
-from service.config import PROGRAM
 from service.containers import DOMAIN_READS
+from service.names import PROGRAM
 
 app = typer.Typer(
     name=PROGRAM,

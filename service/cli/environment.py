@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from service.config import ENV_PREFIX
+from service.names import ENV_PREFIX
 
 _EVERY = ("database_url", "log_level")
 _KAFKA = ("kafka_bootstrap_servers",)

@@ -39,8 +39,8 @@ def test_help_shows_no_type_placeholders(path: tuple[str, ...], capsys: pytest.C
 
 def test_every_variable_a_command_says_it_reads_is_a_setting() -> None:
     from service.cli.environment import READS, reads
-    from service.config import ENV_PREFIX
     from service.containers import DOMAIN_READS, SETTINGS
+    from service.names import ENV_PREFIX
 
     settings = {f"{ENV_PREFIX}{name.upper()}" for name in SETTINGS.model_fields}
     listed = {variable for path in READS | DOMAIN_READS for variable in reads(path, DOMAIN_READS)}
