@@ -34,7 +34,8 @@ import asyncpg
 import httpx
 import orjson
 from aiokafka import AIOKafkaProducer
-from bench import (
+from bench_data import placed_order
+from bench_lab import (
     ORDER_SERVICE,
     SLOWEST_RATE,
     STARTUP_ALLOWANCE,
@@ -42,7 +43,6 @@ from bench import (
     BenchError,
     Process,
     interval_for,
-    placed_order,
     progress,
     service_env,
     stop,

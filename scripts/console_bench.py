@@ -671,7 +671,8 @@ async def _unavailable(*_: Any, **__: Any) -> Any:
 @asynccontextmanager
 async def served(url: str, tracer: Tracer) -> AsyncIterator[httpx.AsyncClient]:
     """The console on a free local port, lifespan and all, and a client that is logged in to it."""
-    from service.console.app import Wiring, create_app
+    from service.console.app import create_app
+    from service.console.web import Wiring
 
     settings = load_settings(database_url=url, console_tokens=f"bench:operator:{TOKEN}")
     engine = create_engine(url)

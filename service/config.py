@@ -7,7 +7,7 @@ import os
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, get_args, overload
+from typing import Annotated, Any, Literal, TypeVar, overload
 
 from pydantic import (
     AfterValidator,
@@ -23,15 +23,13 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from service.console.tokens import parse_tokens
 from service.durations import FORMAT_HINT, format_duration, parse_duration
+from service.names import ENV_PREFIX, PROGRAM
+from service.policy.operators import parse_tokens
 from service.policy.owners import parse_owners
 from service.policy.retry import Budget, RetryPolicy, build_policy
+from service.readers import Reader, is_secret, read_by
 from service.store import connect
-
-PROGRAM = "order-service"  # the console script, the distribution, the default consumer name
-ENV_PREFIX = "ORDERS_"  # every setting is this prefix and its name in capitals: ORDERS_DATABASE_URL
-METRICS_PREFIX = "orders"  # every metric is named <prefix>_<what>: orders_records_total
 
 
 def _to_timedelta(value: Any) -> Any:
@@ -53,6 +51,32 @@ DEDUP_WINDOW_MAX = timedelta(days=7)
 DEDUP_MARGIN = timedelta(seconds=10)
 
 
+# Who reads each setting (service/readers.py): each command's --help lists the settings of the parts it runs.
+_DATABASE = read_by(Reader.DATABASE)
+_KAFKA = read_by(Reader.KAFKA)
+_PROCESS = read_by(Reader.PROCESS)
+_CONSUMER = read_by(Reader.CONSUMER)
+_EFFECTS = read_by(Reader.EFFECTS)
+_TOPICS = read_by(Reader.TOPICS)
+_CONSOLE = read_by(Reader.CONSOLE)
+_TESTS = read_by(Reader.TESTS)
+# The retry budget: the consumer spends it, and the tier topics' retention outlasts it.
+_BUDGET = read_by(Reader.CONSUMER, Reader.TOPICS)
+# The source topic names every topic: whatever reads, writes or declares one reads it.
+_TOPIC_NAMES = read_by(
+    Reader.CONSUMER,
+    Reader.RELAY,
+    Reader.EFFECTS,
+    Reader.RECONCILER,
+    Reader.REPROCESS,
+    Reader.TOPICS,
+    Reader.ACLS,
+    Reader.CONSOLE,
+)
+# The consumer's name: its Kafka group and the inbox's key.
+_CONSUMER_NAME = read_by(Reader.CONSUMER, Reader.REPROCESS, Reader.PARKED, Reader.ACLS, Reader.CONSOLE)
+
+
 class Settings(BaseSettings):
     """Every knob of the core; each field is read from `ORDERS_<FIELD>`. A domain adds its own (its downstream
     URLs, its rules' parameters) in a subclass (the order domain: service/orders/settings.py)."""
@@ -60,56 +84,58 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
 
     # A secret: it may hold the password (contract §11); see `database` for what connects.
-    database_url: SecretStr = SecretStr("postgresql+asyncpg://postgres@127.0.0.1:55432/orders")
-    database_password: SecretStr | None = None
-    kafka_bootstrap_servers: str = "127.0.0.1:19092"
+    database_url: Annotated[SecretStr, _DATABASE] = SecretStr("postgresql+asyncpg://postgres@127.0.0.1:55432/orders")
+    database_password: Annotated[SecretStr | None, _DATABASE] = None
+    kafka_bootstrap_servers: Annotated[str, _KAFKA] = "127.0.0.1:19092"
     # Kafka's security (contract §11): every client the service builds takes these (service/adapters/kafka.py).
-    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] = "PLAIN"
-    kafka_sasl_username: str | None = None
-    kafka_sasl_password: SecretStr | None = None
-    kafka_oauth_token_url: str | None = None
-    kafka_oauth_client_id: str | None = None
-    kafka_oauth_client_secret: SecretStr | None = None
-    kafka_oauth_scope: str | None = None
-    kafka_ssl_cafile: str | None = None
-    kafka_ssl_certfile: str | None = None
-    kafka_ssl_keyfile: str | None = None
+    kafka_security_protocol: Annotated[Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"], _KAFKA] = "PLAINTEXT"
+    kafka_sasl_mechanism: Annotated[Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"], _KAFKA] = "PLAIN"
+    kafka_sasl_username: Annotated[str | None, _KAFKA] = None
+    kafka_sasl_password: Annotated[SecretStr | None, _KAFKA] = None
+    kafka_oauth_token_url: Annotated[str | None, _KAFKA] = None
+    kafka_oauth_client_id: Annotated[str | None, _KAFKA] = None
+    kafka_oauth_client_secret: Annotated[SecretStr | None, _KAFKA] = None
+    kafka_oauth_scope: Annotated[str | None, _KAFKA] = None
+    kafka_ssl_cafile: Annotated[str | None, _KAFKA] = None
+    kafka_ssl_certfile: Annotated[str | None, _KAFKA] = None
+    kafka_ssl_keyfile: Annotated[str | None, _KAFKA] = None
     # The topics `topics apply` creates (contract §11): partitions (None: the source topic's count, else 6) and
     # replication factor (None: the broker's default).
-    topic_partitions: int | None = Field(default=None, ge=1, le=100_000)
-    topic_replication_factor: int | None = Field(default=None, ge=1, le=100)
-    consumer_name: str = Field(default=PROGRAM, min_length=1, max_length=200)
-    source_topic: str = Field(default="orders", pattern=r"^[A-Za-z0-9._-]{1,200}$")
-    retry_tiers: str = "30s,5m"
-    max_attempts: int | None = Field(default=None, ge=1, le=1000)
-    max_elapsed: Duration | None = None
-    blocking_attempts: int = Field(default=3, ge=1, le=100)
-    blocking_elapsed: Duration = timedelta(seconds=5)
-    processing_timeout: Duration = timedelta(seconds=30)
-    effect_lease: Duration = timedelta(seconds=30)
-    effect_max_attempts: int = Field(default=8, ge=1, le=1000)
-    effect_concurrency: int = Field(default=32, ge=1, le=1000)
-    quarantine_owners: str = ""
-    ordering: Literal["key", "versioned", "unordered"] = "key"
-    dedup_window: Duration = timedelta(days=7)
-    metrics_port: int = Field(default=9108, ge=0, le=65535)
-    metrics_refresh: Duration = timedelta(seconds=10)
-    http_timeout: Duration = timedelta(seconds=2)
+    topic_partitions: Annotated[int | None, _TOPICS] = Field(default=None, ge=1, le=100_000)
+    topic_replication_factor: Annotated[int | None, _TOPICS] = Field(default=None, ge=1, le=100)
+    consumer_name: Annotated[str, _CONSUMER_NAME] = Field(default=PROGRAM, min_length=1, max_length=200)
+    source_topic: Annotated[str, _TOPIC_NAMES] = Field(default="orders", pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    retry_tiers: Annotated[str, read_by(Reader.CONSUMER, Reader.RELAY, Reader.TOPICS)] = "30s,5m"
+    max_attempts: Annotated[int | None, _BUDGET] = Field(default=None, ge=1, le=1000)
+    max_elapsed: Annotated[Duration | None, _BUDGET] = None
+    blocking_attempts: Annotated[int, _BUDGET] = Field(default=3, ge=1, le=100)
+    blocking_elapsed: Annotated[Duration, _BUDGET] = timedelta(seconds=5)
+    processing_timeout: Annotated[Duration, _CONSUMER] = timedelta(seconds=30)
+    effect_lease: Annotated[Duration, read_by(Reader.EFFECTS, Reader.RECONCILER)] = timedelta(seconds=30)
+    effect_max_attempts: Annotated[int, _EFFECTS] = Field(default=8, ge=1, le=1000)
+    effect_concurrency: Annotated[int, _EFFECTS] = Field(default=32, ge=1, le=1000)
+    quarantine_owners: Annotated[str, _CONSUMER] = ""
+    ordering: Annotated[Literal["key", "versioned", "unordered"], read_by(Reader.CONSUMER, Reader.TOPICS)] = "key"
+    dedup_window: Annotated[Duration, read_by(Reader.CONSUMER, Reader.RECONCILER, Reader.TOPICS)] = timedelta(days=7)
+    metrics_port: Annotated[int, _PROCESS] = Field(default=9108, ge=0, le=65535)
+    metrics_refresh: Annotated[Duration, _PROCESS] = timedelta(seconds=10)
+    http_timeout: Annotated[Duration, read_by(Reader.CONSUMER, Reader.EFFECTS, Reader.RECONCILER)] = timedelta(
+        seconds=2
+    )
     # How long a downstream's circuit breaker may stay open before the alert OrdersDownstreamBreakerOpen fires.
-    breaker_alert_after: Duration = timedelta(minutes=5)
-    batch_size: int = Field(default=3000, ge=1, le=10_000)
-    relay_batch_size: int = Field(default=2000, ge=1, le=10_000)
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    breaker_alert_after: Annotated[Duration, _PROCESS] = timedelta(minutes=5)
+    batch_size: Annotated[int, _CONSUMER] = Field(default=3000, ge=1, le=10_000)
+    relay_batch_size: Annotated[int, read_by(Reader.RELAY)] = Field(default=2000, ge=1, le=10_000)
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], read_by(Reader.EVERY)] = "info"
     # The operator console (contract §9): where it listens, who may use it, and for how long a login lasts.
-    console_bind: str = "127.0.0.1:8088"
-    console_tokens: SecretStr = SecretStr("")
-    console_behind_tls: bool = False
-    console_session_ttl: Duration = timedelta(hours=8)
+    console_bind: Annotated[str, _CONSOLE] = "127.0.0.1:8088"
+    console_tokens: Annotated[SecretStr, _CONSOLE] = SecretStr("")
+    console_behind_tls: Annotated[bool, _CONSOLE] = False
+    console_session_ttl: Annotated[Duration, _CONSOLE] = timedelta(hours=8)
     # Test instrumentation only (see service/faults.py): a named point where the process kills itself.
-    fault_crash_at: Literal["after-commit", "mid-write", "after-publish"] | None = None
+    fault_crash_at: Annotated[Literal["after-commit", "mid-write", "after-publish"] | None, _TESTS] = None
     # Test instrumentation only: a named write that fails as if the store refused its content.
-    fault_fail_at: Literal["quarantine-write"] | None = None
+    fault_fail_at: Annotated[Literal["quarantine-write"] | None, _TESTS] = None
 
     @field_validator("retry_tiers")
     @classmethod
@@ -256,11 +282,7 @@ class ConfigurationError(Exception):
 
 def secret_fields(settings_cls: type[BaseSettings]) -> list[str]:
     """The settings that are secrets (typed `SecretStr`): the one place that says which ones (contract §11)."""
-    return [
-        name
-        for name, field in settings_cls.model_fields.items()
-        if field.annotation is SecretStr or SecretStr in get_args(field.annotation)
-    ]
+    return [name for name, field in settings_cls.model_fields.items() if is_secret(field)]
 
 
 class SecretFiles(PydanticBaseSettingsSource):

@@ -28,7 +28,6 @@ from service.orders.messages import decode as decode_order
 from service.orders.messages import invalid_field
 from service.orders.migrations import LOCATION as ORDER_MIGRATIONS
 from service.orders.providers import EmailsClient, PaymentsClient
-from service.orders.settings import READS as ORDER_READS
 from service.orders.settings import OrderSettings
 from service.policy.effects import EffectPolicy
 from service.policy.retry import RetryPolicy
@@ -117,10 +116,8 @@ def _topics(settings: Settings, policy: RetryPolicy) -> list[str]:
     return [settings.topics.source, *tiers, settings.topics.reprocess]
 
 
-# The settings class of this service (the core's and the domain's), and the domain's variables per command
-# (each command's --help lists them).
+# The settings class of this service (the core's and the domain's; each command's --help lists what it reads).
 SETTINGS = OrderSettings
-DOMAIN_READS = ORDER_READS
 # Every error code a filter may name: the core's and the domain's (service/orders/codes.py).
 CODES = tuple(registered(OrderCode))
 # The domain's own Alembic version locations, beside the core's (service/store/schema.py): its branch `orders`.

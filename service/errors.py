@@ -46,6 +46,11 @@ class InfrastructureUnavailable(OrderServiceError):
     """PostgreSQL or Kafka cannot be reached: wait and retry the same work; no record attempt is spent."""
 
 
+class TokenUnavailable(OrderServiceError):
+    """Kafka's OAuth token endpoint gave no token: an outage of the broker's authentication, waited out
+    (service/adapters/oauth.py)."""
+
+
 class ConcurrentWrite(OrderServiceError):
     """Another member of the group wrote one of a round's message ids or orders first: the round's transaction is
     rolled back and the round redone (it then finds them written); no record attempt is spent."""

@@ -26,9 +26,8 @@ from aiokafka.errors import (
     UnsupportedSaslMechanismError,
 )
 
-from service.adapters.oauth import TokenUnavailable
-from service.config import ENV_PREFIX, PROGRAM
-from service.errors import InfrastructureUnavailable, SchemaNotCurrent, TopicsProblem
+from service.errors import InfrastructureUnavailable, SchemaNotCurrent, TokenUnavailable, TopicsProblem
+from service.names import ENV_PREFIX, PROGRAM
 from service.store.uow import sqlstate
 
 # PostgreSQL's SQLSTATEs for the causes named here.

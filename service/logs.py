@@ -14,6 +14,8 @@ from typing import Any
 import orjson
 import structlog
 
+from service.policy import backoff
+
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -61,7 +63,7 @@ class _KafkaChatter(logging.Filter):
 
     def __init__(self) -> None:
         super().__init__()
-        self._seen: dict[tuple[str, str], list[float]] = {}  # kind → [next allowed, interval, held back, last]
+        self._seen: dict[tuple[str, str], list[float]] = {}  # kind → [next allowed, passed, held back, last]
 
     def filter(self, record: logging.LogRecord) -> bool:
         """False for a line that is dropped or held back; the line that passes carries the held-back count."""
@@ -74,15 +76,15 @@ class _KafkaChatter(logging.Filter):
         kind = (record.name, template)
         state = self._seen.get(kind)
         if state is None or now - state[3] > self._QUIET:
-            self._seen[kind] = [now + self._FIRST, self._FIRST, 0, now]
+            self._seen[kind] = [now + self._FIRST, 1, 0, now]
             return True
         state[3] = now
         if now < state[0]:
             state[2] += 1
             return False
         held, state[2] = int(state[2]), 0
-        state[1] = min(state[1] * 2, self._LONGEST)
-        state[0] = now + state[1]
+        state[1] += 1
+        state[0] = now + backoff.exponential(self._FIRST, int(state[1]), self._LONGEST)
         if held:
             record.msg = f"{template} ({held} like it held back)"
         return True

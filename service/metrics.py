@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from service.config import METRICS_PREFIX
+from service.names import METRICS_PREFIX
 
 
 class Metrics:

@@ -9,6 +9,8 @@ pending.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from dependency_injector import providers
 
 from examples.inventory.effects import SPECS, inventory_effects
@@ -18,6 +20,7 @@ from examples.inventory.migrations import LOCATION
 from examples.inventory.providers import StockClient, WarehouseClient
 from service.config import BaseUrl, Settings
 from service.containers import Container
+from service.readers import Reader, read_by
 from service.worker.handler import Handler
 
 # The domain's migrations, for the core's schema functions (service/store/schema.py `extra_locations`).
@@ -27,8 +30,8 @@ MIGRATIONS = (LOCATION,)
 class InventorySettings(Settings):
     """The core's settings and the inventory domain's, each read from `ORDERS_<FIELD>`."""
 
-    stock_url: BaseUrl = None
-    warehouse_url: BaseUrl = None
+    stock_url: Annotated[BaseUrl, read_by(Reader.CONSUMER)] = None  # the handler's look-ups
+    warehouse_url: Annotated[BaseUrl, read_by(Reader.EFFECT_PROVIDERS)] = None  # the reservation effects' provider
 
 
 def inventory_handler(stock: StockClient) -> Handler:

@@ -12,14 +12,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import structlog
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka import errors as kafka_errors
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.conn import create_conn
 from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.metadata import MetadataRequest
 
 from service.adapters import oauth
 from service.config import Settings
+from service.explain import causes, explain, kafka_reason
+from service.policy.backoff import outage_wait
 from service.policy.records import SourceRecord
 from service.stopping import sleep_unless_stopped
 
@@ -164,8 +167,6 @@ async def diagnose(settings: Settings) -> BaseException | None:
     """Why a client could not connect, when the client does not say: aiokafka answers every failed bootstrap with
     "Unable to bootstrap" and logs the cause (a certificate that does not verify, a refused login). One connection to
     the first bootstrap server with the same options raises that cause; None when it connects."""
-    from aiokafka.conn import create_conn
-
     options = client_options(settings)
     host, _, port = options.pop("bootstrap_servers").split(",")[0].strip().rpartition(":")
     try:
@@ -196,14 +197,14 @@ async def start_with_backoff(
 ) -> bool:
     """Call `start` until it succeeds or `stop` is set; one clear log line per failed try, no traceback, saying why
     when `settings` let the cause be found (`diagnose`)."""
-    from service.explain import causes, explain, kafka_reason
-
-    delay = 1.0
+    failures = 0
     while not stop.is_set():
         try:
             await start()
             return True
         except Exception as error:
+            failures += 1
+            delay = outage_wait(failures)
             cause = await diagnose(settings) if settings is not None and _unexplained(error) else None
             if cause is not None and not _named_by(cause):
                 cause = None  # (unreachable, as the client said)
@@ -216,7 +217,6 @@ async def start_with_backoff(
             )
             log.debug("kafka_unavailable_detail", exc_info=error)
             await sleep_unless_stopped(stop, delay)
-            delay = min(delay * 2, 30.0)
     return False
 
 
@@ -235,8 +235,6 @@ async def diagnosed(settings: Settings) -> AsyncIterator[None]:
 
 def _named_by(cause: BaseException) -> bool:
     """Whether a diagnosed cause says more than "unreachable": a login, a certificate, an ACL, a token endpoint."""
-    from service.explain import causes, kafka_reason
-
     return kafka_reason([*causes(cause), kafka_errors.KafkaConnectionError()]) is not None
 
 
@@ -257,8 +255,6 @@ async def stop_quietly(client: Any) -> None:
 
 async def group_lag(settings: Settings, topic: str) -> int:
     """Records of `topic` that the consumer group has not committed yet (all partitions)."""
-    from aiokafka import TopicPartition
-
     admin = make_admin(settings)
     consumer = AIOKafkaConsumer(**client_options(settings), enable_auto_commit=False)
     try:

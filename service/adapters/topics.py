@@ -21,8 +21,9 @@ from aiokafka.errors import for_code
 from aiokafka.protocol.metadata import MetadataRequest
 
 from service.adapters.kafka import client_options, diagnosed, make_admin
-from service.config import PROGRAM, Settings
+from service.config import Settings
 from service.errors import TopicsMissing, TopicsProblem
+from service.names import PROGRAM
 from service.policy.topics import Alter, Create, Observed, TopicSpec, declared_topics, not_ready_line
 
 log = structlog.get_logger(f"{PROGRAM.replace('-', '_')}.topics")

@@ -8,8 +8,8 @@ import typer
 
 from service.cli import console, effects, outbox, parked, quarantine, reprocess, serve, topics
 from service.cli.environment import describe
-from service.config import PROGRAM
-from service.containers import DOMAIN_READS
+from service.containers import SETTINGS
+from service.names import PROGRAM
 
 app = typer.Typer(
     name=PROGRAM,
@@ -54,7 +54,7 @@ def main() -> None:
     """Console-script entry point."""
     command = typer.main.get_command(app)
     plain_help(command)
-    describe(command, DOMAIN_READS)
+    describe(command, SETTINGS)
     command(prog_name=PROGRAM)
 
 

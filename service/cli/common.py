@@ -18,10 +18,11 @@ from rich.table import Column, Table
 from typer.exceptions import TyperException
 
 from service import logs
-from service.config import PROGRAM, ConfigurationError, Settings, load_settings
+from service.config import ConfigurationError, Settings, load_settings
 from service.containers import SETTINGS, Container
 from service.explain import explain
 from service.jsonable import jsonable
+from service.names import PROGRAM
 from service.store.uow import UnitOfWork
 
 T = TypeVar("T")

@@ -13,9 +13,10 @@ import typer
 
 from service.cli.common import assembled, configured, provide, run_async, use
 from service.cli.reprocess import reprocess_topic_exists
-from service.config import ENV_PREFIX, PROGRAM, Settings
-from service.console.tokens import parse_tokens
+from service.config import Settings
 from service.containers import CODES
+from service.names import ENV_PREFIX, PROGRAM
+from service.policy.operators import parse_tokens
 from service.worker.reprocess import Options, Progress, Report, Selection
 
 
@@ -86,7 +87,8 @@ def console() -> None:
 
     import uvicorn
 
-    from service.console.app import Wiring, create_app, log
+    from service.console.app import create_app
+    from service.console.web import Wiring, log
 
     async def serve(stop: asyncio.Event) -> None:
         async with assembled(settings) as container:

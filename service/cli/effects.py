@@ -21,9 +21,9 @@ from service.cli.common import (
 )
 from service.cli.selection import go_ahead
 from service.cli.serve import serve_parts
-from service.config import PROGRAM
 from service.containers import Container
 from service.jsonable import jsonable
+from service.names import PROGRAM
 from service.store import effects as effects_store
 from service.worker.effect_kinds import retry_state, waiting_for
 

@@ -1,114 +1,73 @@
-"""Which environment variables each command reads, shown at the end of its `--help` (settings by name;
-the variable is ENV_PREFIX and the name in capitals)."""
+"""Which environment variables each command reads, shown at the end of its `--help`: generated from the settings
+class, whose every field names the parts of the program that read it (service/readers.py); this module only says
+which parts each command runs. A secret is marked, never shown: no value appears in the help at all."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from service.config import ENV_PREFIX
+from service.config import Settings
+from service.names import ENV_PREFIX
+from service.readers import Reader, is_secret, read, variable
 
-_EVERY = ("database_url", "log_level")
-_KAFKA = ("kafka_bootstrap_servers",)
-_PROCESS = ("metrics_port", "metrics_refresh")
-_CONSUME = (
-    "consumer_name",
-    "source_topic",
-    "retry_tiers",
-    "max_attempts",
-    "max_elapsed",
-    "blocking_attempts",
-    "blocking_elapsed",
-    "processing_timeout",
-    "quarantine_owners",
-    "ordering",
-    "dedup_window",
-    "http_timeout",
-    "batch_size",
-)
-# The relay checks at start-up that the topics it writes exist: the retry tiers' and the other derived topics.
-_RELAY = ("source_topic", "retry_tiers", "relay_batch_size")
-# The declared topics and their configs: the retry horizon (tiers, budgets) and the dedup window set the retention.
-_TOPICS = (
-    "source_topic",
-    "retry_tiers",
-    "max_attempts",
-    "max_elapsed",
-    "blocking_attempts",
-    "blocking_elapsed",
-    "ordering",
-    "dedup_window",
-    "topic_partitions",
-    "topic_replication_factor",
-)
-# Commands that never connect to the database (every other one reads ORDERS_DATABASE_URL).
-_WITHOUT_DATABASE = ("topics",)
-_EFFECTS = (
-    "source_topic",
-    "http_timeout",
-    "effect_lease",
-    "effect_max_attempts",
-    "effect_concurrency",
-)
+_PROCESS = (Reader.DATABASE, Reader.PROCESS)
+_CONSUME = (*_PROCESS, Reader.KAFKA, Reader.CONSUMER)
+_RELAY = (*_PROCESS, Reader.KAFKA, Reader.RELAY)
+_EFFECTS = (*_PROCESS, Reader.EFFECTS, Reader.EFFECT_PROVIDERS)
 
-# Command path (as typed after `order-service`) → the variables it reads besides _EVERY.
-READS: dict[str, tuple[str, ...]] = {
-    "migrate": (),
-    "consume": _KAFKA + _PROCESS + _CONSUME,
-    "relay": _KAFKA + _PROCESS + _RELAY,
-    "effects": _PROCESS + _EFFECTS,
-    "run": _KAFKA + _PROCESS + _CONSUME + _RELAY + _EFFECTS,
-    "reconcile": (
-        "source_topic",
-        "http_timeout",
-        "effect_lease",
-        "dedup_window",
-    ),
-    "quarantine": (),
-    "reprocess": (*_KAFKA, "consumer_name", "source_topic"),
-    "parked": ("consumer_name",),
-    "effects list": (),
-    "effects show": (),
-    "effects retry": (),
-    "outbox": (),
-    "topics plan": _KAFKA + _TOPICS,
-    "topics apply": _KAFKA + _TOPICS,
-    "topics acls": ("kafka_bootstrap_servers", "consumer_name", "source_topic"),
-    "console": (
-        "console_bind",
-        "console_tokens",
-        "console_behind_tls",
-        "console_session_ttl",
-        *_KAFKA,
-        "consumer_name",
-        "source_topic",
-    ),
+# Command path (as typed after the program's name) → the parts of the program it runs; a group's commands run
+# what the group's entry says unless they have their own. Every command reads Reader.EVERY's settings too.
+RUNS: dict[str, tuple[Reader, ...]] = {
+    "migrate": (Reader.DATABASE,),
+    "consume": _CONSUME,
+    "relay": _RELAY,
+    "effects": _EFFECTS,
+    "run": (*_CONSUME, *_RELAY, *_EFFECTS),
+    "reconcile": (Reader.DATABASE, Reader.RECONCILER, Reader.EFFECT_PROVIDERS),
+    "quarantine": (Reader.DATABASE,),
+    "reprocess": (Reader.DATABASE, Reader.KAFKA, Reader.REPROCESS),
+    "parked": (Reader.DATABASE, Reader.PARKED),
+    "effects list": (Reader.DATABASE, Reader.EFFECT_PROVIDERS),
+    "effects show": (Reader.DATABASE,),
+    "effects retry": (Reader.DATABASE,),
+    "outbox": (Reader.DATABASE,),
+    "topics": (Reader.KAFKA, Reader.TOPICS),  # never the database
+    "topics acls": (Reader.KAFKA, Reader.ACLS),
+    "console": (Reader.DATABASE, Reader.KAFKA, Reader.CONSOLE),
 }
+SECRET_MARK = "*"
 
 
-def reads(path: str, domain: Mapping[str, tuple[str, ...]] | None = None) -> tuple[str, ...]:
-    """The variables the command at `path` reads: its own entry, else its group's, always with _EVERY (but the
-    database URL for a group of _WITHOUT_DATABASE), and the domain's for the same command (`domain`: a command path →
-    the domain's settings it reads)."""
+def runs(path: str) -> frozenset[Reader]:
+    """The parts of the program the command at `path` runs: its own entry, else its group's, and Reader.EVERY."""
     words = path.split()
-    while words and " ".join(words) not in READS:
+    while words and " ".join(words) not in RUNS:
         words.pop()
-    command = " ".join(words)
-    own = READS.get(command, ()) + (domain or {}).get(command, ())
-    every: tuple[str, ...] = _EVERY
-    if path.strip().partition(" ")[0] in _WITHOUT_DATABASE:
-        every = tuple(name for name in _EVERY if name != "database_url")
-    return tuple(f"{ENV_PREFIX}{name.upper()}" for name in dict.fromkeys(every + own))
+    return frozenset({Reader.EVERY, *RUNS.get(" ".join(words), ())})
 
 
-def describe(command: Any, domain: Mapping[str, tuple[str, ...]], path: str = "") -> None:
-    """Add 'Reads: …' to the help of every command under `command` (a click command tree)."""
+def reads(path: str, settings_cls: type[Settings] = Settings) -> tuple[str, ...]:
+    """The variables the command at `path` reads, in the order the settings class (the core's, or a domain's
+    subclass of it) declares them."""
+    return tuple(variable(settings_cls, name) for name in read(settings_cls, runs(path)))
+
+
+def epilog(path: str, settings_cls: type[Settings] = Settings) -> str:
+    """The last paragraph of a command's help: the variables it reads, a secret's marked (never a value)."""
     if not path:
-        command.epilog = (
+        return (
             f"Configuration comes from {ENV_PREFIX}* environment variables (README, Configuration); "
             "each command's --help lists the ones it reads."
         )
-    else:
-        command.epilog = "Reads " + ", ".join(reads(path, domain)) + " (README, Configuration)."
+    names = read(settings_cls, runs(path))
+    secret = {name for name in names if is_secret(settings_cls.model_fields[name])}
+    shown = [variable(settings_cls, name) + (SECRET_MARK if name in secret else "") for name in names]
+    note = f"; {SECRET_MARK} a secret, also read from the file <VARIABLE>_FILE names" if secret else ""
+    return f"Reads {', '.join(shown)} (README, Configuration{note})."
+
+
+def describe(command: Any, settings_cls: type[Settings], path: str = "") -> None:
+    """Add 'Reads …' to the help of every command under `command` (a click command tree)."""
+    command.epilog = epilog(path, settings_cls)
     for name, sub in getattr(command, "commands", {}).items():
-        describe(sub, domain, f"{path} {name}".strip())
+        describe(sub, settings_cls, f"{path} {name}".strip())

@@ -18,7 +18,7 @@ from service.cli.common import (
     who_acts,
     with_connection,
 )
-from service.config import ENV_PREFIX
+from service.names import ENV_PREFIX
 from service.store import parking
 
 app = typer.Typer(help=f"Records parked behind a held key ({ENV_PREFIX}ORDERING=key).", no_args_is_help=True)

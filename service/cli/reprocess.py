@@ -27,8 +27,10 @@ from service.cli.common import (
     who_acts,
     with_connection,
 )
-from service.config import PROGRAM, Settings
+from service.config import Settings
 from service.jsonable import jsonable
+from service.names import PROGRAM
+from service.store import reprocess as reprocess_store
 from service.worker.reprocess import Options, Selection
 
 
@@ -216,8 +218,6 @@ def reprocess_list(
     as_json: JsonFlag = False,
 ) -> None:
     """Reprocess runs, newest first: who ran them, why, their outcome and counts (N of M shown)."""
-    from service.store import reprocess as reprocess_store
-
     settings = configured()
     rows, total = run_async(
         lambda _: with_connection(settings, lambda c: reprocess_store.runs(c, limit=limit, offset=offset))
@@ -263,8 +263,6 @@ def reprocess_show(
 ) -> None:
     """One reprocess run: its audit row (actor, reason, selection, options, counts) and every item's outcome (a
     `skipped` item was not sent: its detail says how its record changed after the run selected it)."""
-    from service.store import reprocess as reprocess_store
-
     settings = configured()
     run = run_async(lambda _: with_connection(settings, lambda c: reprocess_store.run_with_items(c, run_id)))
     if run is None:

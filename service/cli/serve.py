@@ -25,6 +25,7 @@ from service.containers import MIGRATIONS
 from service.errors import InfrastructureUnavailable
 from service.explain import first_line
 from service.policy import topics as topic_plan
+from service.policy.backoff import outage_wait
 from service.runtime import collect_garbage, tune_garbage_collector
 from service.stopping import sleep_unless_stopped
 
@@ -68,7 +69,7 @@ async def _schema_ready(settings: Settings, stop: asyncio.Event) -> bool:
     from service.store import schema
     from service.store.uow import is_unavailable
 
-    delay = 1.0
+    failures = 0
     while not stop.is_set():
         try:
             await schema.require_head(settings.database, MIGRATIONS)
@@ -76,9 +77,10 @@ async def _schema_ready(settings: Settings, stop: asyncio.Event) -> bool:
         except Exception as error:
             if not is_unavailable(error):
                 raise
+        failures += 1
+        delay = outage_wait(failures)
         structlog.get_logger("order_service.cli").warning("database_unavailable", retry_in_seconds=delay)
         await sleep_unless_stopped(stop, delay)
-        delay = min(delay * 2, 30.0)
     return False
 
 

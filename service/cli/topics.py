@@ -10,8 +10,9 @@ import typer
 
 from service.adapters import topics
 from service.cli.common import JsonFlag, configured, print_json, run_async, show_rows
-from service.config import PROGRAM, Settings
+from service.config import Settings
 from service.durations import format_duration
+from service.names import PROGRAM
 from service.policy.topics import (
     Action,
     Plan,

@@ -16,7 +16,12 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from service import operations
-from service.console.app import (
+from service.console.asking import (
+    duration,
+    error_code,
+    field,
+)
+from service.console.web import (
     Refused,
     RunProgress,
     caller,
@@ -26,11 +31,6 @@ from service.console.app import (
     reading,
     render,
     state_of,
-)
-from service.console.asking import (
-    duration,
-    error_code,
-    field,
 )
 from service.explain import explain
 from service.store import console as console_store

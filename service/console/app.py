@@ -1,4 +1,5 @@
-"""The console's web application: authentication, security headers and the routes (contract §9).
+"""The console's web application assembled: its routes, security headers and error pages (contract §9); what the
+pages, actions and login share (state, authentication, forms, rendering) is service/console/web.py.
 
 Pages are rendered on the server (Jinja2, every value escaped); htmx, vendored, swaps fragments. The reads are
 the CLI's own store queries, the actions `service.operations`'s: the console holds no rule of its own.
@@ -7,17 +8,12 @@ the CLI's own store queries, the actions `service.operations`'s: the console hol
 from __future__ import annotations
 
 import asyncio
-import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from importlib.resources import files
-from typing import Any
 from urllib.parse import urlencode
 
 import jinja2
-import structlog
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
@@ -26,18 +22,11 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.config import PROGRAM, Settings
-from service.console import views
-from service.console.sessions import COOKIE, LoginLimiter, Session, Sessions
-from service.console.tokens import Operator, match, parse_tokens
+from service.console import routes, views
+from service.console.sessions import LoginLimiter, Sessions
+from service.console.web import Refused, State, Wiring, caller, log, render, safe_next
 from service.explain import explain
-from service.store.uow import UnitOfWork
-from service.worker.effect_kinds import EffectSpec
-from service.worker.reprocess import Options, Progress, Report, Selection
-
-log = structlog.get_logger(f"{PROGRAM.replace('-', '_')}.console")
-
-Reprocess = Callable[[Settings, Selection, Options, Progress], Awaitable[Report]]
+from service.policy.operators import parse_tokens
 
 # No inline script or style anywhere, no framing, forms post only here; record content cannot load anything.
 CONTENT_SECURITY_POLICY = (
@@ -52,71 +41,6 @@ _SECURITY_HEADERS = [
     (b"cross-origin-opener-policy", b"same-origin"),
 ]
 _NO_STORE = (b"cache-control", b"no-store")
-LOGIN_COOKIE = "console_login"  # the login form's CSRF token (double submit), before there is a session
-
-
-@dataclass(frozen=True)
-class Wiring:
-    """What the console needs from the composition root: settings, the database, the domain's effect specs and
-    failing-field finder, and how to run a reprocess (the CLI's own path)."""
-
-    settings: Settings
-    engine: AsyncEngine
-    effect_specs: Sequence[EffectSpec]
-    failing_field: Callable[[bytes | None], tuple[str, str] | None]
-    reprocess: Reprocess
-    codes: Sequence[str]  # every error code a filter may name, the core's and the domain's
-
-
-@dataclass
-class RunProgress:
-    """A reprocess run started from the console, as its page shows it live."""
-
-    run_id: str | None = None
-    stage: str = "starting"
-    total: int = 0
-    published: int = 0
-    verified: int = 0
-    done: bool = False
-    error: str | None = None
-    ready: asyncio.Event = field(default_factory=asyncio.Event)  # set once the run id exists, or it ended
-
-    def opened(self, run_id: str) -> None:
-        """The run's audit row exists."""
-        self.run_id = run_id
-        self.ready.set()
-
-    def start(self, stage: str, total: int) -> None:
-        """A stage begins."""
-        self.stage, self.total, self.published, self.verified = stage, total, 0, 0
-
-    def advance(self, published: int, verified: int) -> None:
-        """Counts moved."""
-        self.published, self.verified = published, verified
-
-    def finish(self) -> None:
-        """The stage ended."""
-
-
-@dataclass
-class State:
-    """The console's state for the life of the process."""
-
-    wiring: Wiring
-    operators: dict[str, Operator]
-    sessions: Sessions
-    limiter: LoginLimiter
-    templates: Jinja2Templates
-    runs: dict[str, RunProgress] = field(default_factory=dict)  # reprocess runs started here, by launch id
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
-
-
-class Refused(Exception):
-    """A request the console refuses: its status and a one-line reason."""
-
-    def __init__(self, status: int, reason: str, *, retry_after: int | None = None) -> None:
-        super().__init__(reason)
-        self.status, self.reason, self.retry_after = status, reason, retry_after
 
 
 def security_headers(app: ASGIApp) -> ASGIApp:
@@ -179,7 +103,6 @@ def create_app(wiring: Wiring) -> Starlette:
         limiter=LoginLimiter(),
         templates=Jinja2Templates(env=_environment()),
     )
-    from service.console import routes
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -208,12 +131,6 @@ class _Outer:
         await self._app(scope, receive, send)
 
 
-def state_of(request: Request) -> State:
-    """The console's state."""
-    state: State = request.app.state.console
-    return state
-
-
 async def _refused(request: Request, error: Exception) -> Response:
     assert isinstance(error, Refused)
     headers = {"retry-after": str(error.retry_after)} if error.retry_after is not None else None
@@ -237,102 +154,3 @@ async def _not_found(request: Request, error: Exception) -> Response:
 
 async def _not_allowed(request: Request, error: Exception) -> Response:
     return PlainTextResponse("method not allowed", status_code=405)
-
-
-def safe_next(path: str) -> str:
-    """Where to go after a login: a path of this site only (never `//elsewhere` or a scheme)."""
-    return path if path.startswith("/") and not path.startswith("//") and "\\" not in path else "/"
-
-
-def client_of(request: Request) -> str:
-    """Who is knocking, for the login limit: the peer address (the console is on loopback or behind a proxy
-    the operator runs; a forwarded header is not trusted)."""
-    return request.client.host if request.client is not None else "unknown"
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who makes a request, and how: a session (cookie, with its CSRF token) or a bearer token."""
-
-    operator: Operator
-    session: Session | None
-
-    @property
-    def csrf(self) -> str:
-        """The CSRF token the page puts in its forms and htmx headers (none for a bearer token)."""
-        return self.session.csrf if self.session is not None else ""
-
-
-def _authenticated(request: Request) -> Caller | None:
-    state = state_of(request)
-    header = request.headers.get("authorization", "")
-    if header:
-        scheme, _, token = header.partition(" ")
-        found = match(state.operators, token.strip()) if scheme.lower() == "bearer" else None
-        return Caller(found, None) if found is not None else None
-    session = state.sessions.read(request.cookies.get(COOKIE))
-    return Caller(session.operator, session) if session is not None else None
-
-
-def caller(request: Request, *, acts: bool = False) -> Caller:
-    """The authenticated caller (401 otherwise); an action or reveal needs an operator (403 for a viewer). Wrong
-    bearer tokens count against the client like failed logins, and past the limit none is even compared (429)."""
-    state = state_of(request)
-    bearer = bool(request.headers.get("authorization"))
-    client = client_of(request)
-    wait = state.limiter.blocked(client) if bearer else None
-    if wait is not None:
-        log.warning("console.bearer_limited", client=client, path=request.url.path)
-        raise Refused(429, "too many wrong tokens from this address: wait a minute", retry_after=int(wait) + 1)
-    found = _authenticated(request)
-    if found is None:
-        if bearer:
-            state.limiter.failed(client)
-            log.warning("console.bearer_refused", client=client, path=request.url.path)
-        raise Refused(401, "log in first, or send Authorization: Bearer <token>")
-    if acts and not found.operator.acts:
-        raise Refused(403, f"{found.operator.name} is a viewer: only operators reveal payloads and act")
-    request.state.caller = found  # the page rendered next needs it too: authenticated once per request
-    return found
-
-
-async def checked_form(request: Request, who: Caller) -> dict[str, Any]:
-    """A POST's form, once its CSRF token (field `csrf` or header `X-CSRF-Token`) matches the session's; a
-    bearer-token request carries no cookie, so there is nothing to forge."""
-    form = await request.form()
-    fields: dict[str, Any] = {}
-    for name, value in form.multi_items():
-        if isinstance(value, str):
-            fields.setdefault(name, []).append(value)
-    if who.session is not None:
-        given = request.headers.get("x-csrf-token") or (fields.get("csrf") or [""])[0]
-        if not secrets.compare_digest(given.encode(), who.session.csrf.encode()):
-            raise Refused(403, "the form is stale or forged (no valid CSRF token): reload the page")
-    return fields
-
-
-def render(request: Request, template: str, context: dict[str, Any], *, status: int = 200) -> Response:
-    """A page (or, for an htmx request of a fragment, the fragment) with the caller and CSRF token it needs."""
-    found = getattr(request.state, "caller", None) or _authenticated(request)
-    page = {
-        "me": found.operator if found is not None else None,
-        "csrf": found.csrf if found is not None else "",
-        "path": request.url.path,
-        **context,
-    }
-    return state_of(request).templates.TemplateResponse(request, template, page, status_code=status)
-
-
-@asynccontextmanager
-async def reading(request: Request) -> AsyncIterator[AsyncConnection]:
-    """One read-only unit of work."""
-    async with UnitOfWork(state_of(request).wiring.engine) as uow:
-        yield uow.connection
-
-
-@asynccontextmanager
-async def changing(request: Request) -> AsyncIterator[AsyncConnection]:
-    """One unit of work that commits when the block ends without an error."""
-    async with UnitOfWork(state_of(request).wiring.engine) as uow:
-        yield uow.connection
-        await uow.commit()

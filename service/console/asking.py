@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from service.console.app import Refused, state_of
+from service.console.web import Refused, state_of
 from service.durations import parse_duration
 from service.store import quarantine
 

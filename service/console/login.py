@@ -8,8 +8,8 @@ import secrets
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from service.console.app import (
-    LOGIN_COOKIE,
+from service.console.sessions import COOKIE
+from service.console.web import (
     Refused,
     caller,
     checked_form,
@@ -19,11 +19,11 @@ from service.console.app import (
     safe_next,
     state_of,
 )
-from service.console.sessions import COOKIE
-from service.console.tokens import match
 from service.explain import explain
+from service.policy.operators import match
 from service.store.uow import ping
 
+LOGIN_COOKIE = "console_login"  # the login form's CSRF token (double submit), before there is a session
 _LOGIN_TOKEN = re.compile(r"[A-Za-z0-9_-]{32}")  # what `secrets.token_urlsafe(24)` makes
 
 

@@ -14,15 +14,6 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from service import operations
 from service.console import views
-from service.console.app import (
-    Refused,
-    caller,
-    changing,
-    checked_form,
-    reading,
-    render,
-    state_of,
-)
 from service.console.asking import (
     cursor,
     field,
@@ -30,6 +21,15 @@ from service.console.asking import (
     quarantine_filters,
     query_fields,
     whole,
+)
+from service.console.web import (
+    Refused,
+    caller,
+    changing,
+    checked_form,
+    reading,
+    render,
+    state_of,
 )
 from service.jsonable import jsonable
 from service.store import audit, gauges, parking, quarantine

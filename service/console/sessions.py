@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 
-from service.console.tokens import Operator
+from service.policy.operators import Operator
 
 COOKIE = "console_session"
 

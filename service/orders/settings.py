@@ -8,6 +8,12 @@ from pydantic import SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from service.config import BaseUrl, Settings, check_credentials
+from service.readers import Reader, read_by
+
+# Who reads each setting (service/readers.py): each command's --help lists the settings of the parts it runs.
+_CONSUMER = read_by(Reader.CONSUMER)
+_EFFECT_PROVIDER = read_by(Reader.EFFECT_PROVIDERS)  # a provider's URL: its effect kind runs only with one
+_EFFECT_CALLS = read_by(Reader.EFFECTS, Reader.RECONCILER)
 
 DOWNSTREAMS = ("customers", "payments", "emails")
 
@@ -15,23 +21,25 @@ DOWNSTREAMS = ("customers", "payments", "emails")
 class OrderSettings(Settings):
     """The core's settings and the order domain's, each read from `ORDERS_<FIELD>`."""
 
-    customers_url: BaseUrl = None
-    payments_url: BaseUrl = None
-    emails_url: BaseUrl = None
+    # The customers' look-ups are the consumer's; payments and emails are effects, called by the effect worker and
+    # looked up by the reconciler.
+    customers_url: Annotated[BaseUrl, _CONSUMER] = None
+    payments_url: Annotated[BaseUrl, _EFFECT_PROVIDER] = None
+    emails_url: Annotated[BaseUrl, _EFFECT_PROVIDER] = None
     # Each downstream's credentials (contract §6): a bearer token (a secret), its CA, a client certificate and key.
-    customers_token: SecretStr | None = None
-    customers_ca_file: str | None = None
-    customers_cert_file: str | None = None
-    customers_key_file: str | None = None
-    payments_token: SecretStr | None = None
-    payments_ca_file: str | None = None
-    payments_cert_file: str | None = None
-    payments_key_file: str | None = None
-    emails_token: SecretStr | None = None
-    emails_ca_file: str | None = None
-    emails_cert_file: str | None = None
-    emails_key_file: str | None = None
-    known_tenants: Annotated[tuple[str, ...], NoDecode] = ("acme", "globex", "initech")
+    customers_token: Annotated[SecretStr | None, _CONSUMER] = None
+    customers_ca_file: Annotated[str | None, _CONSUMER] = None
+    customers_cert_file: Annotated[str | None, _CONSUMER] = None
+    customers_key_file: Annotated[str | None, _CONSUMER] = None
+    payments_token: Annotated[SecretStr | None, _EFFECT_CALLS] = None
+    payments_ca_file: Annotated[str | None, _EFFECT_CALLS] = None
+    payments_cert_file: Annotated[str | None, _EFFECT_CALLS] = None
+    payments_key_file: Annotated[str | None, _EFFECT_CALLS] = None
+    emails_token: Annotated[SecretStr | None, _EFFECT_CALLS] = None
+    emails_ca_file: Annotated[str | None, _EFFECT_CALLS] = None
+    emails_cert_file: Annotated[str | None, _EFFECT_CALLS] = None
+    emails_key_file: Annotated[str | None, _EFFECT_CALLS] = None
+    known_tenants: Annotated[tuple[str, ...], NoDecode, _CONSUMER] = ("acme", "globex", "initech")
 
     @model_validator(mode="after")
     def _check_credentials(self) -> OrderSettings:
@@ -47,13 +55,3 @@ class OrderSettings(Settings):
                 raise ValueError("needs at least one tenant id, comma-separated")
             return tenants
         return value
-
-
-# The domain's variables each command reads besides the core's (service/cli/environment.py `READS`).
-READS: dict[str, tuple[str, ...]] = {
-    "consume": ("customers_url", "known_tenants"),
-    "run": ("customers_url", "known_tenants", "payments_url", "emails_url"),
-    "effects": ("payments_url", "emails_url"),
-    "reconcile": ("payments_url", "emails_url"),
-    "effects list": ("payments_url", "emails_url"),
-}

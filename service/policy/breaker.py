@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from service.domain.codes import ErrorCode
+from service.policy import backoff
 
 
 class State(StrEnum):
@@ -164,7 +165,7 @@ def _open(breaker: Breaker, outcome: Outcome, now: float, policy: BreakerPolicy)
     if outcome.retry_after is not None:
         duration = _retry_after(outcome.retry_after, policy)
     else:
-        duration = min(policy.longest_open, policy.first_open * 2 ** min(openings - 1, 32))
+        duration = backoff.exponential(policy.first_open, openings, policy.longest_open)
     return Breaker(
         state=State.OPEN,
         failures=0,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from service.domain.codes import Code, ErrorCode
+from service.policy import backoff
 
 
 @dataclass(frozen=True)
@@ -134,8 +135,7 @@ def after_call(
         return EffectDecision("pending", outcome.code, retry_in=retry_in, unmade=True)
     if attempts >= policy.max_attempts:
         return EffectDecision("failed", outcome.code.exhausted())
-    ceiling: timedelta = min(policy.max_delay, policy.base_delay * 2 ** min(attempts - 1, 32))
-    delay = ceiling / 2 + ceiling / 2 * rng.random()
+    delay = backoff.equal_jitter(backoff.exponential(policy.base_delay, attempts, policy.max_delay), rng)
     if outcome.retry_after is not None:
         delay = max(delay, outcome.retry_after)
     if outcome.code is ErrorCode.DOWNSTREAM_UNAVAILABLE:

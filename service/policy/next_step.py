@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import ClassVar
 
 from service.domain.codes import ErrorCode
+from service.policy import backoff
 from service.policy.classify import Action, Failure, classify
 from service.policy.delivery import Delivery, RetryState
 from service.policy.retry import AttemptHistory, RetryPolicy
@@ -108,7 +109,7 @@ def next_step(
         # as long as the last one, from 1 s to 5 min, instead of following at once, for ever.
         history = state.history.failed_again(now, excused) if state.history else AttemptHistory.first(now)
         refused = state.refused + 1
-        delay = min(_FIRST_QUARANTINE_WAIT * 2 ** min(refused - 1, 16), _LONGEST_QUARANTINE_WAIT)
+        delay = backoff.exponential(_FIRST_QUARANTINE_WAIT, refused, _LONGEST_QUARANTINE_WAIT)
         due = loop_now + delay.total_seconds()
         waited = RetryState(history, due, state.breaker, verdict, None, failure.code, refused, downtime)
         return Quarantine(waited, verdict, delay)

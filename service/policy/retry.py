@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 
 from service.domain.codes import FailureKind
 from service.durations import format_duration, parse_duration
+from service.policy import backoff
 
 # RocketMQ's delay levels 3..18 (its retry schedule for concurrent consumers): retry n waits
 # ROCKETMQ_DELAYS[n - 1], and every retry after the 16th waits the last one, 2h.
@@ -55,12 +56,8 @@ class RetryPolicy:
         return self.unknown if kind is FailureKind.UNKNOWN else self
 
     def backoff(self, attempt: int, rng: random.Random) -> timedelta:
-        """Exponential backoff with equal jitter: half fixed so retries never bunch at zero, half random."""
-        # Cap the exponent first: 2**999 times a delay overflows timedelta long before the cap applies.
-        doublings = min(max(0, attempt - 1), 32)
-        ceiling: timedelta = min(self.max_delay, self.base_delay * (2**doublings))
-        half = ceiling / 2
-        return half + half * rng.random()
+        """Exponential backoff with equal jitter (service/policy/backoff.py)."""
+        return backoff.equal_jitter(backoff.exponential(self.base_delay, attempt, self.max_delay), rng)
 
     def tier_delay(self, step: int) -> timedelta:
         """The wait before tier retry number `step` (1-based); past the last tier, the last delay repeats."""

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import text
 
-from service.config import PROGRAM
 from service.errors import SchemaNotCurrent
+from service.names import PROGRAM
 from service.store import connect
 from service.store.connect import Database
 from service.store.uow import create_engine

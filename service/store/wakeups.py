@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.config import PROGRAM
+from service.names import PROGRAM
 from service.stopping import wait_unless_stopped
 
 log = structlog.get_logger(f"{PROGRAM.replace('-', '_')}.wakeups")

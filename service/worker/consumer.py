@@ -25,6 +25,7 @@ from service.config import Settings
 from service.errors import InfrastructureUnavailable
 from service.explain import kafka_reason
 from service.metrics import Metrics
+from service.policy.backoff import outage_wait
 from service.policy.breaker import Breaker, State
 from service.policy.delivery import Delivery, RetryState
 from service.stopping import sleep_unless_stopped, wait_unless_stopped
@@ -167,7 +168,7 @@ class ConsumerLoop:
         are at hand the moment a round ends. Pausing would make it drop that buffer and fetch it again.
         """
         loop = asyncio.get_running_loop()
-        refused = 1.0  # the wait after a fetch the broker refused (an ACL), doubled while it goes on refusing
+        refused = 0  # fetches the broker refused in a row (an ACL): the wait after each doubles while it goes on
         while not stop.is_set():
             room = self._lanes.room()
             if room <= 0:
@@ -183,11 +184,12 @@ class ConsumerLoop:
                 # An ACL the broker refuses (contract §11: one line naming the operation and the resource, then
                 # wait and ask again, never a crash loop): nothing is fetched, so nothing goes wrong meanwhile.
                 why = kafka_reason([error], doing="READ") or type(error).__name__
-                log.warning("kafka_fetch_refused", reason=why, retry_in_seconds=refused)
-                await sleep_unless_stopped(stop, refused)
-                refused = min(refused * 2, 30.0)
+                refused += 1
+                wait = outage_wait(refused)
+                log.warning("kafka_fetch_refused", reason=why, retry_in_seconds=wait)
+                await sleep_unless_stopped(stop, wait)
                 continue
-            refused = 1.0
+            refused = 0
             if not batches:
                 continue
             self._take(batches)

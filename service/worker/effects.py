@@ -26,10 +26,13 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.adapters.breakers import Breakers
-from service.config import ENV_PREFIX, Settings, Topics
+from service.config import Settings, Topics
 from service.domain.codes import ErrorCode
 from service.errors import ConcurrentWrite, InfrastructureUnavailable
 from service.metrics import Metrics
+from service.names import ENV_PREFIX
+from service.policy import backoff
+from service.policy.backoff import outage_wait
 from service.policy.breaker import State
 from service.policy.effects import (
     CallOutcome,
@@ -55,6 +58,8 @@ log = structlog.get_logger("order_service.effects")
 _IDLE_POLL_SECONDS = 0.2
 _LANES_PER_KIND = 2
 _RECORD_TRIES = 5
+# The outcomes of calls already made wait for the database briefly and often: their lease is running out.
+_RECORD_FIRST_WAIT_SECONDS, _RECORD_LONGEST_WAIT_SECONDS = 0.1, 2.0
 _PACE_WEIGHT = 0.05  # of each call in the moving average of a kind's call durations
 _HANDED_BACK = EffectDecision("pending", retry_in=timedelta(0), unmade=True)
 
@@ -163,7 +168,7 @@ class EffectWorker:
 
     async def _lane(self, kind: str, stop: asyncio.Event, waiter: wakeups.Waiter, spacing: Spacing) -> None:
         """Claim, call and record effects of one kind until `stop` is set."""
-        delay = 1.0
+        failures = 0  # claims in a row that found the database away
         guard = self._guards.get(kind)
         while not stop.is_set():
             if guard is not None and (closed_in := guard.wait()) > 0:
@@ -176,11 +181,12 @@ class EffectWorker:
                 break
             try:
                 done = await self.work_once(kind, spacing)
-                delay = 1.0
+                failures = 0
             except InfrastructureUnavailable:
+                failures += 1
+                delay = outage_wait(failures)
                 log.warning("database_unavailable", retry_in_seconds=delay)
                 await sleep_unless_stopped(stop, delay)
-                delay = min(delay * 2, 30.0)
                 continue
             except ConcurrentWrite:
                 continue  # a deadlock rolled the claim back, or the outcomes after their last try
@@ -234,7 +240,7 @@ class EffectWorker:
         """The batch's outcomes in one transaction. The calls were made: their outcomes must not wait for the
         lease to end and a look-up, so a write a deadlock rolled back is redone at once, and one the database
         refused is tried again until the lease would end (then the reconciler takes over, as for a crash)."""
-        deadlocks, delay = 0, 0.1
+        deadlocks, unavailable = 0, 0
         while True:
             try:
                 async with UnitOfWork(self._engine) as uow:
@@ -254,11 +260,12 @@ class EffectWorker:
                     raise
                 log.info("effect_outcomes_redone", attempt=deadlocks, effects=len(settled))
             except InfrastructureUnavailable:
+                unavailable += 1
+                delay = backoff.exponential(_RECORD_FIRST_WAIT_SECONDS, unavailable, _RECORD_LONGEST_WAIT_SECONDS)
                 if time.monotonic() + delay > lease_ends + self._record_margin:
                     raise
                 log.warning("effect_outcomes_waiting", reason="database_unavailable", retry_in_seconds=delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
 
     async def _execute_all(self, claimed: Sequence[EffectRow], lease_ends: float) -> list[CallOutcome | None]:
         """Every claimed effect's outcome, in claim order, by at most the concurrency's number of tasks, each taking

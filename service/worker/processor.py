@@ -35,6 +35,7 @@ from service.errors import ConcurrentWrite, InfrastructureUnavailable, RecordFai
 from service.faults import crash_point, fail_point
 from service.metrics import Metrics
 from service.policy import ordering, redelivery
+from service.policy.backoff import outage_wait
 from service.policy.classify import Failure
 from service.policy.delivery import Delivery, RetryState
 from service.policy.handling import DecodeFailure
@@ -185,7 +186,7 @@ class Processor:
 
     async def attempt_round(self, due: Mapping[Delivery, RetryState], stop: asyncio.Event) -> Attempted:
         """Attempt the due deliveries (with their retry states, in lane order) once."""
-        delay = 1.0
+        failures = 0
         for _ in range(_MAX_CONFLICT_ROUNDS):
             started = self._downtime.now()
             try:
@@ -195,12 +196,13 @@ class Processor:
             except InfrastructureUnavailable:
                 # The database is away: nothing was written and no attempt is spent; wait and retry. The wait is
                 # downtime: it does not count against the records' elapsed budgets.
+                failures += 1
+                delay = outage_wait(failures)
                 log.warning("database_unavailable", retry_in_seconds=delay)
                 with self._downtime.waiting(since=started):  # the attempt that found it too (a pool's timeout)
                     await sleep_unless_stopped(stop, delay)
                 if stop.is_set():
                     return _NOTHING
-                delay = min(delay * 2, 30.0)
         return _NOTHING
 
     async def _attempt(self, due: Mapping[Delivery, RetryState]) -> Attempted:

@@ -23,6 +23,7 @@ from service.errors import ConcurrentWrite, InfrastructureUnavailable
 from service.explain import kafka_reason
 from service.faults import crash_point
 from service.metrics import Metrics
+from service.policy.backoff import outage_wait
 from service.stopping import sleep_unless_stopped
 from service.store import outbox, wakeups
 from service.store.outbox import ClaimedRow
@@ -88,7 +89,7 @@ class Relay:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Publish until `stop` is set; a broker or database outage is waited out, never a crash."""
-        delay = 1.0
+        failures = 0  # starts in a row that an outage ended
         while not stop.is_set():
             producer = self._make_producer()
             self.spoiled = False
@@ -100,32 +101,32 @@ class Relay:
                 async with outbox.Slots(self._engine) as slots, wakeups.Wakeups(self._engine, wakeups.OUTBOX) as woken:
                     log.info("relay_started", slots=len(slots.held))
                     await self._publish(producer, slots, stop, woken.waiter())
-                    delay = 1.0
+                    failures = 0
                 if self.spoiled:
                     self.spoiled, replaced = False, True
                     log.info("relay_producer_replaced", reason="a record was refused")
             except InfrastructureUnavailable:
-                delay = self._backoff(delay, batches)
-                log.warning("database_unavailable", retry_in_seconds=delay)
+                failures = self._failed(failures, batches)
+                log.warning("database_unavailable", retry_in_seconds=outage_wait(failures))
             except ConcurrentWrite:
                 log.info("relay_batch_redone", reason="deadlock or serialization failure")
                 continue
             except KafkaError as error:
                 # A fresh producer after a broker outage: the old one's idempotence state may be stale.
-                delay = self._backoff(delay, batches)
+                failures = self._failed(failures, batches)
                 why = kafka_reason([error], doing="WRITE")
-                log.warning("kafka_publish_failed", error=type(error).__name__, reason=why, retry_in_seconds=delay)
+                wait = outage_wait(failures)
+                log.warning("kafka_publish_failed", error=type(error).__name__, reason=why, retry_in_seconds=wait)
             finally:
                 await producer.stop()
             if replaced:
                 continue
-            await sleep_unless_stopped(stop, delay)
-            delay = min(delay * 2, 30.0)
+            await sleep_unless_stopped(stop, outage_wait(failures))
 
-    def _backoff(self, delay: float, batches: int) -> float:
-        """The wait before the next start: the next step of the backoff, or its first when this start published
+    def _failed(self, failures: int, batches: int) -> int:
+        """The starts in a row an outage ended, this one counted: the first again when this start published
         (`batches` then: a new outage, not the same one again)."""
-        return 1.0 if self._batches > batches else delay
+        return 1 if self._batches > batches else failures + 1
 
     async def _publish(
         self, producer: AIOKafkaProducer, slots: outbox.Slots, stop: asyncio.Event, waiter: wakeups.Waiter

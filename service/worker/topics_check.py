@@ -12,8 +12,10 @@ import structlog
 from aiokafka.errors import KafkaError
 
 from service.adapters import topics
-from service.config import PROGRAM, Settings
+from service.config import Settings
 from service.errors import TopicsProblem
+from service.names import PROGRAM
+from service.policy import backoff
 from service.stopping import sleep_unless_stopped
 
 log = structlog.get_logger(f"{PROGRAM.replace('-', '_')}.topics")
@@ -36,8 +38,9 @@ class TopicsCheck:
         if not names:
             return True
         self.ready = False
-        delay = _FIRST_DELAY_SECONDS
+        looks = 0  # looks that did not find them all
         while not stop.is_set():
+            delay = backoff.exponential(_FIRST_DELAY_SECONDS, looks + 1, _LONGEST_DELAY_SECONDS)
             try:
                 found = await self._look(self._settings, names)
             except (KafkaError, OSError, TimeoutError) as error:
@@ -48,7 +51,7 @@ class TopicsCheck:
             else:
                 if found.complete:
                     self.ready = True
-                    if delay > _FIRST_DELAY_SECONDS:  # said missing before: say they are there now
+                    if looks:  # said missing before: say they are there now
                         log.info("topics_found", topics=list(names))
                     return True
                 log.warning(
@@ -59,5 +62,5 @@ class TopicsCheck:
                     retry_in_seconds=delay,
                 )
             await sleep_unless_stopped(stop, delay)
-            delay = min(delay * 2, _LONGEST_DELAY_SECONDS)
+            looks += 1
         return False

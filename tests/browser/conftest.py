@@ -38,7 +38,8 @@ from playwright.async_api import Browser, BrowserContext, Page, ViewportSize, as
 from service.cli.common import assembled, provide
 from service.cli.console import _reprocess as reprocess_as_the_cli_does
 from service.config import Settings, load_settings
-from service.console.app import Wiring, create_app
+from service.console.app import create_app
+from service.console.web import Wiring
 from service.containers import CODES, SETTINGS
 from tests.browser.support import LogIn, NewPage, Screenshot, ServeConsole
 

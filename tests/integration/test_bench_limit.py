@@ -15,7 +15,7 @@ from tests.support import ServiceProcess, Topics, eventually, settings_for
 from tests.support import committed as _committed
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
-import bench  # a script, not a package: from scripts/ on the path
+import bench_data  # a script, not a package: from scripts/ on the path
 
 RECORDS = 60  # three blocks of the bench's data: orders, a duplicate and an invalid record in each
 
@@ -43,7 +43,7 @@ async def test_the_raw_write_writes_the_orders_effects_and_events_the_consumer_w
     await producer.start()
     try:
         for index in range(RECORDS):
-            key, value, headers = bench.record_at(index)
+            key, value, headers = bench_data.record_at(index)
             await producer.send_and_wait(topics.source, value, key=key, headers=headers, partition=index % 3)
     finally:
         await producer.stop()
@@ -53,7 +53,7 @@ async def test_the_raw_write_writes_the_orders_effects_and_events_the_consumer_w
     try:
         transaction = connection.transaction()
         await transaction.start()
-        await bench.RawRows.of(range(RECORDS), topics.source).write(connection, "bench-raw")
+        await bench_data.RawRows.of(range(RECORDS), topics.source).write(connection, "bench-raw")
         raw = await _written(connection, topics.events)
         await transaction.rollback()
         settings = settings_for(database_url, kafka, topics)

@@ -31,8 +31,9 @@ from starlette.routing import Route
 
 from service.config import Settings
 from service.console import routes
-from service.console.app import Wiring, create_app
+from service.console.app import create_app
 from service.console.sessions import COOKIE, Sessions
+from service.console.web import Wiring
 from service.containers import CODES, Container
 from service.store import quarantine
 from service.worker.reprocess import Options, Progress, Report, Selection

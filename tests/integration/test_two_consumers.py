@@ -19,7 +19,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.console.app import Wiring, create_app
+from service.console.app import create_app
+from service.console.web import Wiring
 from service.containers import CODES
 from service.domain.codes import ErrorCode
 from service.policy.records import SourceRecord

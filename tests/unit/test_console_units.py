@@ -19,11 +19,11 @@ from hypothesis import strategies as st
 
 from service.cli.console import refusal
 from service.console.actions import confirm_field, dry_run_list
-from service.console.app import Refused
 from service.console.sessions import LoginLimiter
-from service.console.tokens import MIN_TOKEN_LENGTH, ROLES, Operator, fingerprint, match, parse_tokens
 from service.console.views import CHART_HEIGHT, CHART_WIDTH, HEX_LIMIT, TEXT_LIMIT, chart, payload_view, printable
+from service.console.web import Refused
 from service.orders.settings import OrderSettings
+from service.policy.operators import MIN_TOKEN_LENGTH, ROLES, Operator, fingerprint, match, parse_tokens
 
 PROPERTY = settings(max_examples=200, deadline=None, database=None, print_blob=True)
 BAR_WIDTH = CHART_WIDTH / 24 - 2  # as overview.html draws each bar

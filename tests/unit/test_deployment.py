@@ -18,8 +18,9 @@ import yaml
 
 from service.adapters.topics import declared
 from service.cli import app
-from service.config import ENV_PREFIX, load_settings, secret_fields
+from service.config import load_settings, secret_fields
 from service.metrics import Metrics
+from service.names import ENV_PREFIX
 from service.orders.settings import OrderSettings as Settings
 from service.policy.topics import kafka_acls_commands, service_acls
 

@@ -26,6 +26,7 @@ CORE_API = frozenset(
         "service.policy.envelope",
         "service.policy.handling",
         "service.policy.records",
+        "service.readers",
         "service.store.batch",
         "service.store.effects",
         "service.store.outbox",

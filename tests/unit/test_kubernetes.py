@@ -23,8 +23,9 @@ import typer
 import yaml
 
 from service.cli import app
-from service.config import ENV_PREFIX, load_settings, secret_fields
+from service.config import load_settings, secret_fields
 from service.durations import parse_duration
+from service.names import ENV_PREFIX
 from service.orders.settings import OrderSettings as Settings
 
 ROOT = Path(__file__).resolve().parents[2]

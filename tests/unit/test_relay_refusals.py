@@ -24,6 +24,7 @@ from aiokafka.errors import (
 
 from service.adapters.kafka import InvalidRecordError, make_producer, register_error_codes
 from service.orders.settings import OrderSettings
+from service.policy.backoff import outage_wait
 from service.store.outbox import ClaimedRow
 from service.worker import relay as relay_module
 from service.worker.publishing import TopicMissing, _resolve, refusals, set_aside_code
@@ -145,14 +146,15 @@ def test_invalid_record_is_told_apart_from_an_unexpected_server_error() -> None:
 
 
 def test_a_relay_that_published_since_its_last_start_backs_off_from_the_first_step_again() -> None:
-    # Given a relay that has committed 3 batches, restarted after an outage that had grown its backoff to 16 s
+    # Given a relay that has committed 3 batches, restarted after an outage of 4 failed starts that had grown its
+    # backoff to 16 s
     relay = Relay(None, None, None, lambda: None, lambda: None)  # type: ignore[arg-type]
     relay._batches = 3
 
     # When it fails again, having published nothing since that start, or having published a batch
-    failed_again = relay._backoff(16.0, batches=3)
+    failed_again = outage_wait(relay._failed(4, batches=3))
     relay._batches = 4
-    new_outage = relay._backoff(16.0, batches=3)
+    new_outage = outage_wait(relay._failed(4, batches=3))
 
     # Then the same outage keeps its backoff, and a new one starts from one second, not from where the last ended
     assert (failed_again, new_outage) == (16.0, 1.0)

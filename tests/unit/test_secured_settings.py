@@ -360,7 +360,8 @@ def test_a_token_answer_gives_the_token_and_its_lifetime(content: bytes, expecte
 
 @pytest.mark.parametrize("content", [b"<html>", b"{}", b'{"access_token": ""}', b"[]"])
 def test_an_answer_without_a_token_is_an_outage_not_a_crash(content: bytes) -> None:
-    from service.adapters.oauth import TokenUnavailable, _token_of
+    from service.adapters.oauth import _token_of
+    from service.errors import TokenUnavailable
 
     with pytest.raises(TokenUnavailable):
         _token_of(content)

@@ -1,4 +1,5 @@
-"""Who may use the console: `ORDERS_CONSOLE_TOKENS`, parsed and matched (pure; no I/O)."""
+"""Who may use the console: `ORDERS_CONSOLE_TOKENS`, parsed and matched (pure; no I/O: the settings check the list
+as they load, the console matches what a caller presents)."""
 
 from __future__ import annotations
 
