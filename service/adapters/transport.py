@@ -1,0 +1,269 @@
+"""One HTTP request and its whole answer within a deadline: the seam between the process's HTTP client
+(service/adapters/http.py) and the library that speaks HTTP (aiohttp).
+
+`Transport` is what the client needs of a library: send a request that is already checked and encoded, and get back
+an `Answer` (status, headers, body) or a `TransportError` that says how far the exchange got: `ConnectFailed` (no
+byte of the request left: nothing can have happened), `TimedOut` (sent, no answer in time) or `Cut` (sent, and the
+connection broke or the answer could not be read). The library's own exceptions stop here.
+
+`AiohttpTransport` is that seam over aiohttp's client: keep-alive connections per origin (each with its own TLS
+context when `trust` names one), redirects handed back as they are, no cookies, no compression, no proxy from the
+environment. It bounds what aiohttp leaves open: how many exchanges run at once (waiting for one is bounded by the
+timeout too), how long an answer may be, and what closing the client does to the calls under way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Protocol
+
+import aiohttp
+import orjson
+from aiohttp.http_exceptions import LineTooLong
+from yarl import URL
+
+# A longer answer is not one a downstream call expects; reading it would hold the worker's memory hostage. A header
+# line longer than aiohttp's limit (8190 bytes, as browsers and most servers) ends the exchange as Cut too.
+MAX_ANSWER_BYTES: Final = 8 * 1024 * 1024
+_BOM: Final = b"\xef\xbb\xbf"
+# A body longer than aiohttp's warning threshold (1 MiB) is sent from a stream.
+_LARGE_BODY: Final = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A downstream's whole answer: its status, headers (case-insensitive) and body."""
+
+    status_code: int
+    headers: Mapping[str, str]
+    content: bytes
+
+    def json(self) -> Any:
+        """The body as JSON; ValueError when it is not. A leading UTF-8 byte order mark is skipped, as JSON
+        readers may (RFC 8259 §8.1): orjson refuses it."""
+        return orjson.loads(self.content.removeprefix(_BOM))
+
+
+class TransportError(Exception):
+    """No answer came: the connection failed, timed out or was cut."""
+
+
+class ConnectFailed(TransportError):
+    """The request never left: no connection could be had (refused, unresolvable, or none free in time), or the
+    request could not be written (a line break in a header)."""
+
+    def __init__(self, message: str, *, timed_out: bool) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+class TimedOut(TransportError):
+    """The request was sent and no answer came in time: the downstream may have acted on it."""
+
+
+class Cut(TransportError):
+    """The connection broke after the request was sent, or the answer could not be read: it may have acted."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """A request ready to leave: an absolute URL already percent-encoded, headers that can be written as they are
+    (no line breaks), and the body."""
+
+    method: str
+    url: str
+    headers: Mapping[str, str]
+    body: bytes = b""
+
+
+class Transport(Protocol):
+    """Sends one request and reads its whole answer with a deadline: `seconds` for a free connection, for connecting
+    and for each silence of the downstream, and twice that for the whole answer (one dripping in a byte at a time
+    must not hold a call, and its record, for ever)."""
+
+    async def send(self, request: Outgoing, seconds: float) -> Answer:
+        """The whole answer, or a TransportError; RuntimeError once the transport is closed."""
+        ...
+
+    def trust(self, host: str, port: int, context: ssl.SSLContext) -> None:
+        """Connect to `host:port` over TLS with this context (a downstream's own CA, a client certificate)."""
+        ...
+
+    async def close(self) -> None:
+        """Drop every connection: calls under way end as Cut, those waiting for a connection as ConnectFailed."""
+        ...
+
+
+# Where a call is when the transport closes: what it can have done decides the error it ends with.
+_Stage = Literal["waiting", "sent"]
+
+
+class AiohttpTransport:
+    """`Transport` over one aiohttp client session: at most `connections` exchanges at once, idle connections kept
+    `keepalive` seconds. Make it inside the event loop; `close` it."""
+
+    def __init__(self, connections: int, keepalive: float) -> None:
+        """Open the session (no connection is made until a call needs one)."""
+        # No limit of aiohttp's own: the slots below bound the exchanges, and a wait for one ends as ConnectFailed.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=keepalive)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+            trust_env=False,  # no proxy from the environment: a downstream's URL is where the call goes
+            skip_auto_headers=("User-Agent",),
+        )
+        self._slots = asyncio.Semaphore(connections)
+        self._trusted: dict[tuple[str, int], ssl.SSLContext] = {}
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        self._calls: dict[asyncio.Task[Any], _Stage] = {}
+        self._closed = False
+
+    def trust(self, host: str, port: int, context: ssl.SSLContext) -> None:
+        """Connect to `host:port` over TLS with this context (a downstream's own CA, a client certificate)."""
+        self._trusted[(host, port)] = context
+
+    async def send(self, request: Outgoing, seconds: float) -> Answer:
+        """Send `request` on a kept-alive connection or a new one, and read the whole answer."""
+        if self._closed:
+            raise RuntimeError("the HTTP client is closed")
+        task = asyncio.current_task()
+        assert task is not None  # a call is always made by a task
+        self._calls[task] = "waiting"
+        try:
+            await self._acquire(seconds)
+            try:
+                self._calls[task] = "sent"
+                return await self._exchange(request, seconds)
+            finally:
+                self._slots.release()
+        except asyncio.CancelledError:
+            # close() cancels the calls under way (aiohttp then drops their connections): in their own words.
+            stage = self._calls[task] if self._closed else None
+            if stage is None or task.uncancel():
+                raise
+            if stage == "waiting":
+                raise ConnectFailed("the HTTP client closed", timed_out=False) from None
+            raise Cut("the HTTP client closed") from None
+        finally:
+            del self._calls[task]
+
+    async def close(self) -> None:
+        """Drop every connection: calls under way end as Cut, those waiting for one as ConnectFailed, later ones
+        raise RuntimeError."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._calls:
+            task.cancel()
+        # Aborted rather than closed: over TLS a close waits for the downstream's close_notify.
+        await self._session.connector.close(abort_ssl=True)  # type: ignore[union-attr]
+        await self._session.close()
+
+    async def _acquire(self, seconds: float) -> None:
+        if not self._slots.locked():
+            await self._slots.acquire()  # free: it returns without waiting
+            return
+        try:
+            async with asyncio.timeout(seconds):
+                await self._slots.acquire()
+        except TimeoutError as error:
+            raise ConnectFailed("no connection free in time", timed_out=True) from error
+
+    async def _exchange(self, request: Outgoing, seconds: float) -> Answer:
+        url = URL(request.url, encoded=True)
+        context: ssl.SSLContext | bool = True
+        if url.scheme == "https":
+            context = self._trusted.get((url.raw_host or "", url.port or 443), True)
+        try:
+            async with self._session.request(
+                request.method,
+                url,
+                headers=request.headers,
+                data=_payload(request.body),
+                allow_redirects=False,
+                ssl=context,
+                timeout=self._timeout(seconds),
+            ) as response:
+                ended = _unframed_end(response)
+                body = await _body(response)
+                if ended is not None and ended.done() and ended.exception() is not None:
+                    # aiohttp takes whatever came before the end for the whole answer, a reset too.
+                    raise Cut("the connection was reset before the whole answer came")
+                return Answer(response.status, response.headers, body)
+        except aiohttp.ConnectionTimeoutError as error:
+            raise ConnectFailed("connecting timed out", timed_out=True) from error
+        except aiohttp.ClientConnectorError as error:
+            # Refused, unresolvable, unreachable, a certificate refused.
+            raise ConnectFailed(f"{type(error).__name__}: {error}", timed_out=False) from error
+        except aiohttp.SocketTimeoutError as error:
+            raise TimedOut(f"no answer within {seconds:g} s") from error
+        except TimeoutError as error:
+            raise TimedOut(f"no whole answer within {2 * seconds:g} s") from error
+        except aiohttp.ClientResponseError as error:
+            if _caused_by(error, LineTooLong):
+                raise Cut(f"the answer's head is longer than its limit: {error.message}") from error
+            raise Cut(f"the answer could not be read: {error.message}") from error
+        except aiohttp.ClientError as error:
+            raise Cut(f"{type(error).__name__}: {error}") from error
+
+    def _timeout(self, seconds: float) -> aiohttp.ClientTimeout:
+        timeout = self._timeouts.get(seconds)
+        if timeout is None:
+            timeout = aiohttp.ClientTimeout(total=2 * seconds, connect=seconds, sock_connect=seconds, sock_read=seconds)
+            self._timeouts[seconds] = timeout
+        return timeout
+
+
+def _payload(body: bytes) -> bytes | io.BytesIO | None:
+    """What aiohttp sends a body as: a large one from a stream, which aiohttp writes in parts."""
+    if not body:
+        return None
+    return io.BytesIO(body) if len(body) > _LARGE_BODY else body
+
+
+def _unframed_end(response: aiohttp.ClientResponse) -> asyncio.Future[None] | None:
+    """For an answer whose end is its connection's (RFC 9112 §6.3: neither a length nor chunks), what ends the
+    connection: a reset is not the end of the answer. None for any other answer."""
+    if response.content_length is not None or response.status in (204, 304) or response.connection is None:
+        return None
+    codings = response.headers.get("Transfer-Encoding", "")
+    if codings.rsplit(",", 1)[-1].strip().lower() == "chunked":
+        return None
+    ended = response.connection.protocol.closed if response.connection.protocol is not None else None
+    if ended is not None:
+        ended.add_done_callback(_retrieved)
+    return ended
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """Mark an end's error as seen, so that asyncio does not log it when nobody reads it (a call given up on)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _caused_by(error: BaseException, kind: type[BaseException]) -> bool:
+    """Whether `kind` is among the causes of `error` (aiohttp wraps its parser's errors twice)."""
+    cause = error.__cause__
+    while cause is not None and not isinstance(cause, kind):
+        cause = cause.__cause__
+    return cause is not None
+
+
+async def _body(response: aiohttp.ClientResponse) -> bytes:
+    """The whole body, up to MAX_ANSWER_BYTES (Cut past it)."""
+    length = response.content_length
+    if length is not None and length > MAX_ANSWER_BYTES:
+        raise Cut(f"the answer is longer than {MAX_ANSWER_BYTES} bytes")
+    if length is not None:
+        return await response.read()  # framed by its length: no more can come
+    body = bytearray()
+    while chunk := await response.content.readany():
+        body += chunk
+        if len(body) > MAX_ANSWER_BYTES:
+            raise Cut(f"the answer is longer than {MAX_ANSWER_BYTES} bytes")
+    return bytes(body)
