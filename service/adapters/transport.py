@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import io
+import select
 import ssl
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, Protocol
 
 import aiohttp
 import orjson
+from aiohttp.client_proto import ResponseHandler
+from aiohttp.connector import Connection
 from aiohttp.http_exceptions import LineTooLong
+from aiohttp.tracing import Trace
 from yarl import URL
 
 # A longer answer is not one a downstream call expects; reading it would hold the worker's memory hostage. A header
@@ -109,7 +114,7 @@ class AiohttpTransport:
     def __init__(self, connections: int, keepalive: float) -> None:
         """Open the session (no connection is made until a call needs one)."""
         # No limit of aiohttp's own: the slots below bound the exchanges, and a wait for one ends as ConnectFailed.
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=keepalive)
+        connector = _Connector(limit=0, keepalive_timeout=keepalive)
         self._session = aiohttp.ClientSession(
             connector=connector,
             cookie_jar=aiohttp.DummyCookieJar(),
@@ -217,6 +222,50 @@ class AiohttpTransport:
             timeout = aiohttp.ClientTimeout(total=2 * seconds, connect=seconds, sock_connect=seconds, sock_read=seconds)
             self._timeouts[seconds] = timeout
         return timeout
+
+
+class _Connector(aiohttp.TCPConnector):
+    """aiohttp's connector, which hands out a kept connection only if nothing came on it since its last answer.
+
+    An answer belongs to the request it follows: HTTP/1.1 has nothing else to tell whose answer it is. Bytes (or an
+    end) that came while no request of ours was outstanding, and that the event loop has not read yet because it
+    was busy elsewhere, would be read after the next request is written, as its answer: a payment's late second
+    answer taken for the next payment's. Such a connection is closed, and the call takes another.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._handed_out: weakref.WeakSet[ResponseHandler] = weakref.WeakSet()
+
+    async def connect(
+        self,
+        req: aiohttp.ClientRequest,
+        traces: list[Trace],
+        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109
+    ) -> Connection:
+        """A new connection, or a kept one on which nothing is waiting to be read."""
+        while True:
+            connection = await super().connect(req, traces, timeout)
+            protocol = connection.protocol
+            if protocol is None:
+                return connection
+            if protocol not in self._handed_out:
+                self._handed_out.add(protocol)
+                return connection
+            # should_close: aiohttp has read a whole answer nobody asked for on it (or more than an answer).
+            if not protocol.should_close and _quiet(protocol):
+                return connection
+            connection.close()
+
+
+def _quiet(protocol: ResponseHandler) -> bool:
+    """Nothing is waiting to be read on the connection's socket (under TLS too: a record is bytes as well)."""
+    transport = protocol.transport
+    if transport is None:
+        return False
+    readable = select.poll()
+    readable.register(transport.get_extra_info("socket").fileno(), select.POLLIN)
+    return not readable.poll(0)
 
 
 def _payload(body: bytes) -> bytes | io.BytesIO | None:
