@@ -35,7 +35,6 @@ from pydantic import SecretStr
 
 from service.adapters.breakers import Breakers, Guard
 from service.adapters.transport import (
-    AiohttpTransport,
     Answer,
     ConnectFailed,
     Cut,
@@ -77,6 +76,8 @@ class HttpClient:
     def open(timeout: timedelta, connections: int) -> HttpClient:
         """A client with at most `connections` exchanges at once (call inside the event loop; `close` it). A full
         pool's wait is bounded by the timeout too, and ends as ConnectFailed."""
+        from service.adapters.aiohttp_transport import AiohttpTransport  # imported by the processes that call
+
         return HttpClient(AiohttpTransport(connections, KEEPALIVE_SECONDS), timeout.total_seconds())
 
     async def close(self) -> None:
