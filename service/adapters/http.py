@@ -1,6 +1,6 @@
 """HTTP to downstreams, and what an answer means to the core's failure state machine, for any domain's clients.
 
-One `HttpClient` per process (keep-alive connections, service/adapters/http1.py) serves every downstream. It hands
+One `HttpClient` per process (keep-alive connections, service/adapters/transport.py) serves every downstream. It hands
 back an `Answer` (status, headers, body) or raises a `TransportError` that says how far the exchange got:
 `ConnectFailed` (the request never left: nothing can have happened), `TimedOut` or `Cut` (it may have been acted
 on). The connections' own exceptions stop here.
@@ -34,7 +34,15 @@ import orjson
 from pydantic import SecretStr
 
 from service.adapters.breakers import Breakers, Guard
-from service.adapters.http1 import Answer, ConnectFailed, Cut, Origin, Pool, TimedOut, TransportError
+from service.adapters.transport import (
+    Answer,
+    ConnectFailed,
+    Cut,
+    Outgoing,
+    TimedOut,
+    Transport,
+    TransportError,
+)
 from service.domain.codes import ErrorCode
 from service.errors import DownstreamError
 from service.policy.breaker import OK, BreakerPolicy, Outcome, Verdict
@@ -60,18 +68,21 @@ _AUTHORITY = re.compile(r"[^:/?#]+://[^/?#]*")
 class HttpClient:
     """The process's one HTTP client: keep-alive connections, the same timeout for connecting and each read."""
 
-    def __init__(self, pool: Pool) -> None:
-        self._pool = pool
+    def __init__(self, transport: Transport, timeout: float) -> None:
+        self._transport = transport
+        self._timeout = timeout
 
     @staticmethod
     def open(timeout: timedelta, connections: int) -> HttpClient:
         """A client with at most `connections` exchanges at once (call inside the event loop; `close` it). A full
         pool's wait is bounded by the timeout too, and ends as ConnectFailed."""
-        return HttpClient(Pool(timeout.total_seconds(), connections, KEEPALIVE_SECONDS))
+        from service.adapters.aiohttp_transport import AiohttpTransport  # imported by the processes that call
+
+        return HttpClient(AiohttpTransport(connections, KEEPALIVE_SECONDS), timeout.total_seconds())
 
     async def close(self) -> None:
         """Close every connection."""
-        await self._pool.close()
+        await self._transport.close()
 
     async def get(
         self, url: str, *, params: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None
@@ -81,8 +92,8 @@ class HttpClient:
 
     def trust(self, base_url: str, context: ssl.SSLContext) -> None:
         """Call the https origin of `base_url` with this TLS context (a downstream's own CA, a client certificate)."""
-        origin, _ = _origin(_AUTHORITY.match(base_url).group())  # type: ignore[union-attr]
-        self._pool.trust(origin.host, origin.port, context)
+        _, host, port = _origin(_AUTHORITY.match(base_url).group())  # type: ignore[union-attr]
+        self._transport.trust(host, port, context)
 
     async def post(self, url: str, *, json: Any, headers: Mapping[str, str] | None = None) -> Answer:
         """POST a JSON body to `url` (already percent-encoded)."""
@@ -105,56 +116,59 @@ class HttpClient:
         # A request that cannot be written (a line break in an id, a lone surrogate in a parameter) fails before a
         # byte leaves.
         try:
-            origin, host, target = _split(url)
+            url = _checked_url(url)
             if params:
-                target = f"{target}{'&' if '?' in target else '?'}{urlencode(params, quote_via=quote, safe='')}"
-            request = _request_bytes(method, host, target, body, headers, content_type)
+                url = f"{url}{'&' if '?' in url else '?'}{urlencode(params, quote_via=quote, safe='')}"
+            outgoing = Outgoing(method, url, _request_headers(method, headers, content_type), body)
         except ValueError as error:
             raise ConnectFailed(f"{type(error).__name__}: {error}", timed_out=False) from error
-        return await self._pool.exchange(origin, request)
+        return await self._transport.send(outgoing, self._timeout)
 
 
 _OWS = " \t"
 
 
-def _request_bytes(
-    method: str, host: str, target: str, body: bytes, headers: Mapping[str, str], content_type: str = _JSON
-) -> bytes:
-    if not _TARGET.fullmatch(target):
-        raise ValueError(f"the request target {target[:100]!r} is not percent-encoded")
-    lines = [f"{method} {target} HTTP/1.1\r\nHost: {host}\r\nAccept: */*\r\nAccept-Encoding: identity\r\n"]
+def _request_headers(method: str, headers: Mapping[str, str], content_type: str = _JSON) -> dict[str, str]:
+    """The headers a request is sent with (the transport adds Host and Content-Length); ValueError for one that
+    cannot be written as it is."""
+    written = {"Accept": "*/*", "Accept-Encoding": "identity"}
     if method == "POST":
-        lines.append(f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n")
+        written["Content-Type"] = content_type
     for name, value in headers.items():
         if not _TARGET.fullmatch(name) or ":" in name or _UNSAFE_VALUE.search(value):
             raise ValueError(f"the header {name[:100]!r} cannot be written")
         # Spaces and tabs around a value are not part of it (RFC 9110, 5.5), and llhttp keeps a trailing tab: what
         # every server reads is the value without them.
-        lines.append(f"{name}: {value.strip(_OWS)}\r\n")
-    lines.append("\r\n")
-    return "".join(lines).encode() + body
+        written[name] = value.strip(_OWS)
+    return written
 
 
-def _split(url: str) -> tuple[Origin, str, str]:
-    """The origin, the Host header and the request target of an absolute http(s) URL (without its fragment)."""
+def _checked_url(url: str) -> str:
+    """An absolute http(s) URL without its fragment, with a path; ValueError for one whose origin or request target
+    cannot be written as it is (not percent-encoded, credentials in it)."""
     url = url.partition("#")[0]
     match = _AUTHORITY.match(url)
     if match is None:
         raise ValueError(f"{url[:100]!r} is not an absolute URL")
-    origin, host = _origin(match.group())
+    _origin(match.group())
     target = url[match.end() :]
-    return origin, host, target if target.startswith("/") else f"/{target}"
+    if not target.startswith("/"):
+        target = f"/{target}"
+    if not _TARGET.fullmatch(target):
+        raise ValueError(f"the request target {target[:100]!r} is not percent-encoded")
+    return f"{match.group()}{target}"
 
 
 @functools.lru_cache(maxsize=64)  # the downstreams' base URLs come from settings: a handful
-def _origin(prefix: str) -> tuple[Origin, str]:
+def _origin(prefix: str) -> tuple[bool, str, int]:
+    """Whether an absolute URL's scheme and authority are https, and its host and port."""
+    if not _TARGET.fullmatch(prefix):
+        raise ValueError(f"{prefix[:100]!r} is not ASCII")
     parts = urlsplit(prefix)
     if parts.scheme not in _DEFAULT_PORTS or not parts.hostname or parts.username or parts.password:
         raise ValueError(f"{prefix!r} is not an http(s) URL without credentials")
     port = parts.port or _DEFAULT_PORTS[parts.scheme]  # ValueError when it is not a port
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    header = host if port == _DEFAULT_PORTS[parts.scheme] else f"{host}:{port}"
-    return Origin(parts.scheme == "https", parts.hostname, port), header
+    return parts.scheme == "https", parts.hostname, port
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ Integration tests and the demo start it (in-process, or as a separate process th
 route and each one is consumed by exactly one call, so a test can script "the first two calls fail, the third
 one times out" deterministically. A latency per route slows every call of it, like a slow provider.
 `/_control/*` lets another process do all of that over HTTP. Every route handler runs on the server's one
-thread (`service/testing/wire.py`), between the answers of every other call: it must be quick and never block.
+thread (`service/testing/serving.py`, aiohttp's web server), between the answers of every other call: it must be
+quick and never block.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from service.testing.routes import (
     method_not_allowed,
     not_found,
 )
-from service.testing.wire import HttpServer, Outcome
+from service.testing.serving import HttpServer, Outcome
 
 __all__ = [
     "Control",
@@ -317,7 +318,7 @@ class FaultServer:
     # -- serving ---------------------------------------------------------------------------------------------
 
     async def _answer(self, request: Request) -> Outcome:
-        """Route one request, count it, take its fault and play it; the wire layer carries the outcome out.
+        """Route one request, count it, take its fault and play it; the serving layer carries the outcome out.
 
         Latency and delays are sleeps on the server's loop; stop() cancels them and the call goes unanswered.
         """

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.testing import wire
+from service.testing import serving
 from service.testing.faults import (
     FakeApi,
     FaultServer,
@@ -442,8 +442,10 @@ def test_a_request_without_content_length_is_refused_and_its_connection_closed(s
 
 def test_a_request_with_an_invalid_content_length_is_refused_and_its_connection_closed(server: FaultServer) -> None:
     answer = exchange(server, b"POST /notes HTTP/1.1\r\nHost: test\r\nContent-Length: ten\r\n\r\n")
-    assert answer.startswith(b"HTTP/1.1 400 ")
-    assert b"\r\nConnection: close\r\n" in answer
+    # (aiohttp answers a request it could not read as HTTP/1.0, whose connections close after one answer)
+    assert answer.startswith(b"HTTP/1.0 400 ") or (
+        answer.startswith(b"HTTP/1.1 400 ") and b"\r\nConnection: close\r\n" in answer
+    )
     assert server.calls("notes.post") == 0
 
 
@@ -455,15 +457,15 @@ def test_a_client_that_does_not_keep_alive_gets_one_answer_and_the_connection_cl
     server: FaultServer, version: str, header: str
 ) -> None:
     answer = exchange(server, f"GET /notes {version}\r\nHost: test\r\n{header}\r\n".encode())
-    assert answer.startswith(b"HTTP/1.1 200 ")
-    assert answer.count(b"HTTP/1.1") == 1
+    assert answer.startswith(f"{version} 200 ".encode())  # an HTTP/1.0 client is answered in its version
+    assert answer.count(b"HTTP/1.") == 1
     assert answer.endswith(b"\r\n\r\n{}")
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_the_idle_timeout(
     notes: Notes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(wire, "_IDLE_CONNECTION_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(serving, "_IDLE_CONNECTION_TIMEOUT_S", 0.2)
     with FaultServer(apis=[notes.api()]) as server:
         started = time.monotonic()
         answer = exchange(server, b"GET /notes HTTP/1.1\r\nHost: test\r\n\r\n")

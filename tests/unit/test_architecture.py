@@ -12,7 +12,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = REPO_ROOT / "service"
-DRIVERS = ("sqlalchemy", "aiokafka", "httptools", "httpx", "asyncpg")
+DRIVERS = ("sqlalchemy", "aiokafka", "aiohttp", "httptools", "httpx", "asyncpg")
 ENTRYPOINTS = ("service.worker", "service.cli", "service.containers", "service.__main__")
 # What a domain's pure modules (its rules and message schemas) may not import: drivers, logging, the core's I/O.
 IO = (*DRIVERS, "structlog", "service.store", "service.adapters", "service.worker")
@@ -23,7 +23,16 @@ LAYER_RULES = {
     "adapters": ENTRYPOINTS,
     # The console is a shell beside the CLI: it reads through the store and acts through service.operations;
     # the composition root hands it what it needs (service/cli/console.py builds its Wiring).
-    "console": ("aiokafka", "httptools", "httpx", "asyncpg", "service.cli", "service.containers", "service.adapters"),
+    "console": (
+        "aiokafka",
+        "aiohttp",
+        "httptools",
+        "httpx",
+        "asyncpg",
+        "service.cli",
+        "service.containers",
+        "service.adapters",
+    ),
 }
 MAY_IMPORT_CONTAINERS = {"service.containers", "service.cli"}
 

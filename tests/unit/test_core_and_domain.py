@@ -40,7 +40,7 @@ NAMES_AT_MOST = {
     "service/testing/__init__.py": 0,
     "service/testing/faults.py": 0,
     "service/testing/routes.py": 0,
-    "service/testing/wire.py": 0,
+    "service/testing/serving.py": 0,
     "service/worker/consumer.py": 1,
     "service/worker/effects.py": 1,
     "service/worker/gauges.py": 1,

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
-import httptools
 import orjson
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from service.adapters.http import MAX_RETRY_AFTER, Answer, _request_bytes, judge, path_segment, retry_after
+from service.adapters.http import MAX_RETRY_AFTER, Answer, judge, path_segment, retry_after
 from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
 from service.orders.effects import order_effects
@@ -62,54 +61,6 @@ def test_a_body_with_a_byte_order_mark_reads_as_the_same_json(value: object) -> 
 def test_a_body_that_is_not_json_raises_value_error(body: bytes) -> None:
     with pytest.raises(orjson.JSONDecodeError):  # (a ValueError, as the callers catch)
         Answer(200, {}, body).json()
-
-
-class _Parsed:
-    """What an HTTP server's parser (httptools, uvicorn's) reads from a request."""
-
-    def __init__(self) -> None:
-        self.url = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.body = b""
-        self.complete = False
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
-
-    def on_body(self, body: bytes) -> None:
-        self.body += body
-
-    def on_message_complete(self) -> None:
-        self.complete = True
-
-
-@given(key=st.text(), target=st.text(min_size=1).map(lambda text: "/" + text))
-@example(key="0\t", target="/")  # a server's parser keeps a trailing tab: the writer leaves it out
-@example(key="0\xa0", target="/")  # not whitespace to HTTP
-def test_a_request_is_written_as_asked_or_refused_before_a_byte_leaves(key: str, target: str) -> None:
-    # Given an idempotency key and a path from a message: any text at all
-    try:
-        request = _request_bytes("POST", "pay.example", target, b'{"a":1}', {"Idempotency-Key": key})
-    except ValueError:
-        # Then either it is refused whole (a control character, a target that is not percent-encoded) ...
-        assert (
-            any((ord(c) < 32 and c != "\t") or c == "\x7f" for c in key)
-            or not target.isascii()
-            or any(ord(c) <= 32 or c == "\x7f" for c in target)
-        )
-        return
-    # ... or a server reads back exactly that request: one Idempotency-Key, that target, that body
-    parsed = _Parsed()
-    httptools.HttpRequestParser(parsed).feed_data(request)
-    assert parsed.complete
-    assert parsed.url == target.encode()
-    assert [value for name, value in parsed.headers if name.lower() == b"idempotency-key"] == [
-        key.strip(" \t").encode()
-    ]
-    assert parsed.body == b'{"a":1}'
 
 
 JSON = {"content-type": "application/json"}
