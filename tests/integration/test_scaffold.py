@@ -100,14 +100,16 @@ def texts(copy: Path) -> dict[str, str]:
 def test_the_copy_carries_the_teams_names(copy: Path) -> None:
     project = tomllib.loads((copy / "pyproject.toml").read_text())
     config = (copy / "service" / "config.py").read_text()
+    names = (copy / "service" / "names.py").read_text()
     files = texts(copy)
 
     assert project["project"]["name"] == "catalog-service"
     assert project["project"]["scripts"] == {"catalog-service": "service.__main__:main"}
     assert "service.catalog" in project["tool"]["setuptools"]["packages"]
-    assert 'ENV_PREFIX = "CATALOG_"' in config
-    assert 'METRICS_PREFIX = "catalog"' in config
-    assert 'source_topic: str = Field(default="catalog"' in config
+    assert 'ENV_PREFIX = "CATALOG_"' in names
+    assert 'METRICS_PREFIX = "catalog"' in names
+    assert 'PROGRAM = "catalog-service"' in names
+    assert re.search(r'source_topic: Annotated\[str, \w+\] = Field\(default="catalog"', config)
     # The compose file's topics are the copy's: its source topic, created with `topics apply` from its image
     assert "SOURCE_TOPIC: catalog\n" in files["docker-compose.yml"]
     assert 'command: ["topics", "apply", "--create-source"]' in files["docker-compose.yml"]
