@@ -23,7 +23,7 @@ from service.config import Settings
 from service.policy.records import SourceRecord
 from service.stopping import sleep_unless_stopped
 
-log = structlog.get_logger("order_service.kafka")
+log = structlog.get_logger("kafka")
 _WORD = struct.Struct("<I")
 _M = 0x5BD1E995
 
@@ -198,6 +198,8 @@ async def start_with_backoff(
     when `settings` let the cause be found (`diagnose`)."""
     from service.explain import causes, explain, kafka_reason
 
+    names = settings if settings is not None else Settings
+
     delay = 1.0
     while not stop.is_set():
         try:
@@ -211,7 +213,7 @@ async def start_with_backoff(
                 "kafka_unavailable",
                 client=what,
                 error=type(error).__name__,
-                reason=kafka_reason([*causes(cause), *causes(error)]) if cause else explain(error),
+                reason=kafka_reason([*causes(cause), *causes(error)], names=names) if cause else explain(error, names),
                 retry_in_seconds=delay,
             )
             log.debug("kafka_unavailable_detail", exc_info=error)

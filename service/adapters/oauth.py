@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from aiokafka.abc import AbstractTokenProvider
 from pydantic import SecretStr
 
-from service.errors import OrderServiceError
+from service.errors import ServiceError
 
 if TYPE_CHECKING:
     from service.config import Settings
@@ -32,7 +32,7 @@ _EARLY_SECONDS = 60.0
 _DEFAULT_LIFETIME_SECONDS = 3600.0  # `expires_in` is optional (RFC 6749 §5.1)
 
 
-class TokenUnavailable(OrderServiceError):
+class TokenUnavailable(ServiceError):
     """The token endpoint gave no token: an outage of the broker's authentication, waited out."""
 
 

@@ -101,7 +101,7 @@ _KINDS: dict[ErrorCode, FailureKind] = {
 class DomainCode(StrEnum):
     """The base of a domain's registered codes: permanent business answers, terminal, never retried.
 
-    A domain subclasses it with its members (`class OrderCode(DomainCode): ORDER_NOT_FOUND = "ORDER_NOT_FOUND"`);
+    A domain subclasses it with its members (`class ItemCode(DomainCode): ITEM_NOT_FOUND = "ITEM_NOT_FOUND"`);
     its values must not be core codes (`registered` checks).
     """
 

@@ -1,4 +1,4 @@
-"""The order domain's handler (service/worker/handler.py): order messages, the customer look-up for a new
+"""The order domain's handler (service/ports.py `Handler`): order messages, the customer look-up for a new
 order, the order rules, and the documents of order events and rejections."""
 
 from __future__ import annotations
@@ -9,14 +9,11 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.domain.codes import Code
 from service.orders import model
 from service.orders import store as orders
 from service.orders.customers import CustomersClient
 from service.orders.messages import PLACEMENTS, OrderMessage, OrderPlacedV1, decode, sequence_of
-from service.policy.envelope import iso
-from service.policy.handling import Rejected
-from service.policy.records import Coordinates
+from service.ports import Code, Coordinates, Rejected, iso
 
 
 class OrderHandler:

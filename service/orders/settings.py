@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
-from pydantic import SecretStr, field_validator, model_validator
-from pydantic_settings import NoDecode
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
-from service.config import BaseUrl, Settings, check_credentials
+from service.ports import BaseUrl, Settings, check_credentials
 
+PROGRAM = "order-service"  # the console script, the distribution, the default consumer name
+ENV_PREFIX = "ORDERS_"  # every setting is this prefix and its name in capitals: ORDERS_DATABASE_URL
 DOWNSTREAMS = ("customers", "payments", "emails")
 
 
 class OrderSettings(Settings):
     """The core's settings and the order domain's, each read from `ORDERS_<FIELD>`."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
+    program: ClassVar[str] = PROGRAM
+
+    consumer_name: str = Field(default=PROGRAM, min_length=1, max_length=200)
 
     customers_url: BaseUrl = None
     payments_url: BaseUrl = None

@@ -16,7 +16,7 @@ from service.domain.codes import Code, ErrorCode
 
 @dataclass(frozen=True)
 class Sent:
-    """The provider did it; `reference` is its id (payment id, email id)."""
+    """The provider did it; `reference` is its id (a charge's id, a message's id)."""
 
     reference: str
 

@@ -39,7 +39,7 @@ from service.worker.publishing import (
 )
 from service.worker.spacing import SPACING_SECONDS, Spacing
 
-log = structlog.get_logger("order_service.relay")
+log = structlog.get_logger("relay")
 T = TypeVar("T")
 
 _IDLE_POLL_SECONDS = 0.2
@@ -113,7 +113,7 @@ class Relay:
             except KafkaError as error:
                 # A fresh producer after a broker outage: the old one's idempotence state may be stale.
                 delay = self._backoff(delay, batches)
-                why = kafka_reason([error], doing="WRITE")
+                why = kafka_reason([error], doing="WRITE", names=self._settings)
                 log.warning("kafka_publish_failed", error=type(error).__name__, reason=why, retry_in_seconds=delay)
             finally:
                 await producer.stop()

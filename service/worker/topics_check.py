@@ -12,11 +12,11 @@ import structlog
 from aiokafka.errors import KafkaError
 
 from service.adapters import topics
-from service.config import PROGRAM, Settings
+from service.config import Settings
 from service.errors import TopicsProblem
 from service.stopping import sleep_unless_stopped
 
-log = structlog.get_logger(f"{PROGRAM.replace('-', '_')}.topics")
+log = structlog.get_logger("topics")
 
 Look = Callable[[Settings, Sequence[str]], Awaitable[topics.Found]]
 _FIRST_DELAY_SECONDS = 1.0

@@ -106,7 +106,7 @@ def test_the_copy_carries_the_teams_names(copy: Path) -> None:
     assert project["project"]["scripts"] == {"catalog-service": "service.__main__:main"}
     assert "service.catalog" in project["tool"]["setuptools"]["packages"]
     assert 'ENV_PREFIX = "CATALOG_"' in config
-    assert 'METRICS_PREFIX = "catalog"' in config
+    assert 'metrics_prefix="catalog"' in (copy / "service" / "catalog" / "domain.py").read_text()
     assert 'source_topic: str = Field(default="catalog"' in config
     # The compose file's topics are the copy's: its source topic, created with `topics apply` from its image
     assert "SOURCE_TOPIC: catalog\n" in files["docker-compose.yml"]

@@ -6,18 +6,15 @@ import re
 from typing import Any
 
 import pytest
-import typer
 
-from service.cli import app
-from service.cli import plain_help as _plain_help
+from service.cli import command as cli_command
+from service.orders.domain import DOMAIN
 
 _PLACEHOLDER = re.compile(r"<(bool|int|float|str|path|list\[[a-z]+\])>")
 
 
 def _command() -> Any:
-    command = typer.main.get_command(app)
-    _plain_help(command)
-    return command
+    return cli_command(DOMAIN)
 
 
 def _paths(command: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -40,8 +37,8 @@ def test_help_shows_no_type_placeholders(path: tuple[str, ...], capsys: pytest.C
 def test_every_variable_a_command_says_it_reads_is_a_setting() -> None:
     from service.cli.environment import READS, reads
     from service.config import ENV_PREFIX
-    from service.containers import DOMAIN_READS, SETTINGS
 
+    DOMAIN_READS, SETTINGS = DOMAIN.reads, DOMAIN.settings
     settings = {f"{ENV_PREFIX}{name.upper()}" for name in SETTINGS.model_fields}
     listed = {variable for path in READS | DOMAIN_READS for variable in reads(path, DOMAIN_READS)}
 

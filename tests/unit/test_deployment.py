@@ -17,9 +17,10 @@ import typer
 import yaml
 
 from service.adapters.topics import declared
-from service.cli import app
+from service.cli import application
 from service.config import ENV_PREFIX, load_settings, secret_fields
 from service.metrics import Metrics
+from service.orders.domain import DOMAIN
 from service.orders.settings import OrderSettings as Settings
 from service.policy.topics import kafka_acls_commands, service_acls
 
@@ -94,7 +95,7 @@ def stack(request: pytest.FixtureRequest, compose: dict[str, Any], secured: dict
 
 
 def _cli_commands() -> set[str]:
-    group = typer.main.get_command(app)
+    group = typer.main.get_command(application(DOMAIN))
     return set(group.commands)  # type: ignore[attr-defined]
 
 
@@ -448,7 +449,7 @@ def _exposed_names() -> set[str]:
     from service.metrics import Metrics
 
     names = set()
-    for family in Metrics().registry.collect():
+    for family in Metrics(DOMAIN.metrics_prefix).registry.collect():
         names.add(family.name)
         names |= {family.name + suffix for suffix in ("_total", "_bucket", "_sum", "_count", "_created")}
     return names
@@ -504,7 +505,7 @@ def test_prometheus_and_grafana_are_provisioned_from_files_in_the_repository(com
 def test_every_metric_the_docs_and_alerts_name_is_one_the_service_exports() -> None:
     # Given the names the service registers (a counter is exported with `_total`, a histogram with its series)
     exported: set[str] = set()
-    for family in Metrics().registry.collect():
+    for family in Metrics(DOMAIN.metrics_prefix).registry.collect():
         exported |= {family.name, *(sample.name for sample in family.samples)}
         if family.type == "counter":
             exported.add(f"{family.name}_total")
