@@ -2,8 +2,8 @@
 
 The core's codes (`ErrorCode`) are the failures any domain meets: invalid input, transient downstream trouble,
 the unexpected, an exhausted budget, and the generic outcomes of an effect. A domain registers its own permanent
-business answers (rejections, refused effects) as a `DomainCode` subclass (the order domain:
-service/orders/codes.py); they are all of kind `rejected`: terminal, never retried.
+business answers (rejections, refused effects) as a `DomainCode` subclass (listed in its `Domain`'s
+`codes`); they are all of kind `rejected`: terminal, never retried.
 """
 
 from __future__ import annotations

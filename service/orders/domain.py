@@ -7,13 +7,14 @@ from service.orders.codes import OrderCode
 from service.orders.customers import CustomersClient
 from service.orders.effects import SPECS, order_effects
 from service.orders.handler import OrderHandler
-from service.orders.messages import decode, invalid_field
+from service.orders.messages import OrderMessage, decode, invalid_field
+from service.orders.model import CustomerStatus, Order
 from service.orders.providers import EmailsClient, PaymentsClient
 from service.orders.settings import ENV_PREFIX, PROGRAM, READS, OrderSettings
-from service.ports import Domain, EffectRegistry, Owners, Plumbing
+from service.ports import Domain, EffectRegistry, Handler, Owners, Plumbing
 
 
-def order_handler(parts: Plumbing) -> OrderHandler:
+def order_handler(parts: Plumbing) -> Handler[OrderMessage, Order, CustomerStatus]:
     """The handler of one process: the customer directory's client on the process's HTTP client and breakers."""
     settings: OrderSettings = parts.settings
     customers = CustomersClient(parts.http, settings.customers_url, parts.breakers, parts.credentials("customers"))

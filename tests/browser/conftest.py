@@ -35,7 +35,7 @@ import pytest
 import uvicorn
 from playwright.async_api import Browser, BrowserContext, Page, ViewportSize, async_playwright, expect
 
-from service.cli.common import assembled, provide
+from service.cli.common import assembled, provide, serve_domain
 from service.cli.console import _reprocess as reprocess_as_the_cli_does
 from service.config import Settings, load_settings
 from service.console.app import Wiring, create_app
@@ -91,6 +91,7 @@ async def _console(settings: Settings) -> AsyncIterator[str]:
     """Serve the console for `settings` on a free loopback port in this event loop, wired as the command wires it
     (the container's engine, effect specs and failing-field finder, and the CLI's reprocess); yield its base URL
     once `/healthz` answers, and stop it (deadline-bound) when the block ends."""
+    serve_domain(DOMAIN)  # the command line's parts serve the order domain, as its console script makes them
     async with assembled(settings) as container:
         wiring = Wiring(
             settings=settings,
