@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -59,20 +59,6 @@ from service.store.outbox import OutboxMessage
 from service.store.outbox import add as add_to_outbox
 from service.store.recordset import Columns
 from service.store.tables import metadata
-from service.testing.faults import (
-    FakeApi,
-    FaultServer,
-    Reply,
-    Request,
-    Route,
-    json_field,
-    json_reply,
-    key_from_body,
-    key_from_header,
-    key_from_param,
-    key_from_query,
-    serve_from_command_line,
-)
 
 __all__ = [
     "Aggregate",
@@ -142,6 +128,51 @@ __all__ = [
     "registered",
     "serve_from_command_line",
 ]
+
+if TYPE_CHECKING:
+    from service.testing.faults import (
+        FakeApi,
+        FaultServer,
+        Reply,
+        Request,
+        Route,
+        json_field,
+        json_reply,
+        key_from_body,
+        key_from_header,
+        key_from_param,
+        key_from_query,
+        serve_from_command_line,
+    )
+
+# The fault-injection server's names, for a domain's fake APIs (demos and tests): imported on first use, as a
+# running service never needs them.
+_FAKES = frozenset(
+    {
+        "FakeApi",
+        "FaultServer",
+        "Reply",
+        "Request",
+        "Route",
+        "json_field",
+        "json_reply",
+        "key_from_body",
+        "key_from_header",
+        "key_from_param",
+        "key_from_query",
+        "serve_from_command_line",
+    }
+)
+
+
+def __getattr__(name: str) -> Any:
+    """A fault-injection server's name, imported now (PEP 562)."""
+    if name in _FAKES:
+        from service.testing import faults
+
+        return getattr(faults, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 M = TypeVar("M")  # a domain's message
 A = TypeVar("A")  # a domain's aggregate
