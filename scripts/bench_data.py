@@ -14,6 +14,7 @@ import orjson
 
 from service.domain.codes import ErrorCode
 from service.orders import model as order_rules
+from service.orders.domain import DOMAIN
 from service.orders.handler import event_document
 from service.orders.messages import decode as decode_order
 from service.policy.envelope import event_headers, failure_envelope
@@ -131,7 +132,17 @@ class RawRows:
         document = json.dumps(envelope.document)
         message_id, key = record.message_id, record.key_text
         append(self.inbox, message_id, "quarantined", record.partition, record.offset, None, code.value, now)
-        append(self.quarantine, envelope.failure_id, code.value, owner_for(code), key, document, record.value, now, now)
+        append(
+            self.quarantine,
+            envelope.failure_id,
+            code.value,
+            owner_for(code, DOMAIN.owners),
+            key,
+            document,
+            record.value,
+            now,
+            now,
+        )
         append(self.outbox, f"{self.topic}.quarantine", key, json.dumps(envelope.headers()), document.encode())
 
     def add_order(self, value: bytes, message_id: str) -> None:

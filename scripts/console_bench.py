@@ -44,10 +44,9 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import load_settings
-from service.containers import CODES as KNOWN_CODES
-from service.containers import MIGRATIONS
 from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
+from service.orders.domain import DOMAIN
 from service.orders.effects import SPECS as ORDER_EFFECT_SPECS
 from service.orders.messages import invalid_field
 from service.store.schema import alembic_config, upgrade_to_head
@@ -684,7 +683,7 @@ async def served(url: str, tracer: Tracer) -> AsyncIterator[httpx.AsyncClient]:
             effect_specs=ORDER_EFFECT_SPECS,
             failing_field=invalid_field,
             reprocess=_unavailable,
-            codes=KNOWN_CODES,
+            codes=DOMAIN.error_codes,
         )
     )
     # The socket listens before uvicorn starts: the first request waits in the backlog until the lifespan has run.
@@ -727,9 +726,9 @@ async def explain(dsn: str, timings: Sequence[Timing], path: Path) -> None:
 def migrate(url: str, revision: str | None) -> None:
     """Migrate with the service's own migrations: to the head, or to `revision`."""
     if revision is None:
-        upgrade_to_head(url, MIGRATIONS)
+        upgrade_to_head(url, DOMAIN.migrations)
         return
-    with alembic_config(url, MIGRATIONS) as config:
+    with alembic_config(url, DOMAIN.migrations) as config:
         command.upgrade(config, revision)
 
 

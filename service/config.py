@@ -7,7 +7,7 @@ import os
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, overload
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, overload
 
 from pydantic import (
     AfterValidator,
@@ -78,10 +78,17 @@ _CONSUMER_NAME = read_by(Reader.CONSUMER, Reader.REPROCESS, Reader.PARKED, Reade
 
 
 class Settings(BaseSettings):
-    """Every knob of the core; each field is read from `ORDERS_<FIELD>`. A domain adds its own (its downstream
-    URLs, its rules' parameters) in a subclass (the order domain: service/orders/settings.py)."""
+    """Every knob of the core; each field is read from `<env_prefix><FIELD>`. A domain adds its own (its downstream
+    URLs, its rules' parameters) in a subclass that names its service (`program`) and its variables' prefix
+    (`model_config`'s `env_prefix`)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+    program: ClassVar[str] = PROGRAM  # the console script that reads these settings
+
+    @classmethod
+    def variable(cls, name: str) -> str:
+        """The environment variable of a setting, or of a group of them (`database_url` → `<PREFIX>DATABASE_URL`)."""
+        return f"{cls.model_config.get('env_prefix', '')}{name.upper()}"
 
     # A secret: it may hold the password (contract §11); see `database` for what connects.
     database_url: Annotated[SecretStr, _DATABASE] = SecretStr("postgresql+asyncpg://postgres@127.0.0.1:55432/orders")
@@ -228,19 +235,18 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_together(self) -> Settings:
+        v = self.variable
         if self.effect_lease <= 2 * self.http_timeout:
             timeout = format_duration(2 * self.http_timeout)
-            raise ValueError(
-                f"{ENV_PREFIX}EFFECT_LEASE: must be longer than twice {ENV_PREFIX}HTTP_TIMEOUT ({timeout})"
-            )
+            raise ValueError(f"{v('effect_lease')}: must be longer than twice {v('http_timeout')} ({timeout})")
         horizon = self.retry_policy().horizon
         margin = max(DEDUP_MARGIN, horizon / 10)
         if self.dedup_window < horizon + margin:
             raise ValueError(
-                f"{ENV_PREFIX}DEDUP_WINDOW: {format_duration(self.dedup_window)} is shorter than the retry horizon "
+                f"{v('dedup_window')}: {format_duration(self.dedup_window)} is shorter than the retry horizon "
                 f"{format_duration(horizon)} plus a margin of {format_duration(margin)}: it must be at least "
-                f"{format_duration(horizon + margin)}; raise it, or shorten {ENV_PREFIX}MAX_ELAPSED / "
-                f"{ENV_PREFIX}RETRY_TIERS"
+                f"{format_duration(horizon + margin)}; raise it, or shorten {v('max_elapsed')} / "
+                f"{v('retry_tiers')}"
             )
         return self
 
@@ -296,7 +302,7 @@ class SecretFiles(PydanticBaseSettingsSource):
     def __call__(self) -> dict[str, Any]:
         found: dict[str, Any] = {}
         for name in secret_fields(self.settings_cls):
-            variable = f"{ENV_PREFIX}{name.upper()}"
+            variable = f"{self.config.get('env_prefix', '')}{name.upper()}"
             path = os.environ.get(f"{variable}_FILE")
             if path is None:
                 continue
@@ -318,7 +324,7 @@ def check_credentials(settings: Settings, downstreams: tuple[str, ...]) -> None:
     """A domain's downstream credentials (contract §6: `<downstream>_token`, `_ca_file`, `_cert_file`, `_key_file`)
     go together: a client certificate needs its key, every file named is readable, and a CA or a certificate needs an
     https:// URL (a token alone may go over http to a local sidecar)."""
-    p = ENV_PREFIX
+    p = settings.variable("")
     for name in downstreams:
         ca, cert, key = (getattr(settings, f"{name}_{what}", None) for what in ("ca_file", "cert_file", "key_file"))
         variable = f"{p}{name.upper()}"
@@ -339,7 +345,7 @@ _KAFKA_SASL = ("SASL_PLAINTEXT", "SASL_SSL")
 def _check_kafka_security(settings: Settings) -> None:
     """The Kafka security settings go together: what a protocol and mechanism need is set, what they cannot use is
     not, and every file named is readable (a mistake here would only show as a client that never connects)."""
-    p = ENV_PREFIX
+    p = settings.variable("")
     protocol, mechanism = settings.kafka_security_protocol, settings.kafka_sasl_mechanism
     protocol_is = f"with {p}KAFKA_SECURITY_PROTOCOL={protocol}"
     files = {
@@ -383,15 +389,16 @@ def _check_kafka_security(settings: Settings) -> None:
         raise ValueError(f"{p}{name}: needed with {p}KAFKA_SASL_MECHANISM={mechanism}")
 
 
-def describe_validation_error(error: ValidationError) -> str:
-    """Turn pydantic's report into one line per contract §2: the variable, the value's problem, what is allowed."""
+def describe_validation_error(error: ValidationError, prefix: str = ENV_PREFIX) -> str:
+    """Turn pydantic's report into one line per contract §2: the variable (`prefix` and the field's name), the
+    value's problem, what is allowed."""
     parts = []
     for item in error.errors():
         message = item["msg"].removeprefix("Value error, ")
         if item["type"] in {"timedelta_parsing", "timedelta_type"}:
             message = f"must be {FORMAT_HINT}"
         # A check across fields names its variable itself; a field check is named by its field.
-        parts.append(f"{ENV_PREFIX}{str(item['loc'][0]).upper()}: {message}" if item["loc"] else message)
+        parts.append(f"{prefix}{str(item['loc'][0]).upper()}: {message}" if item["loc"] else message)
     return "invalid configuration: " + "; ".join(parts)
 
 
@@ -531,7 +538,8 @@ def load_settings(settings_class: type[S], **overrides: Any) -> S:
 def load_settings(settings_class: type[Settings] | None = None, **overrides: Any) -> Settings:
     """Read the settings (the core's, or a domain's subclass of them) from the environment, raising
     ConfigurationError with a one-line message."""
+    chosen = settings_class or Settings
     try:
-        return (settings_class or Settings)(**overrides)
+        return chosen(**overrides)
     except ValidationError as error:
-        raise ConfigurationError(describe_validation_error(error)) from None
+        raise ConfigurationError(describe_validation_error(error, chosen.variable(""))) from None

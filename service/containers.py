@@ -1,4 +1,5 @@
-"""The one place that assembles the service: settings in, ready-to-run loops out. Nothing at import time."""
+"""The one place that assembles the service: a domain and its settings in, ready-to-run loops out. Nothing at
+import time: the entry point hands the `Domain` (service/ports.py) to the container it builds."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import functools
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from dependency_injector import containers, providers
 from sqlalchemy.exc import SQLAlchemyError
@@ -14,23 +16,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.adapters import kafka
 from service.adapters.breakers import Breakers
-from service.adapters.http import Credentials, HttpClient
+from service.adapters.http import HttpClient
 from service.config import Settings
-from service.domain.codes import registered
 from service.health import HealthServer
 from service.metrics import Metrics
-from service.orders.codes import OrderCode
-from service.orders.customers import CustomersClient
-from service.orders.effects import SPECS as ORDER_EFFECT_SPECS
-from service.orders.effects import order_effects
-from service.orders.handler import OrderHandler
-from service.orders.messages import decode as decode_order
-from service.orders.messages import invalid_field
-from service.orders.migrations import LOCATION as ORDER_MIGRATIONS
-from service.orders.providers import EmailsClient, PaymentsClient
-from service.orders.settings import OrderSettings
 from service.policy.effects import EffectPolicy
 from service.policy.retry import RetryPolicy
+from service.ports import Domain, EffectRegistry, Handler, Plumbing
 from service.store.uow import create_engine, ping
 from service.worker.consumer import CONTEXT_LOOKUPS, ConsumerLoop
 from service.worker.downtime import Downtime
@@ -51,7 +43,7 @@ async def _engine(settings: Settings) -> AsyncIterator[AsyncEngine]:
         await engine.dispose()
 
 
-# Effect kinds one process calls at once, each up to ORDERS_EFFECT_CONCURRENCY calls (the order domain has three).
+# Effect kinds one process calls at once, each up to <PREFIX>EFFECT_CONCURRENCY calls.
 _KINDS_AT_ONCE = 4
 
 
@@ -70,8 +62,8 @@ async def _http(settings: Settings) -> AsyncIterator[HttpClient]:
         await client.close()
 
 
-def _metrics(settings: Settings) -> Metrics:
-    metrics = Metrics()
+def _metrics(settings: Settings, domain: Domain) -> Metrics:
+    metrics = Metrics(domain.metrics_prefix)
     metrics.breaker_alert_after.set(settings.breaker_alert_after.total_seconds())
     return metrics
 
@@ -116,22 +108,24 @@ def _topics(settings: Settings, policy: RetryPolicy) -> list[str]:
     return [settings.topics.source, *tiers, settings.topics.reprocess]
 
 
-# The settings class of this service (the core's and the domain's; each command's --help lists what it reads).
-SETTINGS = OrderSettings
-# Every error code a filter may name: the core's and the domain's (service/orders/codes.py).
-CODES = tuple(registered(OrderCode))
-# The domain's own Alembic version locations, beside the core's (service/store/schema.py): its branch `orders`.
-MIGRATIONS = (ORDER_MIGRATIONS,)
+def _handler(domain: Domain, plumbing: Plumbing) -> Handler[Any, Any, Any]:
+    return domain.handler(plumbing)
+
+
+def _effect_kinds(domain: Domain, plumbing: Plumbing) -> EffectRegistry:
+    return domain.effects(plumbing)
 
 
 class Container(containers.DeclarativeContainer):
-    """Providers for every long-running part; tests override `settings` or any provider."""
+    """Providers for every long-running part, built from a domain and its settings; tests override `settings` or
+    any provider."""
 
+    domain = providers.Dependency(instance_of=Domain)
     settings = providers.Dependency(instance_of=Settings)
 
     engine = providers.Resource(_engine, settings=settings)
     http = providers.Resource(_http, settings=settings)
-    metrics = providers.Singleton(_metrics, settings=settings)
+    metrics = providers.Singleton(_metrics, settings=settings, domain=domain)
     clock = providers.Object(_utcnow)
     rng = providers.Singleton(random.Random)
     policy = providers.Singleton(_policy, settings=settings)
@@ -139,38 +133,20 @@ class Container(containers.DeclarativeContainer):
     breakers = providers.Singleton(Breakers, metrics=metrics)
     downtime = providers.Singleton(Downtime)
 
-    customers = providers.Factory(
-        CustomersClient,
-        http=http,
-        base_url=settings.provided.customers_url,
-        breakers=breakers,
-        credentials=providers.Callable(Credentials.of, settings, "customers"),
-    )
-    handler = providers.Factory(OrderHandler, customers=customers, known_tenants=settings.provided.known_tenants)
-    payments = providers.Factory(
-        PaymentsClient,
-        http=http,
-        base_url=settings.provided.payments_url,
-        breakers=breakers,
-        credentials=providers.Callable(Credentials.of, settings, "payments"),
-    )
-    emails = providers.Factory(
-        EmailsClient,
-        http=http,
-        base_url=settings.provided.emails_url,
-        breakers=breakers,
-        credentials=providers.Callable(Credentials.of, settings, "emails"),
-    )
-    effect_kinds = providers.Factory(order_effects, payments=payments, emails=emails)
-    effect_specs = providers.Object(ORDER_EFFECT_SPECS)
-    decode = providers.Object(decode_order)  # a record's bytes as a message (reprocess re-reads stored payloads)
-    failing_field = providers.Object(invalid_field)  # (path, rule) of an invalid record's first bad field
+    # What the domain's handler and effect kinds are built on: the settings, the HTTP client, the breakers.
+    plumbing = providers.Factory(Plumbing, settings=settings, http=http, breakers=breakers)
+    handler = providers.Factory(_handler, domain=domain, plumbing=plumbing)
+    effect_kinds = providers.Factory(_effect_kinds, domain=domain, plumbing=plumbing)
+    effect_specs = providers.Callable(getattr, domain, "effect_specs")
+    decode = providers.Callable(getattr, domain, "decode")  # a record's bytes as a message (reprocess re-reads)
+    failing_field = providers.Callable(getattr, domain, "failing_field")  # (path, rule) of a bad record's first field
     effect_policy = providers.Singleton(EffectPolicy, max_attempts=settings.provided.effect_max_attempts)
     processor = providers.Factory(
         Processor,
         settings=settings,
         engine=engine,
         handler=handler,
+        owners=providers.Callable(getattr, domain, "owners"),
         policy=policy,
         metrics=metrics,
         clock=clock,

@@ -11,11 +11,11 @@ from datetime import timedelta
 from service.domain.codes import ErrorCode
 
 
-class OrderServiceError(Exception):
+class ServiceError(Exception):
     """Base of every error the service raises on purpose."""
 
 
-class RecordFailure(OrderServiceError):
+class RecordFailure(ServiceError):
     """Processing one record failed in a way the state machine classifies by `code`.
 
     The message is the code itself: never a downstream's response text, which may carry secrets.
@@ -42,25 +42,25 @@ class DownstreamError(RecordFailure):
     or its breaker refused the call."""
 
 
-class InfrastructureUnavailable(OrderServiceError):
+class InfrastructureUnavailable(ServiceError):
     """PostgreSQL or Kafka cannot be reached: wait and retry the same work; no record attempt is spent."""
 
 
-class TokenUnavailable(OrderServiceError):
+class TokenUnavailable(ServiceError):
     """Kafka's OAuth token endpoint gave no token: an outage of the broker's authentication, waited out
     (service/adapters/oauth.py)."""
 
 
-class ConcurrentWrite(OrderServiceError):
+class ConcurrentWrite(ServiceError):
     """Another member of the group wrote one of a round's message ids or orders first: the round's transaction is
     rolled back and the round redone (it then finds them written); no record attempt is spent."""
 
 
-class SchemaNotCurrent(OrderServiceError):
+class SchemaNotCurrent(ServiceError):
     """The database is not at the schema revision this version needs: never migrated, or older (run `migrate`)."""
 
 
-class TopicsProblem(OrderServiceError):
+class TopicsProblem(ServiceError):
     """A declared topic cannot be used or changed (contract §11): missing, not authorized, or refused by the broker.
     The message is the one line an operator reads: the topic, and the operation where one was refused."""
 

@@ -1,11 +1,12 @@
 """One line for an operator, instead of a stack trace: what failed at the edge of a command, and what to do.
 
 The command line (service/cli.py) turns any exception that ends a command into one line on stderr and exit
-code 1 (contract §10); a stack trace only at ORDERS_LOG_LEVEL=debug. The causes an operator can act on are
+code 1 (contract §10); a stack trace only at <PREFIX>LOG_LEVEL=debug. The causes an operator can act on are
 named: a database that does not exist or is not migrated, one that cannot be reached, a broker that cannot
 be reached, a port already in use; and on secured infrastructure (contract §11) a refused login, a certificate that
 does not verify, a missing ACL (the operation and the resource), a token endpoint that refuses. Never a secret: the
-lines name settings, never their values.
+lines name settings, never their values; the program and the variables are the running service's (`names`: its
+settings, or their class).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from aiokafka.errors import (
     UnsupportedSaslMechanismError,
 )
 
+from service.config import Settings
 from service.errors import InfrastructureUnavailable, SchemaNotCurrent, TokenUnavailable, TopicsProblem
-from service.names import ENV_PREFIX, PROGRAM
 from service.store.uow import sqlstate
 
 # PostgreSQL's SQLSTATEs for the causes named here.
@@ -59,38 +60,41 @@ def first_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-_ACLS = f"`{PROGRAM} topics acls` lists what the service's principal needs"
+Names = Settings | type[Settings]  # the settings (or their class) that name the program and its variables
 
 
-def kafka_reason(found: list[BaseException], doing: str | None = None) -> str | None:
+def _acls(names: Names) -> str:
+    return f"`{names.program} topics acls` lists what the service's principal needs"
+
+
+def kafka_reason(found: list[BaseException], doing: str | None = None, names: Names = Settings) -> str | None:
     """The one line for a Kafka failure on secured infrastructure, or None: a login refused, a certificate that does
     not verify, an operation the broker's ACLs refuse (`doing`: the operation, when the caller knows it: READ for a
     consumer, WRITE for a producer), a token endpoint that gives no token."""
     # A certificate or a TLS handshake is Kafka's only when a Kafka client failed on it (the database's are below).
     kafka = any(isinstance(cause, KafkaError | TokenUnavailable) for cause in found)
+    v = names.variable
     for cause in found:
         if isinstance(cause, TokenUnavailable):
-            return f"{cause} ({ENV_PREFIX}KAFKA_OAUTH_TOKEN_URL, {ENV_PREFIX}KAFKA_OAUTH_CLIENT_ID, _CLIENT_SECRET)"
+            return f"{cause} ({v('kafka_oauth_token_url')}, {v('kafka_oauth_client_id')}, _CLIENT_SECRET)"
         if isinstance(cause, SaslAuthenticationFailed | AuthenticationFailedError):
             return (
-                f"Kafka refused the login ({ENV_PREFIX}KAFKA_SASL_MECHANISM, {ENV_PREFIX}KAFKA_SASL_USERNAME, "
-                f"{ENV_PREFIX}KAFKA_SASL_PASSWORD, or the OAuth client)"
+                f"Kafka refused the login ({v('kafka_sasl_mechanism')}, {v('kafka_sasl_username')}, "
+                f"{v('kafka_sasl_password')}, or the OAuth client)"
             )
         if isinstance(cause, UnsupportedSaslMechanismError):
-            return f"Kafka does not take this SASL mechanism ({ENV_PREFIX}KAFKA_SASL_MECHANISM)"
+            return f"Kafka does not take this SASL mechanism ({v('kafka_sasl_mechanism')})"
         if isinstance(cause, ssl.SSLCertVerificationError) and kafka:
-            return f"Kafka's certificate does not verify: {cause.verify_message} ({ENV_PREFIX}KAFKA_SSL_CAFILE)"
+            return f"Kafka's certificate does not verify: {cause.verify_message} ({v('kafka_ssl_cafile')})"
         if isinstance(cause, ssl.SSLError) and kafka:
-            return (
-                f"the TLS handshake with Kafka failed: {cause.reason or type(cause).__name__} ({ENV_PREFIX}KAFKA_SSL_*)"
-            )
+            return f"the TLS handshake with Kafka failed: {cause.reason or type(cause).__name__} ({v('kafka_ssl_')}*)"
         if isinstance(cause, GroupAuthorizationFailedError):
-            return f"not authorized: READ on group {_named(cause)} ({_ACLS})"
+            return f"not authorized: READ on group {_named(cause)} ({_acls(names)})"
         if isinstance(cause, TopicAuthorizationFailedError):
             operation = doing or "DESCRIBE, READ or WRITE"
-            return f"not authorized: {operation} on topic {_named(cause)} ({_ACLS})"
+            return f"not authorized: {operation} on topic {_named(cause)} ({_acls(names)})"
         if isinstance(cause, ClusterAuthorizationFailedError | TransactionalIdAuthorizationFailed):
-            return f"not authorized on the cluster: {type(cause).__name__} ({_ACLS})"
+            return f"not authorized on the cluster: {type(cause).__name__} ({_acls(names)})"
     return None
 
 
@@ -100,38 +104,39 @@ def _named(error: KafkaError) -> str:
     return ", ".join(sorted(names)) if names else "(not named by the broker)"
 
 
-def explain(error: BaseException, *, metrics_port: int | None = None) -> str:
+def explain(error: BaseException, names: Names = Settings, *, metrics_port: int | None = None) -> str:
     """One line saying what went wrong and, where there is one, what to do."""
     found = list(causes(error))
+    v = names.variable
     for cause in found:
         if isinstance(cause, SchemaNotCurrent | TopicsProblem):
             return str(cause)
     for cause in found:
         state = sqlstate(cause)
         if state == _NO_DATABASE:
-            return f"{first_line(cause)} ({ENV_PREFIX}DATABASE_URL)"
+            return f"{first_line(cause)} ({v('database_url')})"
         if state == _NO_TABLE:
-            return f"the database is not migrated: run `{PROGRAM} migrate`"
+            return f"the database is not migrated: run `{names.program} migrate`"
         if state in _AUTHENTICATION:
-            return f"the database refused the login: {first_line(cause)} ({ENV_PREFIX}DATABASE_URL)"
-    kafka = kafka_reason(found)
+            return f"the database refused the login: {first_line(cause)} ({v('database_url')})"
+    kafka = kafka_reason(found, names=names)
     if kafka is not None:
         return kafka
     for cause in found:
         if isinstance(cause, ssl.SSLCertVerificationError):
             reason = cause.verify_message
-            return f"the database's certificate does not verify: {reason} ({ENV_PREFIX}DATABASE_URL sslrootcert)"
+            return f"the database's certificate does not verify: {reason} ({v('database_url')} sslrootcert)"
     for cause in found:
         if isinstance(cause, OSError) and cause.errno == errno.EADDRINUSE:
             port = f" {metrics_port}" if metrics_port else ""
-            return f"port{port} is already in use: set {ENV_PREFIX}METRICS_PORT to a free port (0 disables it)"
+            return f"port{port} is already in use: set {v('metrics_port')} to a free port (0 disables it)"
     for cause in found:
         if isinstance(cause, InfrastructureUnavailable):
-            return f"the database is unreachable ({ENV_PREFIX}DATABASE_URL)"
+            return f"the database is unreachable ({v('database_url')})"
         if isinstance(cause, KafkaConnectionError):
-            return f"Kafka is unreachable ({ENV_PREFIX}KAFKA_BOOTSTRAP_SERVERS)"
+            return f"Kafka is unreachable ({v('kafka_bootstrap_servers')})"
         if isinstance(cause, KafkaError):
-            return f"Kafka failed: {type(cause).__name__} ({ENV_PREFIX}KAFKA_BOOTSTRAP_SERVERS)"
+            return f"Kafka failed: {type(cause).__name__} ({v('kafka_bootstrap_servers')})"
         if isinstance(cause, ConnectionError | TimeoutError):
             return f"a connection failed: {type(cause).__name__}"
-    return f"unexpected error ({type(error).__name__}); {ENV_PREFIX}LOG_LEVEL=debug shows the stack trace"
+    return f"unexpected error ({type(error).__name__}); {v('log_level')}=debug shows the stack trace"

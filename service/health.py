@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from service.metrics import Metrics
 
-log = structlog.get_logger("order_service.health")
+log = structlog.get_logger("health")
 
 ReadinessCheck = Callable[[], Awaitable[bool]]
 

@@ -1,11 +1,12 @@
 """Structured JSON logs (structlog) for the service and the libraries it uses.
 
 At the default level no stack trace is written: a failing record logs its ids and error code, an outage
-logs one line per retry. Stack traces appear only with ORDERS_LOG_LEVEL=debug.
+logs one line per retry. Stack traces appear only with <PREFIX>LOG_LEVEL=debug.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 import time
@@ -31,11 +32,12 @@ def _dumps(event: dict[str, Any], **options: Any) -> str:
 
 
 class _NamedWriteLogger(structlog.WriteLogger):
-    """Writes lines to stderr and knows its name (`get_logger("order_service.consumer")`), for `logger`."""
+    """Writes lines to stderr and knows its name, for `logger`: the service's root and the part's name
+    (`get_logger("consumer")` logs as `<root>.consumer`)."""
 
-    def __init__(self, name: str = "", *_: Any) -> None:
+    def __init__(self, root: str, name: str = "", *_: Any) -> None:
         super().__init__(sys.stderr)
-        self.name = name
+        self.name = f"{root}.{name}" if root and name else root or name
 
 
 # aiokafka's lines for a broker it cannot connect to at start, or that names only a node id: the service says it
@@ -90,8 +92,9 @@ class _KafkaChatter(logging.Filter):
         return True
 
 
-def configure(level: str) -> None:
-    """Route structlog and stdlib logging to one JSON line per event on stderr."""
+def configure(level: str, logger_root: str = "") -> None:
+    """Route structlog and stdlib logging to one JSON line per event on stderr; the service's own loggers are named
+    below `logger_root` (the domain's)."""
     numeric = _LEVELS[level]
     debug = numeric <= logging.DEBUG
     shared: list[Any] = [
@@ -107,7 +110,7 @@ def configure(level: str) -> None:
     # that renders them the same way.
     structlog.configure(
         processors=[*shared, renderer],
-        logger_factory=_NamedWriteLogger,
+        logger_factory=functools.partial(_NamedWriteLogger, logger_root),
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         cache_logger_on_first_use=True,
     )

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from service.names import METRICS_PREFIX
-
 
 class Metrics:
     """The process's counters and gauges; names are part of the contract with dashboards and alerts.
@@ -14,7 +12,7 @@ class Metrics:
     parked keys, reconciler runs) are read from PostgreSQL by `GaugeRefresher`, at most every 10 s.
     """
 
-    def __init__(self, prefix: str = METRICS_PREFIX) -> None:
+    def __init__(self, prefix: str) -> None:
         self.registry = CollectorRegistry()
         r, p = self.registry, prefix
         self.records = Counter(f"{p}_records", "Records by outcome.", ["outcome"], registry=r)

@@ -33,10 +33,10 @@ KAFKA = os.environ.get("ORDERS_TEST_KAFKA", "127.0.0.1:19092")
 def migrate(host: str, port: int, user: str, dbname: str, password: str | None = None, **_: Any) -> None:
     """Load the template database with `alembic upgrade heads` (the core's and the order domain's branch), exactly
     as `order-service migrate` does."""
-    from service.containers import MIGRATIONS
+    from service.orders.domain import DOMAIN
     from service.store.schema import upgrade_to_head
 
-    upgrade_to_head(f"postgresql+asyncpg://{user}@{host}:{port}/{dbname}", MIGRATIONS)
+    upgrade_to_head(f"postgresql+asyncpg://{user}@{host}:{port}/{dbname}", DOMAIN.migrations)
 
 
 def migrate_core(host: str, port: int, user: str, dbname: str, password: str | None = None, **_: Any) -> None:

@@ -17,10 +17,10 @@ from examples.inventory.providers import WarehouseClient
 from service.config import Topics
 from service.policy.effects import CallOutcome, LookupOutcome
 from service.policy.envelope import event_headers
+from service.ports import EffectKind, EffectRegistry, EffectSpec, Settled
 from service.store import outbox
 from service.store.effects import EffectRow
 from service.store.outbox import OutboxMessage
-from service.worker.effect_kinds import EffectKind, EffectRegistry, EffectSpec, Settled
 
 # `provider_setting` names the variable that enables the calls (ORDERS_WAREHOUSE_URL): this domain's own
 # settings read it (examples/inventory/composition.py), the core only names it when the calls are disabled.

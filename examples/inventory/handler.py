@@ -1,4 +1,4 @@
-"""The inventory domain's handler (service/worker/handler.py): inventory messages, the stock look-up before a
+"""The inventory domain's handler (service/ports.py `Handler`): inventory messages, the stock look-up before a
 reserve, the reservation rules, and the documents of reservation events and rejections."""
 
 from __future__ import annotations

@@ -162,8 +162,8 @@ class _Connector(aiohttp.TCPConnector):
 
     An answer belongs to the request it follows: HTTP/1.1 has nothing else to tell whose answer it is. Bytes (or an
     end) that came while no request of ours was outstanding, and that the event loop has not read yet because it
-    was busy elsewhere, would be read after the next request is written, as its answer: a payment's late second
-    answer taken for the next payment's. Such a connection is closed, and the call takes another.
+    was busy elsewhere, would be read after the next request is written, as its answer: a call's late second
+    answer taken for the next call's. Such a connection is closed, and the call takes another.
     """
 
     def __init__(self, **kwargs: Any) -> None:

@@ -20,7 +20,7 @@ from service.metrics import Metrics
 from service.policy import breaker as policy
 from service.policy.breaker import OK, Admission, Breaker, BreakerPolicy, Outcome, State
 
-log = structlog.get_logger("order_service.breaker")
+log = structlog.get_logger("breaker")
 
 Listener = Callable[[str, Breaker], None]
 _STATE_VALUES = {State.CLOSED: 0, State.HALF_OPEN: 1, State.OPEN: 2}

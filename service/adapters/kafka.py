@@ -26,7 +26,7 @@ from service.policy.backoff import outage_wait
 from service.policy.records import SourceRecord
 from service.stopping import sleep_unless_stopped
 
-log = structlog.get_logger("order_service.kafka")
+log = structlog.get_logger("kafka")
 _WORD = struct.Struct("<I")
 _M = 0x5BD1E995
 
@@ -198,6 +198,7 @@ async def start_with_backoff(
     """Call `start` until it succeeds or `stop` is set; one clear log line per failed try, no traceback, saying why
     when `settings` let the cause be found (`diagnose`)."""
     failures = 0
+    names = settings if settings is not None else Settings
     while not stop.is_set():
         try:
             await start()
@@ -212,7 +213,7 @@ async def start_with_backoff(
                 "kafka_unavailable",
                 client=what,
                 error=type(error).__name__,
-                reason=kafka_reason([*causes(cause), *causes(error)]) if cause else explain(error),
+                reason=kafka_reason([*causes(cause), *causes(error)], names=names) if cause else explain(error, names),
                 retry_in_seconds=delay,
             )
             log.debug("kafka_unavailable_detail", exc_info=error)

@@ -23,10 +23,9 @@ from aiokafka.protocol.metadata import MetadataRequest
 from service.adapters.kafka import client_options, diagnosed, make_admin
 from service.config import Settings
 from service.errors import TopicsMissing, TopicsProblem
-from service.names import PROGRAM
 from service.policy.topics import Alter, Create, Observed, TopicSpec, declared_topics, not_ready_line
 
-log = structlog.get_logger(f"{PROGRAM.replace('-', '_')}.topics")
+log = structlog.get_logger("topics")
 
 _UNKNOWN_TOPIC = 3  # UNKNOWN_TOPIC_OR_PARTITION: the broker does not have it
 _LEADER_NOT_AVAILABLE = 5  # a topic just created, before its leaders are elected: it exists
@@ -100,7 +99,7 @@ def _found(topics: dict[str, dict[str, Any]], names: Sequence[str]) -> Found:
 
 def not_ready(settings: Settings, found: Found) -> TopicsMissing:
     """The error (its one line) for topics that are missing or may not be described."""
-    line = not_ready_line(found.missing, found.not_authorized, source=settings.topics.source, program=PROGRAM)
+    line = not_ready_line(found.missing, found.not_authorized, source=settings.topics.source, program=settings.program)
     return TopicsMissing(line, found.missing, found.not_authorized)
 
 

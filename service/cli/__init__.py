@@ -1,4 +1,8 @@
-"""The `order-service` command line (contract §3): one typer application, a module per command group."""
+"""The command line (contract §3), built from a domain: one typer application, a module per command group.
+
+The help texts of the command groups name the program, its variables and the domain's effect kinds by
+placeholders (`<program>`, `<PREFIX>`, `<kinds>`, `<kind>`), which `command` fills in from the `Domain`.
+"""
 
 from __future__ import annotations
 
@@ -6,56 +10,95 @@ from typing import Annotated, Any
 
 import typer
 
-from service.cli import console, effects, outbox, parked, quarantine, reprocess, serve, topics
+from service.cli import common, console, effects, outbox, parked, quarantine, reprocess, serve, topics
 from service.cli.environment import describe
-from service.containers import SETTINGS
-from service.names import PROGRAM
+from service.ports import Domain
 
-app = typer.Typer(
-    name=PROGRAM,
-    help="Apply order events from Kafka to PostgreSQL; every record reaches a known terminal state.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-app.command()(serve.migrate)
-app.command()(serve.consume)
-app.command()(serve.relay)
-app.add_typer(effects.app, name="effects")
-app.command()(serve.run)
-app.command()(serve.reconcile)
-app.add_typer(quarantine.app, name="quarantine")
-app.add_typer(reprocess.app, name="reprocess")
-app.add_typer(parked.app, name="parked")
-app.add_typer(outbox.app, name="outbox")
-app.add_typer(topics.app, name="topics")
-app.command()(console.console)
+
+def application(domain: Domain) -> typer.Typer:
+    """The typer application of the service `domain` describes; its commands serve that domain."""
+    common.serve_domain(domain)
+    app = typer.Typer(
+        name=domain.program,
+        help=domain.summary,
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    app.command()(serve.migrate)
+    app.command()(serve.consume)
+    app.command()(serve.relay)
+    app.add_typer(effects.app, name="effects")
+    app.command()(serve.run)
+    app.command()(serve.reconcile)
+    app.add_typer(quarantine.app, name="quarantine")
+    app.add_typer(reprocess.app, name="reprocess")
+    app.add_typer(parked.app, name="parked")
+    app.add_typer(outbox.app, name="outbox")
+    app.add_typer(topics.app, name="topics")
+    app.command()(console.console)
+
+    app.callback(help=domain.summary)(_main)
+    return app
 
 
 def _print_version(value: bool) -> None:
     if value:
         from importlib.metadata import version  # slow to import, and only --version needs it
 
-        typer.echo(f"{PROGRAM} {version(PROGRAM)}")
+        program = common.domain().program
+        typer.echo(f"{program} {version(program)}")
         raise typer.Exit()
 
 
-@app.callback()
 def _main(
     version: Annotated[
         bool,
         typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
     ] = False,
 ) -> None:
-    """Apply order events from Kafka to PostgreSQL; every record reaches a known terminal state."""
+    """The service's commands."""
 
 
-def main() -> None:
-    """Console-script entry point."""
-    command = typer.main.get_command(app)
-    plain_help(command)
-    describe(command, SETTINGS)
-    command(prog_name=PROGRAM)
+def command(domain: Domain) -> Any:
+    """The click command of the service `domain` describes: help without type placeholders, each command's
+    variables listed, the domain's names in the help texts."""
+    built = typer.main.get_command(application(domain))
+    plain_help(built)
+    describe(built, domain.settings)
+    name_in_help(built, domain)
+    return built
+
+
+def main(domain: Domain) -> None:
+    """Run the command line of the service `domain` describes (its console script's entry point)."""
+    command(domain)(prog_name=domain.program)
+
+
+def name_in_help(command: Any, domain: Domain) -> None:
+    """Fill the help texts' placeholders with the domain's names."""
+    kinds = [spec.name for spec in domain.effect_specs]
+    names = {
+        "<program>": domain.program,
+        "<PREFIX>": domain.env_prefix,
+        "<kinds>": ", ".join(kinds),
+        "<kind>": kinds[0] if kinds else "kind",
+    }
+
+    def filled(text: str | None) -> str | None:
+        if text:
+            for placeholder, name in names.items():
+                text = text.replace(placeholder, name)
+        return text
+
+    command.help = filled(command.help)
+    command.short_help = filled(command.short_help)
+    command.epilog = filled(command.epilog)
+    for param in getattr(command, "params", ()):
+        if getattr(param, "help", None):
+            param.help = filled(param.help)
+    for sub in getattr(command, "commands", {}).values():
+        name_in_help(sub, domain)
 
 
 def plain_help(command: Any) -> None:

@@ -1,4 +1,5 @@
-"""What every command shares: settings, running, one unit of work, output for people and scripts."""
+"""What every command shares: the domain the command line was built with, settings, running, one unit of work,
+output for people and scripts."""
 
 from __future__ import annotations
 
@@ -19,35 +20,50 @@ from typer.exceptions import TyperException
 
 from service import logs
 from service.config import ConfigurationError, Settings, load_settings
-from service.containers import SETTINGS, Container
+from service.containers import Container
 from service.explain import explain
 from service.jsonable import jsonable
-from service.names import PROGRAM
+from service.ports import Domain
 from service.store.uow import UnitOfWork
 
 T = TypeVar("T")
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
+_domain: Domain | None = None  # the domain the command line was built with (set by `serve_domain`)
 _loaded: Settings | None = None  # the settings of the command being run (set by `configured`)
+
+
+def serve_domain(domain: Domain) -> None:
+    """Make `domain` the one every command of this process serves (service/cli/__init__.py `command`)."""
+    global _domain
+    _domain = domain
+
+
+def domain() -> Domain:
+    """The domain the command line was built with."""
+    if _domain is None:
+        raise RuntimeError("the command line was not built from a domain (service.cli.command)")
+    return _domain
 
 
 def configured() -> Settings:
     """The settings from the environment; a bad one is one line and exit 2. Configures logging."""
     global _loaded
+    served = domain()
     try:
-        settings = load_settings(SETTINGS)
+        settings = load_settings(served.settings)
     except ConfigurationError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
-    logs.configure(settings.log_level)
+    logs.configure(settings.log_level, served.logger_root)
     _loaded = settings
     return settings
 
 
 def run_async(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> T:
     """Run a coroutine with SIGTERM/SIGINT turned into a graceful stop; a failure that ends it is one line on
-    stderr and exit 1 (the stack trace only at ORDERS_LOG_LEVEL=debug)."""
+    stderr and exit 1 (the stack trace only at <PREFIX>LOG_LEVEL=debug)."""
 
     async def runner() -> T:
         stop = asyncio.Event()
@@ -65,24 +81,25 @@ def run_async(main: Callable[[asyncio.Event], Coroutine[Any, Any, T]]) -> T:
         if settings is not None and settings.log_level == "debug":
             raise
         port = settings.metrics_port if settings is not None else None
-        typer.echo(f"{_command()}: {explain(error, metrics_port=port)}", err=True)
+        names = settings if settings is not None else domain().settings
+        typer.echo(f"{_command()}: {explain(error, names, metrics_port=port)}", err=True)
         raise typer.Exit(1) from None
 
 
 def _command() -> str:
-    """The command being run, as typed up to its first option (`order-service quarantine list`)."""
+    """The command being run, as typed up to its first option (`<program> quarantine list`)."""
     words = []
     for word in sys.argv[1:]:
         if word.startswith("-"):
             break
         words.append(word)
-    return " ".join([PROGRAM, *words[:2]])
+    return " ".join([domain().program, *words[:2]])
 
 
 @asynccontextmanager
 async def assembled(settings: Settings) -> AsyncIterator[Container]:
     """The container with its resources (engine, HTTP client) open for the block, closed after it."""
-    container = Container(settings=settings)
+    container = Container(settings=settings, domain=domain())
     await container.init_resources()  # type: ignore[misc]
     try:
         yield container

@@ -1,4 +1,4 @@
-"""`order-service console`: the operator console, served by uvicorn (contract §9)."""
+"""`<program> console`: the operator console, served by uvicorn (contract §9)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,9 @@ from typing import Any
 
 import typer
 
-from service.cli.common import assembled, configured, provide, run_async, use
+from service.cli.common import assembled, configured, domain, provide, run_async, use
 from service.cli.reprocess import reprocess_topic_exists
 from service.config import Settings
-from service.containers import CODES
-from service.names import ENV_PREFIX, PROGRAM
 from service.policy.operators import parse_tokens
 from service.worker.reprocess import Options, Progress, Report, Selection
 
@@ -25,14 +23,14 @@ def refusal(settings: Settings) -> str | None:
     beyond loopback without TLS termination acknowledged in front of it."""
     if not parse_tokens(settings.console_tokens.get_secret_value()):
         return (
-            f"{ENV_PREFIX}CONSOLE_TOKENS is not set: give at least one name:role:token (role viewer or operator, "
-            "the token at least 32 characters)"
+            f"{settings.variable('console_tokens')} is not set: give at least one name:role:token (role viewer or "
+            "operator, the token at least 32 characters)"
         )
     host, _ = settings.console_host_port
     if not _loopback(host) and not settings.console_behind_tls:
         return (
-            f"{ENV_PREFIX}CONSOLE_BIND {settings.console_bind} is not a loopback address: put TLS in front of the "
-            f"console and set {ENV_PREFIX}CONSOLE_BEHIND_TLS=true, or bind 127.0.0.1"
+            f"{settings.variable('console_bind')} {settings.console_bind} is not a loopback address: put TLS in front "
+            f"of the console and set {settings.variable('console_behind_tls')}=true, or bind 127.0.0.1"
         )
     return None
 
@@ -60,18 +58,18 @@ def _server(config: Any) -> Any:
 
 
 async def _reprocess(owner: Settings, selection: Selection, options: Options, progress: Progress) -> Report:
-    """A reprocess run as `order-service reprocess` makes it: the owner consumer's container and reprocessor."""
+    """A reprocess run as `<program> reprocess` makes it: the owner consumer's container and reprocessor."""
     await reprocess_topic_exists(owner)
     return await use(owner, "reprocessor", lambda runner: runner.run(selection, options, progress, lambda _: False))
 
 
 def console() -> None:
-    """Serve the operator console (ORDERS_CONSOLE_BIND, default 127.0.0.1:8088): the quarantine queue, held keys,
+    """Serve the operator console (<PREFIX>CONSOLE_BIND, default 127.0.0.1:8088): the quarantine queue, held keys,
     effects and reprocess runs; viewers read, operators also reveal payloads and act, every action audited."""
     settings = configured()
     refused = refusal(settings)
     if refused is not None:
-        typer.echo(f"{PROGRAM} console: {refused}", err=True)
+        typer.echo(f"{settings.program} console: {refused}", err=True)
         raise typer.Exit(2)
     host, port = settings.console_host_port
     try:
@@ -79,7 +77,7 @@ def console() -> None:
             (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, reuse_port=False
         )
     except OSError as error:
-        typer.echo(f"{PROGRAM} console: cannot listen on {settings.console_bind}: {error.strerror}", err=True)
+        typer.echo(f"{settings.program} console: cannot listen on {settings.console_bind}: {error.strerror}", err=True)
         raise typer.Exit(1) from None
     # Without it each response's body waits for the client's delayed acknowledgement of its head (uvicorn writes
     # them apart; docs/performance.md).
@@ -99,7 +97,7 @@ def console() -> None:
                 effect_specs=container.effect_specs(),
                 failing_field=container.failing_field(),
                 reprocess=_reprocess,
-                codes=CODES,
+                codes=domain().error_codes,
             )
             server = _server(
                 uvicorn.Config(

@@ -1,4 +1,4 @@
-"""`order-service effects`: the effect worker and the effects ledger."""
+"""`<program> effects`: the effect worker and the effects ledger."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from service import operations
 from service.cli.common import (
     JsonFlag,
     configured,
+    domain,
     print_json,
     run_async,
     show_rows,
@@ -21,9 +22,7 @@ from service.cli.common import (
 )
 from service.cli.selection import go_ahead
 from service.cli.serve import serve_parts
-from service.containers import Container
 from service.jsonable import jsonable
-from service.names import PROGRAM
 from service.store import effects as effects_store
 from service.worker.effect_kinds import retry_state, waiting_for
 
@@ -32,7 +31,7 @@ app = typer.Typer(help="Execute pending external effects until stopped; `effects
 
 @app.callback(invoke_without_command=True)
 def effects(context: typer.Context) -> None:
-    """Execute pending external effects (payments, emails) until stopped; `effects list` shows the ledger."""
+    """Execute pending external effects (<kinds>) until stopped; `effects list` shows the ledger."""
     if context.invoked_subcommand is not None:
         return
     settings = configured()
@@ -47,9 +46,7 @@ def effects_list(
             "--state", help="pending, in_flight, sent, uncertain or failed (repeatable; default: all but sent)."
         ),
     ] = None,
-    kind: Annotated[
-        str | None, typer.Option(help="Only this kind (payment.capture, payment.refund, email.shipped).")
-    ] = None,
+    kind: Annotated[str | None, typer.Option(help="Only this kind (<kinds>).")] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000, help="Show at most this many.")] = 100,
     offset: Annotated[int, typer.Option(min=0, help="Skip this many first (paging).")] = 0,
     as_json: JsonFlag = False,
@@ -71,11 +68,7 @@ def effects_list(
     if as_json:
         print_json(rows)
         return
-    disabled = {
-        spec.name
-        for spec in Container(settings=settings).effect_specs()
-        if not getattr(settings, spec.provider_setting)
-    }
+    disabled = {spec.name for spec in domain().effect_specs if not getattr(settings, spec.provider_setting)}
     show_rows(
         ("effect", "kind", "state", "attempts", "last error", "next attempt (UTC)"),
         [
@@ -95,7 +88,7 @@ def effects_list(
 
 @app.command("show")
 def effects_show(
-    key: Annotated[str, typer.Argument(help="The effect's idempotency key, e.g. A-1001/payment.capture.")],
+    key: Annotated[str, typer.Argument(help="The effect's idempotency key, e.g. A-1001/<kind>.")],
     as_json: JsonFlag = False,
 ) -> None:
     """One effect: its state, attempts, last error, lease, provider reference and payload."""
@@ -124,9 +117,9 @@ def effects_retry(
     author: Annotated[str | None, typer.Option("--author", help="Who retries it (default: $USER).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Try failed effects again, audited, with a fresh budget: a payment is called again (the provider's
-    idempotency key makes a second capture impossible); an email is first looked up by its ref by the next
-    `order-service reconcile` and sent again only if the provider has no trace of it."""
+    """Try failed effects again, audited, with a fresh budget: an effect whose provider takes its idempotency key is
+    called again (a second call cannot act twice); any other is first looked up by the next `<program> reconcile`
+    and made again only if the provider has no trace of it."""
     settings = configured()
     if not reason.strip():
         raise typer.BadParameter("say why: --reason", param_hint="--reason")
@@ -134,7 +127,7 @@ def effects_retry(
         raise typer.BadParameter("name idempotency keys, or select with --kind")
     who = who_acts(author)
 
-    registered = Container(settings=settings).effect_specs()
+    registered = domain().effect_specs
     specs = {spec.name: spec for spec in registered}
     waiting = waiting_for(registered)
 
@@ -161,19 +154,20 @@ def effects_retry(
             }
         )
     else:
-        for one, goes_to in retried.items():
-            typer.echo(
-                f"{one}: pending: the effect worker calls it again"
-                if goes_to == "pending"
-                else f"{one}: uncertain: the next `{PROGRAM} reconcile` looks it up, and sends it only if not found"
-            )
+        program = domain().program
+    for one, goes_to in retried.items():
+        typer.echo(
+            f"{one}: pending: the effect worker calls it again"
+            if goes_to == "pending"
+            else f"{one}: uncertain: the next `{program} reconcile` looks it up, and sends it only if not found"
+        )
     for one, (was, went) in outcomes.items():
         if was is None:
             typer.echo(f"no effect with idempotency key {one}", err=True)
         elif went is None and was.startswith("failed"):
             typer.echo(f"{one}: not retried: {was}", err=True)
         elif went is None:
-            hint = f"; `{PROGRAM} reconcile` resolves it" if was == "uncertain" else ""
+            hint = f"; `{program} reconcile` resolves it" if was == "uncertain" else ""
             typer.echo(f"{one} is {was}, not failed: nothing to retry{hint}", err=True)
     if len(retried) < len(outcomes):
         raise typer.Exit(1)

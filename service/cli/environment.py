@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 from service.config import Settings
-from service.names import ENV_PREFIX
 from service.readers import Reader, is_secret, read, variable
 
 _PROCESS = (Reader.DATABASE, Reader.PROCESS)
@@ -56,7 +55,7 @@ def epilog(path: str, settings_cls: type[Settings] = Settings) -> str:
     """The last paragraph of a command's help: the variables it reads, a secret's marked (never a value)."""
     if not path:
         return (
-            f"Configuration comes from {ENV_PREFIX}* environment variables (README, Configuration); "
+            f"Configuration comes from {settings_cls.variable('')}* environment variables (README, Configuration); "
             "each command's --help lists the ones it reads."
         )
     names = read(settings_cls, runs(path))

@@ -1,4 +1,4 @@
-"""`order-service outbox`: rows the relay set aside."""
+"""`<program> outbox`: rows the relay set aside."""
 
 from __future__ import annotations
 

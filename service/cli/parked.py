@@ -1,4 +1,4 @@
-"""`order-service parked`: keys held behind a failed head (ORDERS_ORDERING=key)."""
+"""`<program> parked`: keys held behind a failed head (<PREFIX>ORDERING=key)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,9 @@ from service.cli.common import (
     who_acts,
     with_connection,
 )
-from service.names import ENV_PREFIX
 from service.store import parking
 
-app = typer.Typer(help=f"Records parked behind a held key ({ENV_PREFIX}ORDERING=key).", no_args_is_help=True)
+app = typer.Typer(help="Records parked behind a held key (<PREFIX>ORDERING=key).", no_args_is_help=True)
 
 
 @app.command("list")

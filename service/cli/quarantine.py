@@ -1,4 +1,4 @@
-"""`order-service quarantine`: the quarantine queue."""
+"""`<program> quarantine`: the quarantine queue."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from service import operations
 from service.cli.common import (
     JsonFlag,
     configured,
+    domain,
     print_json,
     run_async,
     show_rows,
@@ -37,7 +38,6 @@ from service.cli.selection import (
     picked,
     wanted_of,
 )
-from service.containers import Container
 from service.jsonable import jsonable
 from service.store import quarantine
 
@@ -178,7 +178,7 @@ def quarantine_show(
         raise typer.Exit(1)
     payload = row.get("payload")
     if row["error_code"] == "INVALID_FIELD":
-        found = Container(settings=settings).failing_field()(bytes(payload) if payload is not None else None)
+        found = domain().failing_field(bytes(payload) if payload is not None else None)
         row["failing_field"] = {"path": found[0], "rule": found[1]} if found else None
     if payload_as_text and payload is not None:
         try:

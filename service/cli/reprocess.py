@@ -1,4 +1,4 @@
-"""`order-service reprocess`: the controlled reprocess workflow."""
+"""`<program> reprocess`: the controlled reprocess workflow."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from service.adapters import topics
 from service.cli.common import (
     JsonFlag,
     configured,
+    domain,
     print_json,
     run_async,
     show_rows,
@@ -29,7 +30,6 @@ from service.cli.common import (
 )
 from service.config import Settings
 from service.jsonable import jsonable
-from service.names import PROGRAM
 from service.store import reprocess as reprocess_store
 from service.worker.reprocess import Options, Selection
 
@@ -167,7 +167,7 @@ def reprocess(
     if report.skipped:
         typer.echo(
             f"reprocess: {report.skipped} items not sent: resolved or otherwise changed since they were selected "
-            f"(`{PROGRAM} reprocess show {report.run_id}` says which and how)",
+            f"(`{domain().program} reprocess show {report.run_id}` says which and how)",
             err=True,
         )
     if report.outcome == "stopped":
@@ -175,7 +175,8 @@ def reprocess(
     if report.unverified:
         typer.echo(
             f"reprocess: {report.unverified} items unverified (no business change seen in time): check them with "
-            f"`{PROGRAM} quarantine show <failure id>` and that a consumer named {settings.consumer_name} runs",
+            f"`{domain().program} quarantine show <failure id>` and that a consumer named {settings.consumer_name} "
+            "runs",
             err=True,
         )
         raise typer.Exit(1)

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from service.containers import CODES
+from service.cli.common import domain
 from service.durations import parse_duration
 from service.operations import Picked, SelectionTooLarge, SeveralConsumers, Wanted
 
@@ -33,7 +33,7 @@ RecordConsumerOption = Annotated[
 
 def check_code(error_code: str | None) -> None:
     """An --error-code value must be a known code (exit 2 otherwise)."""
-    if error_code is not None and error_code not in CODES:
+    if error_code is not None and error_code not in domain().error_codes:
         raise typer.BadParameter(
             f"{error_code!r} is not an error code (README, Error codes)", param_hint="--error-code"
         )

@@ -15,13 +15,13 @@ from service.cli.common import (
     JsonFlag,
     assembled,
     configured,
+    domain,
     print_json,
     provide,
     run_async,
     use,
 )
 from service.config import Settings
-from service.containers import MIGRATIONS
 from service.errors import InfrastructureUnavailable
 from service.explain import first_line
 from service.policy import topics as topic_plan
@@ -72,14 +72,14 @@ async def _schema_ready(settings: Settings, stop: asyncio.Event) -> bool:
     failures = 0
     while not stop.is_set():
         try:
-            await schema.require_head(settings.database, MIGRATIONS)
+            await schema.require_head(settings.database, domain().migrations)
             return True
         except Exception as error:
             if not is_unavailable(error):
                 raise
         failures += 1
         delay = outage_wait(failures)
-        structlog.get_logger("order_service.cli").warning("database_unavailable", retry_in_seconds=delay)
+        structlog.get_logger("cli").warning("database_unavailable", retry_in_seconds=delay)
         await sleep_unless_stopped(stop, delay)
     return False
 
@@ -94,7 +94,7 @@ def migrate() -> None:
     settings = configured()
     logging.getLogger("alembic").setLevel(min(logging.INFO, logging.getLogger().level))  # say each upgrade
     try:
-        head = schema.upgrade_to_head(settings.database, MIGRATIONS)
+        head = schema.upgrade_to_head(settings.database, domain().migrations)
     except OSError as error:
         typer.echo(f"migrate: database unreachable ({type(error).__name__})", err=True)
         raise typer.Exit(1) from None

@@ -1,4 +1,4 @@
-"""`order-service topics plan / apply / acls`: the declared topics and the ACLs the service needs (contract §11)."""
+"""`<program> topics plan / apply / acls`: the declared topics and the ACLs the service needs (contract §11)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,9 @@ from typing import Annotated, Any
 import typer
 
 from service.adapters import topics
-from service.cli.common import JsonFlag, configured, print_json, run_async, show_rows
+from service.cli.common import JsonFlag, configured, domain, print_json, run_async, show_rows
 from service.config import Settings
 from service.durations import format_duration
-from service.names import PROGRAM
 from service.policy.topics import (
     Action,
     Plan,
@@ -120,7 +119,7 @@ def _summary(plan: Plan) -> str:
     if plan.drifted:
         parts.append(f"other configs: {', '.join(plan.drifted)}")
     flags = sorted({topic.flag for topic in plan.topics if topic.flag})
-    command = " ".join([f"`{PROGRAM} topics apply", *flags]) + "`"
+    command = " ".join([f"`{domain().program} topics apply", *flags]) + "`"
     return "; ".join(parts) + f": {command} changes that"
 
 
@@ -175,7 +174,7 @@ def topics_apply(
         done = {outcome.name for outcome in outcomes if outcome.failure is None}
         _say(steps, plan, ("created", "altered"), done)
     for failure in failures:
-        typer.echo(f"{PROGRAM} topics apply: {failure}", err=True)
+        typer.echo(f"{domain().program} topics apply: {failure}", err=True)
     if failures:
         raise typer.Exit(1)
 
@@ -212,7 +211,7 @@ def _say(steps: Steps, plan: Plan, verbs: tuple[str, str], done: set[str] | None
 @app.command("acls")
 def topics_acls(
     principal: Annotated[
-        str, typer.Option("--principal", help=f"The service's Kafka principal, Type:name (User:{PROGRAM}).")
+        str, typer.Option("--principal", help="The service's Kafka principal, Type:name (User:<program>).")
     ],
     kafka_acls: Annotated[
         bool, typer.Option("--kafka-acls", help="Print the kafka-acls.sh commands that grant them instead.")

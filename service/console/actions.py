@@ -342,7 +342,7 @@ async def reprocess(request: Request) -> Response:
         try:
             await state.wiring.reprocess(owner, selection, options, progress)
         except Exception as error:  # the run's row says so too (the reprocessor marks it failed)
-            progress.error = explain(error)
+            progress.error = explain(error, state.wiring.settings)
             log.warning("console.reprocess_failed", actor=who.operator.name, error=progress.error)
         finally:
             progress.done = True

@@ -22,6 +22,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.config import Settings
 from service.console import routes, views
 from service.console.sessions import LoginLimiter, Sessions
 from service.console.web import Refused, State, Wiring, caller, log, render, safe_next
@@ -43,7 +44,7 @@ _SECURITY_HEADERS = [
 _NO_STORE = (b"cache-control", b"no-store")
 
 
-def security_headers(app: ASGIApp) -> ASGIApp:
+def security_headers(app: ASGIApp, names: Settings | type[Settings] = Settings) -> ASGIApp:
     """Every response gets the security headers; every one but a static asset is never cached. A request that
     fails unexpectedly (the database went away) answers 500 with one line, and logs one line, not a traceback."""
 
@@ -68,7 +69,7 @@ def security_headers(app: ASGIApp) -> ASGIApp:
         try:
             await app(scope, receive, sending)
         except Exception as error:
-            said = explain(error)
+            said = explain(error, names)
             log.warning("console.request_failed", path=scope.get("path"), error=said)
             if not started:
                 await PlainTextResponse(f"the console could not answer: {said}", status_code=500)(
@@ -78,8 +79,9 @@ def security_headers(app: ASGIApp) -> ASGIApp:
     return wrapped
 
 
-def _environment() -> jinja2.Environment:
-    """Templates from the package, every value escaped, an unknown name an error rather than blank."""
+def _environment(program: str) -> jinja2.Environment:
+    """Templates from the package, every value escaped, an unknown name an error rather than blank; `program` names
+    the service on every page."""
     environment = jinja2.Environment(
         loader=jinja2.PackageLoader("service.console", "templates"),
         autoescape=True,
@@ -90,18 +92,21 @@ def _environment() -> jinja2.Environment:
     environment.filters["age"] = views.age
     environment.filters["utc"] = views.utc
     environment.filters["printable"] = views.printable
+    environment.globals["program"] = program
     return environment
 
 
 def create_app(wiring: Wiring) -> Starlette:
     """The console application for these settings (tokens already checked by the command)."""
     operators = parse_tokens(wiring.settings.console_tokens.get_secret_value())
+    program = wiring.settings.program
+    ttl = wiring.settings.console_session_ttl.total_seconds()
     state = State(
         wiring=wiring,
         operators=operators,
-        sessions=Sessions(operators.values(), operators, wiring.settings.console_session_ttl.total_seconds()),
+        sessions=Sessions(operators.values(), operators, ttl, program),
         limiter=LoginLimiter(),
-        templates=Jinja2Templates(env=_environment()),
+        templates=Jinja2Templates(env=_environment(program)),
     )
 
     @asynccontextmanager
@@ -117,15 +122,15 @@ def create_app(wiring: Wiring) -> Starlette:
         exception_handlers={Refused: _refused, 404: _not_found, 405: _not_allowed},
     )
     app.state.console = state
-    app.add_middleware(_Outer)
+    app.add_middleware(_Outer, names=type(wiring.settings))
     return app
 
 
 class _Outer:
     """The outermost layer: security headers on every response, errors included."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self._app = security_headers(app)
+    def __init__(self, app: ASGIApp, names: type[Settings]) -> None:
+        self._app = security_headers(app, names)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._app(scope, receive, send)

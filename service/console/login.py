@@ -42,7 +42,7 @@ async def readyz(request: Request) -> Response:
     try:
         await ping(state_of(request).wiring.engine)
     except Exception as error:
-        return PlainTextResponse(f"not ready: {explain(error)}", status_code=503)
+        return PlainTextResponse(f"not ready: {explain(error, state_of(request).wiring.settings)}", status_code=503)
     return PlainTextResponse("ready")
 
 

@@ -31,9 +31,11 @@ class Sessions:
     replica with the same configuration accepts the same cookie, and changing the tokens ends every session;
     a removed token ends its own at once (the cookie names its fingerprint, looked up on every request)."""
 
-    def __init__(self, operators: Iterable[Operator], tokens: Iterable[str], ttl_seconds: float) -> None:
+    def __init__(self, operators: Iterable[Operator], tokens: Iterable[str], ttl_seconds: float, program: str) -> None:
         self._by_fingerprint = {operator.fingerprint: operator for operator in operators}
-        key = hmac.new(b"order-service console session", "\n".join(sorted(tokens)).encode(), hashlib.sha256)
+        # The key's label names the service (its program), so that two services' consoles never read each other's.
+        label = f"{program} console session".encode()
+        key = hmac.new(label, "\n".join(sorted(tokens)).encode(), hashlib.sha256)
         self._serializer = URLSafeTimedSerializer(key.hexdigest(), salt="console-session")
         self.ttl_seconds = ttl_seconds
 

@@ -18,13 +18,12 @@ from starlette.templating import Jinja2Templates
 
 from service.config import Settings
 from service.console.sessions import COOKIE, LoginLimiter, Session, Sessions
-from service.names import PROGRAM
 from service.policy.operators import Operator, match
+from service.ports import EffectSpec
 from service.store.uow import UnitOfWork
-from service.worker.effect_kinds import EffectSpec
 from service.worker.reprocess import Options, Progress, Report, Selection
 
-log = structlog.get_logger(f"{PROGRAM.replace('-', '_')}.console")
+log = structlog.get_logger("console")
 
 Reprocess = Callable[[Settings, Selection, Options, Progress], Awaitable[Report]]
 

@@ -1,1 +1,2 @@
-"""The order domain: message schemas, order rules and the vocabulary of outcomes. No I/O here."""
+"""What every domain shares: the vocabulary of outcomes (error codes) and the field types of message schemas. No
+I/O here."""

@@ -2,8 +2,8 @@
 
 The core's codes (`ErrorCode`) are the failures any domain meets: invalid input, transient downstream trouble,
 the unexpected, an exhausted budget, and the generic outcomes of an effect. A domain registers its own permanent
-business answers (rejections, refused effects) as a `DomainCode` subclass (the order domain:
-service/orders/codes.py); they are all of kind `rejected`: terminal, never retried.
+business answers (rejections, refused effects) as a `DomainCode` subclass (listed in its `Domain`'s
+`codes`); they are all of kind `rejected`: terminal, never retried.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ _KINDS: dict[ErrorCode, FailureKind] = {
 class DomainCode(StrEnum):
     """The base of a domain's registered codes: permanent business answers, terminal, never retried.
 
-    A domain subclasses it with its members (`class OrderCode(DomainCode): ORDER_NOT_FOUND = "ORDER_NOT_FOUND"`);
+    A domain subclasses it with its members (`class ItemCode(DomainCode): ITEM_NOT_FOUND = "ITEM_NOT_FOUND"`);
     its values must not be core codes (`registered` checks).
     """
 

@@ -3,7 +3,7 @@ refused outcomes of its effects. All are terminal, never retried."""
 
 from __future__ import annotations
 
-from service.domain.codes import DomainCode
+from service.ports import DomainCode
 
 
 class OrderCode(DomainCode):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.adapters.http import Answer, Downstream, api_error, lookup_failure, path_segment
 from service.orders.model import CustomerStatus
+from service.ports import Answer, Downstream, api_error, lookup_failure, path_segment
 
 _STATUSES = {"active": CustomerStatus.ACTIVE, "blocked": CustomerStatus.BLOCKED}
 

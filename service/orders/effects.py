@@ -11,26 +11,29 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.config import Topics
 from service.orders import store
 from service.orders.codes import OrderCode
 from service.orders.providers import EmailsClient, PaymentsClient
-from service.policy.effects import (
+from service.ports import (
     CallOutcome,
     EffectDecision,
+    EffectKind,
+    EffectRegistry,
+    EffectRow,
+    EffectSpec,
     Found,
     LookupFailed,
     LookupOutcome,
     Missing,
     NotSent,
+    OutboxMessage,
     Refused,
     Sent,
+    Settled,
+    Topics,
+    add_to_outbox,
+    event_headers,
 )
-from service.policy.envelope import event_headers
-from service.store import outbox
-from service.store.effects import EffectRow
-from service.store.outbox import OutboxMessage
-from service.worker.effect_kinds import EffectKind, EffectRegistry, EffectSpec, Settled
 
 CAPTURE = EffectSpec("payment.capture", idempotent=True, provider_setting="payments_url")
 REFUND = EffectSpec("payment.refund", idempotent=True, provider_setting="payments_url", waits_for="payment.capture")
@@ -92,7 +95,7 @@ class _Payment:
             _event(topics, effect, decision, event_type, versions.get(effect.aggregate_id))
             for effect, decision, _, event_type in changes
         ]
-        await outbox.add(connection, messages)
+        await add_to_outbox(connection, messages)
 
 
 # Per kind and settled state: the order's payment status and the event that announces it.

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal, get_args
 
-from service.testing.faults import (
+from service.ports import (
     FakeApi,
     FaultServer,
     Reply,

@@ -1,4 +1,4 @@
-"""The order domain's handler (service/worker/handler.py): order messages, the customer look-up for a new
+"""The order domain's handler (service/ports.py `Handler`): order messages, the customer look-up for a new
 order, the order rules, and the documents of order events and rejections."""
 
 from __future__ import annotations
@@ -9,14 +9,11 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.domain.codes import Code
 from service.orders import model
 from service.orders import store as orders
 from service.orders.customers import CustomersClient
 from service.orders.messages import PLACEMENTS, OrderMessage, OrderPlacedV1, decode, sequence_of
-from service.policy.envelope import iso
-from service.policy.handling import Rejected
-from service.policy.records import Coordinates
+from service.ports import Code, Coordinates, DecodeFailure, Rejected, iso
 
 
 class OrderHandler:
@@ -35,19 +32,19 @@ class OrderHandler:
         """The customer directory, when ORDERS_CUSTOMERS_URL is set."""
         return self._customers.downstream if self._customers.enabled else None
 
-    def decode(self, value: bytes | None) -> Any:
+    def decode(self, value: bytes | None) -> OrderMessage | DecodeFailure:
         """An order message, or why the bytes are not one."""
         return decode(value)
 
-    def creates(self, message: Any) -> bool:
+    def creates(self, message: OrderMessage) -> bool:
         """`order.placed.*` creates its order."""
         return type(message) in PLACEMENTS
 
-    def sequence(self, message: Any) -> int | None:
+    def sequence(self, message: OrderMessage) -> int | None:
         """The message's `sequence`, when its schema has one."""
         return sequence_of(message)
 
-    def context_key(self, message: Any, known: Collection[str]) -> str | None:
+    def context_key(self, message: OrderMessage, known: Collection[str]) -> str | None:
         """The customer of a new order of a known tenant (an unknown tenant is rejected without asking)."""
         if (
             isinstance(message, OrderPlacedV1)
@@ -58,11 +55,13 @@ class OrderHandler:
             return message.customer_id
         return None
 
-    async def look_up(self, key: str) -> Any:
+    async def look_up(self, key: str) -> model.CustomerStatus:
         """The customer's status in the directory."""
         return await self._customers.status(key)
 
-    def apply(self, message: Any, current: Any | None, looked_up: Mapping[str, Any]) -> model.Applied | Rejected:
+    def apply(
+        self, message: OrderMessage, current: model.Order | None, looked_up: Mapping[str, model.CustomerStatus]
+    ) -> model.Applied | Rejected:
         """The order rules, with the customer's status when it was looked up (active when it was not asked)."""
         context = self._contexts[_customer_status(looked_up, message)] if looked_up else self._active
         return model.apply(message, current, context)
@@ -92,7 +91,7 @@ class OrderHandler:
         }
         return "order.rejected", document
 
-    async def lock(self, connection: AsyncConnection, ids: Iterable[str]) -> dict[str, Any]:
+    async def lock(self, connection: AsyncConnection, ids: Iterable[str]) -> dict[str, model.Order]:
         """The existing orders, locked."""
         return await orders.lock(connection, ids)
 
@@ -109,8 +108,7 @@ def event_document(event: model.Event, version: int, message_id: str) -> dict[st
     }
 
 
-def _customer_status(looked_up: Mapping[str, Any], message: OrderMessage) -> model.CustomerStatus:
+def _customer_status(looked_up: Mapping[str, model.CustomerStatus], message: OrderMessage) -> model.CustomerStatus:
     if isinstance(message, OrderPlacedV1):
-        status: model.CustomerStatus = looked_up.get(message.customer_id, model.CustomerStatus.ACTIVE)
-        return status
+        return looked_up.get(message.customer_id, model.CustomerStatus.ACTIVE)
     return model.CustomerStatus.ACTIVE

@@ -18,9 +18,7 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
-from service.domain.codes import ErrorCode
-from service.domain.fields import AggregateId
-from service.policy.handling import DecodeFailure
+from service.ports import AggregateId, DecodeFailure, ErrorCode
 
 NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
 Currency = Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]

@@ -18,7 +18,7 @@ from service.orders.messages import (
     placed_at,
     sequence_of,
 )
-from service.policy.handling import Rejected
+from service.ports import Rejected
 
 _T = TypeVar("_T")
 

@@ -9,26 +9,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from service.adapters.http import (
-    Answer,
-    Downstream,
-    Own,
-    api_error,
-    call_outcome,
-    lookup_outcome,
-    refusal,
-)
-from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
-from service.policy.effects import (
+from service.ports import (
+    Answer,
     CallOutcome,
+    Downstream,
+    ErrorCode,
     Found,
     LookupFailed,
     LookupOutcome,
     Missing,
+    Own,
     Refused,
     Sent,
     Unknown,
+    api_error,
+    call_outcome,
+    lookup_outcome,
+    refusal,
 )
 
 

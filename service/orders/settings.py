@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
-from pydantic import SecretStr, field_validator, model_validator
-from pydantic_settings import NoDecode
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
-from service.config import BaseUrl, Settings, check_credentials
-from service.readers import Reader, read_by
+from service.ports import BaseUrl, Reader, Settings, check_credentials, read_by
 
-# Who reads each setting (service/readers.py): each command's --help lists the settings of the parts it runs.
+# Who reads each setting (the core's readers): each command's --help lists the settings of the parts it runs.
 _CONSUMER = read_by(Reader.CONSUMER)
+_CONSUMER_NAME = read_by(Reader.CONSUMER, Reader.REPROCESS, Reader.PARKED, Reader.ACLS, Reader.CONSOLE)
 _EFFECT_PROVIDER = read_by(Reader.EFFECT_PROVIDERS)  # a provider's URL: its effect kind runs only with one
 _EFFECT_CALLS = read_by(Reader.EFFECTS, Reader.RECONCILER)
 
+PROGRAM = "order-service"  # the console script, the distribution, the default consumer name
+ENV_PREFIX = "ORDERS_"  # every setting is this prefix and its name in capitals: ORDERS_DATABASE_URL
 DOWNSTREAMS = ("customers", "payments", "emails")
 
 
 class OrderSettings(Settings):
     """The core's settings and the order domain's, each read from `ORDERS_<FIELD>`."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
+    program: ClassVar[str] = PROGRAM
+
+    consumer_name: Annotated[str, _CONSUMER_NAME] = Field(default=PROGRAM, min_length=1, max_length=200)
 
     # The customers' look-ups are the consumer's; payments and emails are effects, called by the effect worker and
     # looked up by the reconciler.

@@ -10,8 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.orders.model import Order, OrderStatus
-from service.store.batch import AggregateRows
-from service.store.recordset import Columns
+from service.ports import AggregateRows, Columns
 
 
 def _to_order(row: Any) -> Order:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import BigInteger, CheckConstraint, Column, DateTime, String, Table, Text, func, text
 from sqlalchemy.dialects.postgresql import JSONB
 
-from service.store.tables import metadata
+from service.ports import metadata
 
 orders = Table(
     "orders",

@@ -12,7 +12,7 @@ While the breaker is not closed, no call is charged to a record or an effect: a 
 a failed call is charged only when the breaker is closed before and after it (`record` says so). The run that
 opens it is charged up to its last call, which opens it and is charged to nobody: in a round of many look-ups
 that fail together, only the first `threshold - 1` are charged, and only if their answers come first. A run opens
-it only when it holds failures of at least two different requests (two customers, two idempotency keys): one request
+it only when it holds failures of at least two different requests (two keys, two idempotency keys): one request
 failing again and again, or answered with what its API never answers, is its record's (or effect's) trouble, retried
 within its own budget, and must not hold back the calls of every other record. An answer that is not the API's own
 opens it as soon as a second request of the run gets one too: a wrong URL answers every request so.
@@ -60,7 +60,7 @@ class Outcome:
     verdict: Verdict
     code: ErrorCode | None = None
     retry_after: float | None = None
-    target: str | None = None  # what was asked for (a customer, an idempotency key); None: cannot tell apart
+    target: str | None = None  # what was asked for (a looked-up key, an idempotency key); None: cannot tell apart
     status: int | None = None  # the HTTP status of the answer, when there was one (logged: 401 or a wrong URL?)
 
 

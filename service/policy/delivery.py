@@ -85,7 +85,7 @@ class Delivery:
         self.parked_id: Final = parked_id  # came out of the parked table
         self.arrival: Final = arrival  # the retry state it came with (a tier copy: its history and due time)
         self.in_tier: Final = in_tier  # a retry tier's copy: no blocking retries; its lane waits until it is due
-        self.reprocess: Final = reprocess  # a quarantined record sent back by `order-service reprocess`
+        self.reprocess: Final = reprocess  # a quarantined record sent back by `<program> reprocess`
         self.foreign: Final = foreign  # a tier or reprocess copy addressed to another consumer name: not ours
         self.message_id: Final = record.message_id  # the record's idempotency identity
         failed = isinstance(decoded, DecodeFailure)

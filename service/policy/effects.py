@@ -17,7 +17,7 @@ from service.policy import backoff
 
 @dataclass(frozen=True)
 class Sent:
-    """The provider did it; `reference` is its id (payment id, email id)."""
+    """The provider did it; `reference` is its id (a charge's id, a message's id)."""
 
     reference: str
 

@@ -1,4 +1,4 @@
-"""The values a domain's handler and the core's processor exchange (service/worker/handler.py): what a record's
+"""The values a domain's handler and the core's processor exchange (service/ports.py `Handler`): what a record's
 bytes could not become, what the core reads of an applied message and of an aggregate, and a permanent business
 rejection. Pure values, no I/O."""
 

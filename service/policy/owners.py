@@ -1,24 +1,31 @@
 """Who owns a quarantined record: a queue nobody owns is deferred data loss.
 
-Default: bad input belongs to the team that produced it (`order-producers`); exhausted retries belong to this
-service's on-call (`order-service-oncall`). `ORDERS_QUARANTINE_OWNERS=CODE=team,…` overrides per error code.
+By default bad input belongs to the team that produced it, and exhausted retries belong to this service's on-call;
+the domain names both (`Owners`). `<PREFIX>QUARANTINE_OWNERS=CODE=team,…` overrides per error code.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from service.domain.codes import ErrorCode, FailureKind
 
-PRODUCERS = "order-producers"
-ONCALL = "order-service-oncall"
+
+@dataclass(frozen=True)
+class Owners:
+    """The default owners of quarantined records: `producers` own bad input, `oncall` exhausted retries."""
+
+    producers: str
+    oncall: str
 
 
-def owner_for(code: ErrorCode, overrides: Mapping[str, str] | None = None) -> str:
+def owner_for(code: ErrorCode, owners: Owners, overrides: Mapping[str, str] | None = None) -> str:
     """The owner of a quarantined record with this error code."""
     if overrides and code.value in overrides:
         return overrides[code.value]
-    return PRODUCERS if code.kind is FailureKind.INVALID and not code.value.endswith("_EXHAUSTED") else ONCALL
+    invalid = code.kind is FailureKind.INVALID and not code.value.endswith("_EXHAUSTED")
+    return owners.producers if invalid else owners.oncall
 
 
 def parse_owners(text: str) -> dict[str, str]:

@@ -139,7 +139,7 @@ class RoundPlan:
 
 
 class Rules(Protocol):
-    """The domain's pure part of a round (service/worker/handler.py, `Handler`)."""
+    """The domain's pure part of a round (service/ports.py, `Handler`)."""
 
     def sequence(self, message: Any) -> int | None:
         """The message's per-aggregate sequence, for `versioned` ordering."""

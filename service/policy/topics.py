@@ -313,7 +313,7 @@ class AclBinding:
 
 
 def check_principal(principal: str) -> str:
-    """A Kafka principal, `Type:name` (`User:order-service`); ValueError otherwise."""
+    """A Kafka principal, `Type:name` (`User:my-service`); ValueError otherwise."""
     if not _PRINCIPAL.fullmatch(principal):
         raise ValueError("a principal is Type:name, e.g. User:svc")
     return principal

@@ -335,9 +335,9 @@ async def retry(
     effect_kinds.retry_state), with a fresh budget of attempts and look-ups, due now. Per key: what it was
     (None: no such effect), and the state it went to (None: left as it was).
 
-    `waiting` gives, per kind, the kinds that wait for it (a refund for its capture). An effect is retried only
-    while those of its aggregate still wait, pending: one that went ahead on its failure (a refund that found
-    no capture) would otherwise be overtaken by it. Their rows are locked, so no worker claims them meanwhile.
+    `waiting` gives, per kind, the kinds that wait for it (an undo for the call it undoes). An effect is retried only
+    while those of its aggregate still wait, pending: one that went ahead on its failure (an undo that found
+    nothing to undo) would otherwise be overtaken by it. Their rows are locked, so no worker claims them meanwhile.
     """
     found: dict[str, tuple[str | None, str | None]] = {key: (None, None) for key in keys}
     rows = await connection.execute(_LOCK_FOR_RETRY, {"keys": list(keys)})

@@ -1,6 +1,6 @@
 """The core's tables of contract §7 as SQLAlchemy Core metadata; a domain adds its aggregates' tables to the same
-`metadata` (the order domain: service/orders/tables.py). `tests/integration/test_migrations.py` keeps the Alembic
-history equal to both."""
+`metadata` (through `service.ports`). `tests/integration/test_migrations.py` keeps the Alembic history equal to
+both."""
 
 from __future__ import annotations
 

@@ -24,10 +24,9 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.names import PROGRAM
 from service.stopping import wait_unless_stopped
 
-log = structlog.get_logger(f"{PROGRAM.replace('-', '_')}.wakeups")
+log = structlog.get_logger("wakeups")
 
 OUTBOX = "outbox_rows_added"
 EFFECTS = "effects_rows_added"

@@ -33,7 +33,7 @@ from service.worker.lanes import Lanes, Taken
 from service.worker.processor import LOOKUP_CONCURRENCY, Processor
 from service.worker.spacing import SPACING_SECONDS
 
-log = structlog.get_logger("order_service.consumer")
+log = structlog.get_logger("consumer")
 
 _MAX_WAIT_SECONDS = 0.5
 _FETCH_WAIT_MS = 500
@@ -91,6 +91,7 @@ class ConsumerLoop:
         self._processor = processor
         self._breakers = breakers
         self._settings = settings  # (to say why the broker cannot be reached: its TLS, its login)
+        self._names = settings if settings is not None else Settings  # (the variables a reason names)
         self._metrics = metrics
         self._make_consumer = make_consumer
         self._topics = topics
@@ -183,7 +184,7 @@ class ConsumerLoop:
             except KafkaError as error:
                 # An ACL the broker refuses (contract §11: one line naming the operation and the resource, then
                 # wait and ask again, never a crash loop): nothing is fetched, so nothing goes wrong meanwhile.
-                why = kafka_reason([error], doing="READ") or type(error).__name__
+                why = kafka_reason([error], doing="READ", names=self._names) or type(error).__name__
                 refused += 1
                 wait = outage_wait(refused)
                 log.warning("kafka_fetch_refused", reason=why, retry_in_seconds=wait)
@@ -441,7 +442,9 @@ class ConsumerLoop:
         try:
             await consumer.commit(offsets)
         except KafkaError as error:
-            log.warning("offset_commit_failed", error=type(error).__name__, reason=kafka_reason([error]))
+            log.warning(
+                "offset_commit_failed", error=type(error).__name__, reason=kafka_reason([error], names=self._names)
+            )
             return
         for partition, offset in offsets.items():
             self._committed[partition] = offset

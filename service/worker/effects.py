@@ -30,7 +30,6 @@ from service.config import Settings, Topics
 from service.domain.codes import ErrorCode
 from service.errors import ConcurrentWrite, InfrastructureUnavailable
 from service.metrics import Metrics
-from service.names import ENV_PREFIX
 from service.policy import backoff
 from service.policy.backoff import outage_wait
 from service.policy.breaker import State
@@ -46,14 +45,14 @@ from service.policy.effects import (
     after_call,
     claim_size,
 )
+from service.ports import EffectRegistry, Settled
 from service.stopping import sleep_unless_stopped, wait_unless_stopped
 from service.store import effects, wakeups
 from service.store.effects import EffectRow, Settlement
 from service.store.uow import UnitOfWork, one_statement
-from service.worker.effect_kinds import EffectRegistry, Settled
 from service.worker.spacing import Spacing
 
-log = structlog.get_logger("order_service.effects")
+log = structlog.get_logger("effects")
 
 _IDLE_POLL_SECONDS = 0.2
 _LANES_PER_KIND = 2
@@ -152,7 +151,7 @@ class EffectWorker:
         """Work until `stop` is set, each enabled kind in lanes of its own; a database outage is waited out."""
         log.info("effects_started", owner=self._owner, kinds=self._enabled, concurrency=self._concurrency)
         for spec in self._kinds.disabled():
-            variable = f"{ENV_PREFIX}{spec.provider_setting.upper()}"
+            variable = self._settings.variable(spec.provider_setting)
             log.warning("provider_not_configured", kinds=spec.name, variable=variable, effects="stay pending")
         if not self._enabled:
             await stop.wait()

@@ -22,7 +22,7 @@ from service.policy.next_step import Budgets, Quarantine, RetryInPlace, ToTier, 
 from service.policy.round import Round
 from service.worker.downtime import Downtime
 
-log = structlog.get_logger("order_service.processor")
+log = structlog.get_logger("processor")
 
 
 class Failures:

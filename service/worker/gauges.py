@@ -17,7 +17,7 @@ from service.stopping import sleep_unless_stopped
 from service.store import gauges
 from service.store.uow import UnitOfWork
 
-log = structlog.get_logger("order_service.gauges")
+log = structlog.get_logger("gauges")
 
 
 class GaugeRefresher:

@@ -41,10 +41,11 @@ from service.policy.delivery import Delivery, RetryState
 from service.policy.handling import DecodeFailure
 from service.policy.headers import from_json
 from service.policy.next_step import Budgets
-from service.policy.owners import parse_owners
+from service.policy.owners import Owners, parse_owners
 from service.policy.records import SourceRecord, unpack_key
 from service.policy.retry import RetryPolicy
 from service.policy.round import Facts, Outcome, Round, RoundPlan, Write, plan_round, ready, survey, to_lock
+from service.ports import Handler
 from service.stopping import sleep_unless_stopped
 from service.store import batch, inbox, lookups, parking, quarantine, retries
 from service.store.parking import StoredParked
@@ -52,14 +53,13 @@ from service.store.quarantine import RecordKey
 from service.store.uow import UnitOfWork, is_passing, one_statement
 from service.worker.downtime import Downtime
 from service.worker.failures import Failures
-from service.worker.handler import Handler
 from service.worker.writes import RowMaker
 
-log = structlog.get_logger("order_service.processor")
+log = structlog.get_logger("processor")
 
 Clock = Callable[[], datetime]
 
-LOOKUP_CONCURRENCY = 16  # a round's context look-ups (the customer directory) at once
+LOOKUP_CONCURRENCY = 16  # a round's context look-ups (a directory the domain asks) at once
 _MAX_CONFLICT_ROUNDS = 5
 # A member's claim on the parked records it releases; renewed every release cycle (half a second) while they are
 # in its memory, so it only runs out when the member is gone or stalled, and another member then takes them.
@@ -85,7 +85,8 @@ class Processor:
         self,
         settings: Settings,
         engine: AsyncEngine,
-        handler: Handler,
+        handler: Handler[Any, Any, Any],
+        owners: Owners,
         policy: RetryPolicy,
         metrics: Metrics,
         clock: Clock,
@@ -99,7 +100,8 @@ class Processor:
         self._clock = clock
         self._topics = settings.topics
         self._consumer = settings.consumer_name
-        self._rows = RowMaker(settings.topics, self._consumer, parse_owners(settings.quarantine_owners), handler)
+        overrides = parse_owners(settings.quarantine_owners)
+        self._rows = RowMaker(settings.topics, self._consumer, owners, overrides, handler)
         self._downtime = downtime
         self._failures = Failures(Budgets.of(policy), metrics, clock, rng, downtime)
         # Who claims parked records for release: one process, one lease holder (several members share a table).

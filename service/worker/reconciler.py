@@ -20,13 +20,13 @@ from service.config import Settings
 from service.domain.codes import ErrorCode
 from service.metrics import Metrics
 from service.policy.effects import EffectPolicy, LookupFailed, LookupOutcome, after_lookup
+from service.ports import EffectKind, EffectRegistry
 from service.store import effects, inbox, outbox, reconcile_runs, retries
 from service.store.effects import EffectRow
 from service.store.uow import UnitOfWork, translated_errors
-from service.worker.effect_kinds import EffectKind, EffectRegistry
 from service.worker.effects import call_budget, record_outcomes
 
-log = structlog.get_logger("order_service.reconciler")
+log = structlog.get_logger("reconciler")
 
 _PURGE_BATCH = 1000
 _LOOKUP_BATCH = 100
@@ -88,7 +88,7 @@ class Reconciler:
         deadline = clock + max_seconds
         async with translated_errors(), self._engine.connect() as lock:
             # A session-level lock on a connection of its own: held for the pass, released even on a crash.
-            key = f"order-service:reconcile:{self._settings.consumer_name}"
+            key = f"{self._settings.program}:reconcile:{self._settings.consumer_name}"
             got = await reconcile_runs.try_lock(lock, key)
             await lock.commit()
             if not got:

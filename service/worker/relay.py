@@ -40,7 +40,7 @@ from service.worker.publishing import (
 )
 from service.worker.spacing import SPACING_SECONDS, Spacing
 
-log = structlog.get_logger("order_service.relay")
+log = structlog.get_logger("relay")
 T = TypeVar("T")
 
 _IDLE_POLL_SECONDS = 0.2
@@ -114,7 +114,7 @@ class Relay:
             except KafkaError as error:
                 # A fresh producer after a broker outage: the old one's idempotence state may be stale.
                 failures = self._failed(failures, batches)
-                why = kafka_reason([error], doing="WRITE")
+                why = kafka_reason([error], doing="WRITE", names=self._settings)
                 wait = outage_wait(failures)
                 log.warning("kafka_publish_failed", error=type(error).__name__, reason=why, retry_in_seconds=wait)
             finally:

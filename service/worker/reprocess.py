@@ -43,7 +43,7 @@ from service.store.outbox import OutboxMessage
 from service.store.reprocess import Candidate, ItemState
 from service.store.uow import UnitOfWork
 
-log = structlog.get_logger("order_service.reprocess")
+log = structlog.get_logger("reprocess")
 
 _MIN_JUDGED = 5
 _OUR_HEADERS = {"message-id", "failure-id", "origin-timestamp", "reprocess-run-id", "reprocess-attempt", "consumer"}
@@ -194,7 +194,7 @@ class Reprocessor:
         except Exception as error:
             # The run cannot go on (the broker or the database went away mid-run): its audit row says so, with
             # the reason in one line, instead of staying `running`; the error still ends the command.
-            report.outcome, report.stop_reason = "failed", explain(error)
+            report.outcome, report.stop_reason = "failed", explain(error, self._settings)
             await self._finish(report)
             raise
         await self._finish(report)

@@ -14,11 +14,10 @@ from aiokafka.errors import KafkaError
 from service.adapters import topics
 from service.config import Settings
 from service.errors import TopicsProblem
-from service.names import PROGRAM
 from service.policy import backoff
 from service.stopping import sleep_unless_stopped
 
-log = structlog.get_logger(f"{PROGRAM.replace('-', '_')}.topics")
+log = structlog.get_logger("topics")
 
 Look = Callable[[Settings, Sequence[str]], Awaitable[topics.Found]]
 _FIRST_DELAY_SECONDS = 1.0

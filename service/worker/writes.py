@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from service.config import Topics
 from service.domain.codes import Code, ErrorCode
@@ -18,16 +19,16 @@ from service.policy import redelivery
 from service.policy.delivery import Delivery, RetryState
 from service.policy.envelope import event_headers, failure_envelope
 from service.policy.headers import to_json
-from service.policy.owners import owner_for
+from service.policy.owners import Owners, owner_for
 from service.policy.records import pack_key
 from service.policy.retry import AttemptHistory
 from service.policy.round import RoundPlan, Write
+from service.ports import Handler
 from service.store.inbox import InboxRow
 from service.store.outbox import OutboxMessage
 from service.store.parking import ParkedRecord
 from service.store.quarantine import QuarantineRow
 from service.store.retries import RetryRow
-from service.worker.handler import Handler
 
 
 @dataclass(slots=True)
@@ -46,10 +47,18 @@ class Rows:
 class RowMaker:
     """Builds the rows of a plan for one consumer (its topics, name, quarantine owners and domain handler)."""
 
-    def __init__(self, topics: Topics, consumer: str, owners: Mapping[str, str], handler: Handler) -> None:
+    def __init__(
+        self,
+        topics: Topics,
+        consumer: str,
+        owners: Owners,
+        overrides: Mapping[str, str],
+        handler: Handler[Any, Any, Any],
+    ) -> None:
         self._topics = topics
         self._consumer = consumer
         self._owners = owners
+        self._overrides = overrides
         self._handler = handler
 
     def rows(self, plan: RoundPlan, due: Mapping[Delivery, RetryState], now: datetime) -> Rows:
@@ -140,7 +149,7 @@ class RowMaker:
                 failure_id=envelope.failure_id,
                 message_id=delivery.message_id,
                 error_code=code.value,
-                owner=owner_for(code, self._owners),
+                owner=owner_for(code, self._owners, self._overrides),
                 ordering_key=stored_key,
                 envelope=envelope.document,
                 payload=record.value,

@@ -35,12 +35,12 @@ import pytest
 import uvicorn
 from playwright.async_api import Browser, BrowserContext, Page, ViewportSize, async_playwright, expect
 
-from service.cli.common import assembled, provide
+from service.cli.common import assembled, provide, serve_domain
 from service.cli.console import _reprocess as reprocess_as_the_cli_does
 from service.config import Settings, load_settings
 from service.console.app import create_app
 from service.console.web import Wiring
-from service.containers import CODES, SETTINGS
+from service.orders.domain import DOMAIN
 from tests.browser.support import LogIn, NewPage, Screenshot, ServeConsole
 
 CHROMIUM = os.environ.get("CONSOLE_CHROMIUM", "/usr/bin/chromium")
@@ -75,7 +75,7 @@ def console_tokens(operator_token: str, viewer_token: str) -> str:
 @pytest.fixture
 def console_settings(database_url: str, console_tokens: str) -> Settings:
     """The console's settings as the command reads them (the domain's settings class), on this test's database."""
-    return load_settings(SETTINGS, database_url=database_url, console_tokens=console_tokens)
+    return load_settings(DOMAIN.settings, database_url=database_url, console_tokens=console_tokens)
 
 
 class _Server(uvicorn.Server):
@@ -92,6 +92,7 @@ async def _console(settings: Settings) -> AsyncIterator[str]:
     """Serve the console for `settings` on a free loopback port in this event loop, wired as the command wires it
     (the container's engine, effect specs and failing-field finder, and the CLI's reprocess); yield its base URL
     once `/healthz` answers, and stop it (deadline-bound) when the block ends."""
+    serve_domain(DOMAIN)  # the command line's parts serve the order domain, as its console script makes them
     async with assembled(settings) as container:
         wiring = Wiring(
             settings=settings,
@@ -99,7 +100,7 @@ async def _console(settings: Settings) -> AsyncIterator[str]:
             effect_specs=container.effect_specs(),
             failing_field=container.failing_field(),
             reprocess=reprocess_as_the_cli_does,
-            codes=CODES,
+            codes=DOMAIN.error_codes,
         )
         # The socket listens before uvicorn starts, so the port is known and never raced for.
         listening = socket.create_server(("127.0.0.1", 0))

@@ -17,6 +17,7 @@ from sqlalchemy import text
 
 from service.config import Settings
 from service.containers import Container
+from service.orders.domain import DOMAIN
 from service.policy.records import SourceRecord
 from tests.support.orders import placed
 
@@ -88,7 +89,7 @@ async def _quarantining(
     time given; at the end the database's own `created_at`, which the overview's chart counts by, is moved back
     with them."""
     clock = _Clock()
-    container = Container(settings=settings)
+    container = Container(settings=settings, domain=DOMAIN)
     container.clock.override(providers.Object(clock))
     await container.init_resources()
     quarantined: list[str] = []

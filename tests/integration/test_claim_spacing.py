@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.containers import Container
+from service.orders.domain import DOMAIN
 from service.orders.fakes import Downstream
 from service.store import outbox
 from service.store.outbox import OutboxMessage
@@ -30,7 +31,7 @@ async def test_an_effect_kinds_next_claim_starts_at_once_after_a_full_one_and_wa
     await produce(kafka, topics.source, [(f"S-{n}", placed(f"S-{n}"), {}) for n in range(6)], partition=0)
     async with running(settings, "consumer_loop"):
         await eventually(lambda: scalar(engine, "SELECT count(*) = 6 FROM effects WHERE state = 'pending'"))
-    container = Container(settings=settings)
+    container = Container(settings=settings, domain=DOMAIN)
     await container.init_resources()
     spacing, stop = Spacing(_LONG), asyncio.Event()
     try:
@@ -66,7 +67,7 @@ async def test_a_relay_behind_a_backlog_claims_batch_after_batch_without_waiting
         await uow.commit()
 
     # When a relay runs
-    container = Container(settings=settings)
+    container = Container(settings=settings, domain=DOMAIN)
     await container.init_resources()
     stop = asyncio.Event()
     try:

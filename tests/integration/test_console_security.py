@@ -34,7 +34,8 @@ from service.console import routes
 from service.console.app import create_app
 from service.console.sessions import COOKIE, Sessions
 from service.console.web import Wiring
-from service.containers import CODES, Container
+from service.containers import Container
+from service.orders.domain import DOMAIN
 from service.store import quarantine
 from service.worker.reprocess import Options, Progress, Report, Selection
 from tests.conftest import KAFKA
@@ -106,7 +107,7 @@ def console_settings(database_url: str, **overrides: Any) -> Settings:
 async def serving(engine: AsyncEngine, database_url: str, **overrides: Any) -> AsyncIterator[Console]:
     """The console wired as `order-service console` wires it, its lifespan running, and a client for it."""
     settings = console_settings(database_url, **overrides)
-    container = Container(settings=settings)
+    container = Container(settings=settings, domain=DOMAIN)
     reached: list[Selection] = []
 
     async def reprocess(owner: Settings, selection: Selection, options: Options, progress: Progress) -> Report:
@@ -119,7 +120,7 @@ async def serving(engine: AsyncEngine, database_url: str, **overrides: Any) -> A
         effect_specs=container.effect_specs(),
         failing_field=container.failing_field(),
         reprocess=reprocess,
-        codes=CODES,
+        codes=DOMAIN.error_codes,
     )
     app = create_app(wiring)
     async with app.router.lifespan_context(app):
@@ -754,8 +755,9 @@ async def test_a_session_is_refused_when_its_fingerprint_is_no_longer_known_even
     cookie = console.client.cookies[COOKIE]
     operators = state_of_app(console).operators
     # When the sessions are read with the same signing key but the operator's entry gone
-    without = Sessions([o for t, o in operators.items() if t != OPERATOR_TOKEN], operators, 3600)
-    same = Sessions(operators.values(), operators, 3600)
+    program = state_of_app(console).wiring.settings.program
+    without = Sessions([o for t, o in operators.items() if t != OPERATOR_TOKEN], operators, 3600, program)
+    same = Sessions(operators.values(), operators, 3600, program)
 
     # Then it is refused, and read as the operator while the entry is there
     assert without.read(cookie) is None

@@ -22,6 +22,7 @@ from service.config import Settings
 from service.containers import Container
 from service.errors import InfrastructureUnavailable
 from service.orders import store as order_store
+from service.orders.domain import DOMAIN
 from service.orders.fakes import Downstream
 from service.orders.model import Order, OrderStatus, capture_of
 from service.policy.effects import EffectDecision
@@ -523,7 +524,7 @@ async def test_no_ref_gets_a_second_email_when_claims_queue_behind_the_worker_an
     downstream.delay_next("emails.post", times=32, seconds=3)
 
     # When two workers run and a reconciler passes again and again until every email is resolved
-    container = Container(settings=settings)
+    container = Container(settings=settings, domain=DOMAIN)
     await container.init_resources()
     try:
         reconciler = await container.reconciler()
@@ -666,7 +667,7 @@ async def test_outcomes_the_database_refuses_are_written_once_it_takes_them_agai
     monkeypatch.setattr(effects_worker, "record_outcomes", refusing)
 
     # When the worker makes the capture and writes its outcome
-    container = Container(settings=settings)
+    container = Container(settings=settings, domain=DOMAIN)
     await container.init_resources()
     try:
         worker = await container.effect_worker()
@@ -712,7 +713,7 @@ async def test_a_batchs_outcomes_read_effects_and_orders_by_key_on_a_ledger_neve
         )
         for capture in captures[1_000:1_200]
     }
-    container = Container(settings=settings)
+    container = Container(settings=settings, domain=DOMAIN)
     await container.init_resources()
     try:
         kinds = await container.effect_kinds()
@@ -830,7 +831,7 @@ async def test_the_outcome_of_a_claim_whose_lease_ran_out_does_not_land_on_the_s
         )
         [second] = await effect_store.claim(uow.connection, "worker-1", timedelta(seconds=30), 10, "payment.capture")
         await uow.commit()
-    container = Container(settings=settings)
+    container = Container(settings=settings, domain=DOMAIN)
     await container.init_resources()
     try:
         kinds = await container.effect_kinds()
@@ -895,7 +896,9 @@ async def test_a_look_up_whose_answer_drips_ends_with_the_pass_and_leaves_the_ef
         )
         await uow.commit()
     server, url = await _dripping_provider(0.3)
-    container = Container(settings=effect_settings(database_url, kafka, topics, downstream, payments_url=url))
+    container = Container(
+        settings=effect_settings(database_url, kafka, topics, downstream, payments_url=url), domain=DOMAIN
+    )
     await container.init_resources()
     try:
         reconciler = await container.reconciler()
@@ -940,7 +943,7 @@ async def test_a_provider_whose_look_ups_fail_does_not_hold_back_the_other_provi
         await uow.commit()
     for order in orders[:3]:
         downstream.fail_next("payments.get", status=503, key=f"{order}/payment.capture")
-    container = Container(settings=effect_settings(database_url, kafka, topics, downstream))
+    container = Container(settings=effect_settings(database_url, kafka, topics, downstream), domain=DOMAIN)
     await container.init_resources()
     try:
         reconciler = await container.reconciler()
@@ -986,7 +989,7 @@ async def test_a_provider_whose_look_ups_time_out_does_not_spend_the_pass_the_ot
         await uow.commit()
     for order in orders:
         downstream.delay_next("payments.get", seconds=3, key=f"{order}/payment.capture")
-    container = Container(settings=effect_settings(database_url, kafka, topics, downstream))
+    container = Container(settings=effect_settings(database_url, kafka, topics, downstream), domain=DOMAIN)
     await container.init_resources()
     try:
         reconciler = await container.reconciler()

@@ -7,6 +7,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.containers import Container
+from service.orders.domain import DOMAIN
 from service.orders.fakes import Downstream
 from tests.support import Topics, eventually, produce, running, scalar
 from tests.support.effects import effect, effect_settings
@@ -38,7 +39,7 @@ async def test_a_capture_whose_key_holds_a_line_break_does_not_take_the_batchs_o
         )
 
     # When one worker batch claims and calls both captures
-    container = Container(settings=settings)
+    container = Container(settings=settings, domain=DOMAIN)
     await container.init_resources()
     try:
         worker = await container.effect_worker()

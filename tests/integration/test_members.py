@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.config import Settings
 from service.containers import Container
 from service.domain.codes import ErrorCode
+from service.orders.domain import DOMAIN
 from service.policy.delivery import RetryState
 from service.policy.headers import from_json
 from service.policy.records import SourceRecord
@@ -52,7 +53,7 @@ def settings(database_url: str, kafka: str, topics: Topics) -> Settings:
 
 
 async def _processors(settings: Settings, count: int) -> AsyncIterator[list[Processor]]:
-    containers = [Container(settings=settings) for _ in range(count)]
+    containers = [Container(settings=settings, domain=DOMAIN) for _ in range(count)]
     for container in containers:
         await container.init_resources()
     try:

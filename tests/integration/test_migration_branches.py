@@ -19,13 +19,15 @@ from alembic import command
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.containers import MIGRATIONS
 from service.orders import tables as order_tables  # noqa: F401 (the domain's tables join the metadata)
+from service.orders.domain import DOMAIN
 from service.orders.migrations import LOCATION
 from service.store import schema
 from service.store.tables import metadata
 from tests.support import ROOT, Topics, env_for, eventually, produce, rows, scalar, settings_for
 from tests.support.orders import placed, shipped
+
+MIGRATIONS = DOMAIN.migrations
 
 # The revision file that starts the order domain's branch: the release before the commit that added it (under any
 # name: git follows renames) is the previous release, whose schema is the core's 0015 with the orders table in it.

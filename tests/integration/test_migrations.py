@@ -13,12 +13,14 @@ from alembic.migration import MigrationContext
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.containers import MIGRATIONS
 from service.errors import SchemaNotCurrent
 from service.orders import tables as order_tables  # noqa: F401 (the domain's tables join the metadata)
+from service.orders.domain import DOMAIN
 from service.store import schema
 from service.store.tables import metadata
 from tests.support import rows
+
+MIGRATIONS = DOMAIN.migrations
 
 
 async def test_the_migrated_schema_has_no_difference_from_the_models(engine: AsyncEngine) -> None:
@@ -184,9 +186,9 @@ def test_a_current_schema_is_checked_without_importing_alembic(database_url: str
     # Given a migrated database, when a fresh interpreter checks it as a starting command does
     script = (
         "import asyncio, sys\n"
-        "from service.containers import MIGRATIONS\n"
+        "from service.orders.domain import DOMAIN\n"
         "from service.store import schema\n"
-        "asyncio.run(schema.require_head(sys.argv[1], MIGRATIONS))\n"
+        "asyncio.run(schema.require_head(sys.argv[1], DOMAIN.migrations))\n"
         "print('alembic' in sys.modules)\n"
     )
     checked = subprocess.run(

@@ -21,8 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.config import Settings
 from service.console.app import create_app
 from service.console.web import Wiring
-from service.containers import CODES
 from service.domain.codes import ErrorCode
+from service.orders.domain import DOMAIN
 from service.policy.records import SourceRecord
 from service.policy.redelivery import tier_headers
 from service.policy.retry import AttemptHistory
@@ -63,7 +63,7 @@ async def console_api(settings: Settings, engine: AsyncEngine) -> AsyncIterator[
     configured = settings_for(
         settings.database_url, "127.0.0.1:1", Topics("console"), console_tokens=f"vic:viewer:{TOKEN}"
     )
-    app = create_app(Wiring(configured, engine, (), lambda _: None, never, CODES))
+    app = create_app(Wiring(configured, engine, (), lambda _: None, never, DOMAIN.error_codes))
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         headers = {"Authorization": f"Bearer {TOKEN}"}

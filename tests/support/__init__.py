@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from service.config import Settings
 from service.containers import Container
+from service.orders.domain import DOMAIN
 from service.orders.settings import OrderSettings
 from service.policy.records import SourceRecord
 from service.store import quarantine
@@ -313,7 +314,7 @@ async def running(
 ) -> AsyncIterator[Container]:
     """Run service loops in this process (e.g. "consumer_loop", "relay") until the block exits; `configure` may
     override the container's providers first."""
-    container = Container(settings=settings)
+    container = Container(settings=settings, domain=DOMAIN)
     if configure is not None:
         configure(container)
     await container.init_resources()
@@ -384,7 +385,7 @@ class ServiceProcess:
 
 async def quarantine_directly(settings: Settings, records: list[SourceRecord]) -> None:
     """Write quarantine envelopes to the outbox through the processor alone (no Kafka involved)."""
-    container = Container(settings=settings)
+    container = Container(settings=settings, domain=DOMAIN)
     await container.init_resources()
     try:
         processor = await container.processor()

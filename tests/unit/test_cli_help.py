@@ -8,13 +8,12 @@ import re
 from typing import Annotated, Any
 
 import pytest
-import typer
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.cli import app
-from service.cli import plain_help as _plain_help
+from service.cli import command as cli_command
 from service.config import Settings
+from service.orders.domain import DOMAIN
 from service.readers import Reader, is_secret, read, read_by, readers_of, variable
 
 
@@ -30,9 +29,7 @@ _PLACEHOLDER = re.compile(r"<(bool|int|float|str|path|list\[[a-z]+\])>")
 
 
 def _command() -> Any:
-    command = typer.main.get_command(app)
-    _plain_help(command)
-    return command
+    return cli_command(DOMAIN)
 
 
 def _paths(command: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
@@ -54,9 +51,9 @@ def test_help_shows_no_type_placeholders(path: tuple[str, ...], capsys: pytest.C
 
 def test_every_variable_a_command_says_it_reads_is_a_setting() -> None:
     from service.cli.environment import RUNS, reads
-    from service.containers import SETTINGS
     from service.names import ENV_PREFIX
 
+    SETTINGS = DOMAIN.settings
     settings = {f"{ENV_PREFIX}{name.upper()}" for name in SETTINGS.model_fields}
     listed = {variable for path in RUNS for variable in reads(path, SETTINGS)}
 
@@ -106,7 +103,8 @@ def test_an_effect_kind_s_provider_setting_is_listed_where_the_effect_kinds_are_
 
 def test_the_help_lists_the_commands_variables_marks_the_secrets_and_shows_no_value() -> None:
     from service.cli.environment import epilog
-    from service.containers import SETTINGS
+
+    SETTINGS = DOMAIN.settings
 
     secrets = {name: field for name, field in SETTINGS.model_fields.items() if is_secret(field)}
     defaults = [str(field.default.get_secret_value()) for field in secrets.values() if field.default is not None]
@@ -154,7 +152,8 @@ def test_each_command_lists_what_it_reads_and_not_what_it_does_not(
     path: str, reads_: set[str], reads_not: set[str]
 ) -> None:
     from service.cli.environment import reads
-    from service.containers import SETTINGS
+
+    SETTINGS = DOMAIN.settings
 
     listed = set(reads(path, SETTINGS))
 

@@ -112,7 +112,7 @@ async def _settle() -> None:
 
 
 def _running(consumer: _Consumer, processor: _Processor, batch_size: int) -> tuple[asyncio.Task[None], asyncio.Event]:
-    loop = ConsumerLoop(processor, Metrics(), lambda: consumer, [TOPIC], batch_size)  # type: ignore[arg-type]
+    loop = ConsumerLoop(processor, Metrics("orders"), lambda: consumer, [TOPIC], batch_size)  # type: ignore[arg-type]
     stop = asyncio.Event()
     return asyncio.create_task(loop.run(stop)), stop
 
@@ -189,7 +189,7 @@ async def test_a_revoked_partition_waits_for_its_round_in_flight_and_commits_it_
     # Given a round in flight on the only partition
     processor = _Processor()
     consumer = _Consumer(available=2, partitions=1)
-    loop = ConsumerLoop(processor, Metrics(), lambda: consumer, [TOPIC], 2)  # type: ignore[arg-type]
+    loop = ConsumerLoop(processor, Metrics("orders"), lambda: consumer, [TOPIC], 2)  # type: ignore[arg-type]
     stop = asyncio.Event()
     running = asyncio.create_task(loop.run(stop))
     await eventually(lambda: _true(len(processor.rounds) == 1), timeout=5, interval=0.01)
@@ -281,7 +281,7 @@ async def _ten_rounds(consumer: _Consumer) -> tuple[list[float], list[int]]:
     """Run the loop (rounds of 100) on `consumer` until it has started ten rounds: when it decided to start each
     (loop time), and how many records each took."""
     processor = _Instant()
-    loop = _Timed(processor, Metrics(), lambda: consumer, [TOPIC], 50)  # type: ignore[arg-type]
+    loop = _Timed(processor, Metrics("orders"), lambda: consumer, [TOPIC], 50)  # type: ignore[arg-type]
     loop.started = []
     stop = asyncio.Event()
     running = asyncio.create_task(loop.run(stop))
@@ -394,7 +394,7 @@ async def test_a_round_waits_for_a_rounds_worth_no_longer_than_the_fill_time(mon
     monkeypatch.setattr(consumer_module, "_FILL_SECONDS", 0.05)
     processor = _Processor()
     consumer = _HeldBehind(available=10_000, partitions=2)
-    loop = _Timed(processor, Metrics(), lambda: consumer, [TOPIC], 50)  # type: ignore[arg-type]
+    loop = _Timed(processor, Metrics("orders"), lambda: consumer, [TOPIC], 50)  # type: ignore[arg-type]
     loop.started = []
     stop = asyncio.Event()
     running = asyncio.create_task(loop.run(stop))
@@ -525,7 +525,7 @@ async def test_parked_records_are_released_only_into_the_room_the_lanes_bound_le
     monkeypatch.setattr(consumer_module, "_RELEASE_EVERY_SECONDS", 0.01)
     processor = _ParkedFlood()
     consumer = _Consumer(available=100, partitions=1)
-    loop = ConsumerLoop(processor, Metrics(), lambda: consumer, [TOPIC], 50)  # type: ignore[arg-type]
+    loop = ConsumerLoop(processor, Metrics("orders"), lambda: consumer, [TOPIC], 50)  # type: ignore[arg-type]
     ticks = 0
     release_parked = loop._release_parked
 

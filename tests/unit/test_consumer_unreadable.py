@@ -120,7 +120,7 @@ async def test_a_probe_that_a_rebalance_interrupts_goes_on_from_where_the_client
     # Given a partition whose offsets 0, 1 and 2 the client cannot decode, and a rebalance during the second probe
     # that gives the partition back to this member from its committed offset (nothing committed yet: offset 0)
     processor, consumer = _Processor(), _Consumer()
-    loop = ConsumerLoop(processor, Metrics(), lambda: consumer, [TOPIC], 10)  # type: ignore[arg-type]
+    loop = ConsumerLoop(processor, Metrics("orders"), lambda: consumer, [TOPIC], 10)  # type: ignore[arg-type]
     consumer.loop = loop
     stop = asyncio.Event()
     running = asyncio.create_task(loop.run(stop))

@@ -1,9 +1,8 @@
-"""The reusable core and the order domain (issue 15): imports point from the domain to the core, never back,
-and the core stops naming the order domain.
+"""The reusable core and the order domain (contract §12): imports point from the domain to the core's one seam
+module (`service.ports`), never back; only the entry point picks the domain.
 
-The import rule holds for every core module. The count of order-domain names per core module is a ratchet
-while the split is under way: it may only go down. Each entry of NAMES_AT_MOST is debt, listed so that it is
-seen.
+The count of order-domain names per core module (identifiers and strings; tests/unit/test_core_names.py reads
+every file whole) is a ratchet: it may only go down. Each entry of NAMES_AT_MOST is listed so that it is seen.
 """
 
 from __future__ import annotations
@@ -17,38 +16,27 @@ import pytest
 from tests.unit.test_architecture import IO, PACKAGE, REPO_ROOT, imports_of, module_name, names_any, relative, sources
 
 DOMAIN = "service.orders"
-COMPOSITION_ROOT = {"service.containers"}  # wires the domain into the core: the one place that names both
+SEAM = "service.ports"  # the one module of the core a domain imports
+ENTRY_POINT = {"service.__main__"}  # the console script: the one place that picks the domain
 PURE_DOMAIN = ("service/orders/model.py", "service/orders/messages.py")
 
-# Core modules that still import the domain: none now (the processor, reprocess, the round's write statement
-# and the CLI go through the handler, the effect registry and the container); keep it so.
+# Core modules that still import the domain: none (the container and the command line are built from the
+# domain's `Domain` value); keep it so.
 STILL_IMPORT_THE_DOMAIN: set[str] = set()
 # Order-domain names (identifiers and strings that are not docstrings: order, payment, customer, email) per
 # core module, at most.
 NAMES_AT_MOST = {
-    "service/adapters/breakers.py": 1,
-    "service/adapters/kafka.py": 1,
-    "service/cli/__init__.py": 1,
-    "service/cli/effects.py": 4,
+    # Failure ids as examples in help texts (`orders/3/1200`: a topic named orders).
     "service/cli/quarantine.py": 3,
-    "service/cli/serve.py": 1,
+    # The core settings' defaults: the database and source topic named orders (service/config.py); the program name,
+    # the variables' and metrics' prefixes (service/names.py, read by service/store/schema.py).
     "service/config.py": 2,
-    "service/health.py": 1,
     "service/names.py": 3,
-    "service/policy/owners.py": 2,
     # Held at 0, not debt: the generic fault-injection server; the orders' fakes on it are service/orders/fakes.py.
     "service/testing/__init__.py": 0,
     "service/testing/faults.py": 0,
     "service/testing/routes.py": 0,
     "service/testing/serving.py": 0,
-    "service/worker/consumer.py": 1,
-    "service/worker/effects.py": 1,
-    "service/worker/gauges.py": 1,
-    "service/worker/failures.py": 1,
-    "service/worker/processor.py": 1,
-    "service/worker/reconciler.py": 2,
-    "service/worker/relay.py": 1,
-    "service/worker/reprocess.py": 1,
 }
 # SQL's ORDER BY (`order_by`) and English "in order" / "in the order" are not the order domain.
 _DOMAIN_WORD = re.compile(
@@ -93,7 +81,7 @@ def test_the_core_does_not_import_the_domain_beyond_the_listed_debt() -> None:
     importing = {
         module_name(path)
         for path in core_sources()
-        if module_name(path) not in COMPOSITION_ROOT
+        if module_name(path) not in ENTRY_POINT
         if any(names_any(name, (DOMAIN,)) for _, name in imports_of(path))
     }
 
@@ -103,13 +91,34 @@ def test_the_core_does_not_import_the_domain_beyond_the_listed_debt() -> None:
 
 def test_the_core_names_the_order_domain_no_more_than_before() -> None:
     counts = {
-        relative(path): len(domain_words(path)) for path in core_sources() if module_name(path) not in COMPOSITION_ROOT
+        relative(path): len(domain_words(path)) for path in core_sources() if module_name(path) not in ENTRY_POINT
     }
     grown = {path: count for path, count in counts.items() if count > NAMES_AT_MOST.get(path, 0)}
     shrunk = {path: count for path, count in counts.items() if count < NAMES_AT_MOST.get(path, 0)}
 
     assert not grown, f"the core names the order domain more: {grown}"
     assert not shrunk, f"fewer order-domain names now: lower NAMES_AT_MOST to {shrunk}"
+
+
+def test_a_domain_imports_from_the_core_only_the_seam_module() -> None:
+    beyond_the_seam = [
+        f"{relative(path)}:{line} imports {name}"
+        for path in sources(PACKAGE / "orders")
+        for line, name in imports_of(path)
+        if names_any(name, ("service",)) and not names_any(name, (DOMAIN, SEAM))
+    ]
+    seam = [name for path in sources(PACKAGE / "orders") for _, name in imports_of(path) if names_any(name, (SEAM,))]
+
+    assert seam, "the scan found no import of the seam: it would check nothing"
+    assert beyond_the_seam == []
+
+
+def test_only_the_entry_point_imports_the_domain() -> None:
+    importing = {
+        module_name(path) for path in core_sources() if any(names_any(name, (DOMAIN,)) for _, name in imports_of(path))
+    }
+
+    assert importing == ENTRY_POINT
 
 
 def test_the_effect_machinery_names_no_kind_of_effect() -> None:

@@ -17,10 +17,11 @@ import typer
 import yaml
 
 from service.adapters.topics import declared
-from service.cli import app
+from service.cli import application
 from service.config import load_settings, secret_fields
 from service.metrics import Metrics
 from service.names import ENV_PREFIX
+from service.orders.domain import DOMAIN
 from service.orders.settings import OrderSettings as Settings
 from service.policy.topics import kafka_acls_commands, service_acls
 
@@ -95,7 +96,7 @@ def stack(request: pytest.FixtureRequest, compose: dict[str, Any], secured: dict
 
 
 def _cli_commands() -> set[str]:
-    group = typer.main.get_command(app)
+    group = typer.main.get_command(application(DOMAIN))
     return set(group.commands)  # type: ignore[attr-defined]
 
 
@@ -449,7 +450,7 @@ def _exposed_names() -> set[str]:
     from service.metrics import Metrics
 
     names = set()
-    for family in Metrics().registry.collect():
+    for family in Metrics(DOMAIN.metrics_prefix).registry.collect():
         names.add(family.name)
         names |= {family.name + suffix for suffix in ("_total", "_bucket", "_sum", "_count", "_created")}
     return names
@@ -505,7 +506,7 @@ def test_prometheus_and_grafana_are_provisioned_from_files_in_the_repository(com
 def test_every_metric_the_docs_and_alerts_name_is_one_the_service_exports() -> None:
     # Given the names the service registers (a counter is exported with `_total`, a histogram with its series)
     exported: set[str] = set()
-    for family in Metrics().registry.collect():
+    for family in Metrics(DOMAIN.metrics_prefix).registry.collect():
         exported |= {family.name, *(sample.name for sample in family.samples)}
         if family.type == "counter":
             exported.add(f"{family.name}_total")

@@ -33,8 +33,7 @@ CORE_API = frozenset(
         "service.store.recordset",
         "service.store.schema",
         "service.testing.faults",
-        "service.worker.effect_kinds",
-        "service.worker.handler",
+        "service.ports",
     }
 )
 PURE = ("codes.py", "messages.py", "model.py")

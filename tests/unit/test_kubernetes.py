@@ -22,10 +22,11 @@ import pytest
 import typer
 import yaml
 
-from service.cli import app
+from service.cli import application
 from service.config import load_settings, secret_fields
 from service.durations import parse_duration
 from service.names import ENV_PREFIX
+from service.orders.domain import DOMAIN
 from service.orders.settings import OrderSettings as Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -545,7 +546,7 @@ def test_every_command_a_manifest_runs_is_a_command_of_the_cli(objects: list[Obj
     for container in _containers(objects):
         assert "command" not in container, "the image's entrypoint is `order-service`; the command goes in args"
         # Typer vendors click: a group is what has `commands`, `quarantine list` names a subcommand.
-        command: Any = typer.main.get_command(app)
+        command: Any = typer.main.get_command(application(DOMAIN))
         for word in container["args"]:
             if not hasattr(command, "commands"):
                 break

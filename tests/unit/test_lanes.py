@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from service.config import Topics
 from service.containers import Container
 from service.domain.codes import ErrorCode
+from service.orders.domain import DOMAIN
 from service.orders.messages import decode
 from service.orders.settings import OrderSettings
 from service.policy.delivery import Delivery, RetryState
@@ -216,7 +217,7 @@ def _processor(source_topic: str) -> Processor:
         kafka_bootstrap_servers="127.0.0.1:1",
         source_topic=source_topic,
     )
-    container = Container(settings=settings)
+    container = Container(settings=settings, domain=DOMAIN)
     container.engine.override(providers.Object(None))
     container.http.override(providers.Object(None))
     processor: Processor = container.processor()

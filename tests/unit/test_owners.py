@@ -1,11 +1,14 @@
-"""Every quarantined record has an owner: documented defaults, overridable per error code."""
+"""Every quarantined record has an owner: documented defaults (the domain's), overridable per error code."""
 
 from __future__ import annotations
 
 import pytest
 
 from service.domain.codes import ErrorCode
-from service.policy.owners import ONCALL, PRODUCERS, owner_for, parse_owners
+from service.orders.domain import DOMAIN
+from service.policy.owners import owner_for, parse_owners
+
+PRODUCERS, ONCALL = DOMAIN.owners.producers, DOMAIN.owners.oncall
 
 
 @pytest.mark.parametrize(
@@ -19,15 +22,19 @@ from service.policy.owners import ONCALL, PRODUCERS, owner_for, parse_owners
     ],
 )
 def test_bad_input_belongs_to_producers_and_exhausted_retries_to_the_on_call(code: ErrorCode, owner: str) -> None:
-    assert owner_for(code) == owner
+    assert owner_for(code, DOMAIN.owners) == owner
 
 
 def test_an_override_names_the_owner_of_one_code_and_leaves_the_others() -> None:
     overrides = parse_owners(" SCHEMA_UNSUPPORTED = schema-team , RATE_LIMITED_EXHAUSTED=payments-oncall")
 
-    assert owner_for(ErrorCode.SCHEMA_UNSUPPORTED, overrides) == "schema-team"
-    assert owner_for(ErrorCode.RATE_LIMITED_EXHAUSTED, overrides) == "payments-oncall"
-    assert owner_for(ErrorCode.MALFORMED_PAYLOAD, overrides) == PRODUCERS
+    assert owner_for(ErrorCode.SCHEMA_UNSUPPORTED, DOMAIN.owners, overrides) == "schema-team"
+    assert owner_for(ErrorCode.RATE_LIMITED_EXHAUSTED, DOMAIN.owners, overrides) == "payments-oncall"
+    assert owner_for(ErrorCode.MALFORMED_PAYLOAD, DOMAIN.owners, overrides) == PRODUCERS
+
+
+def test_the_order_domain_names_its_producers_and_its_on_call() -> None:
+    assert (PRODUCERS, ONCALL) == ("order-producers", "order-service-oncall")
 
 
 @pytest.mark.parametrize("text", ["NOPE=team", "SCHEMA_UNSUPPORTED=", "SCHEMA_UNSUPPORTED"])

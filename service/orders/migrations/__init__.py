@@ -1,6 +1,6 @@
 """The order domain's Alembic revisions: a branch of its own (`orders`) beside the core's history, in a version
-location the core's schema functions are given (service/store/schema.py, `extra_locations`; service/containers.py
-passes `LOCATION` on)."""
+location the core's schema functions are given (service/store/schema.py, `extra_locations`; its `DOMAIN`
+names `LOCATION`)."""
 
 from __future__ import annotations
 
