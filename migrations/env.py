@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 from logging.config import fileConfig
 
 from alembic import context
 from sqlalchemy.engine import Connection
 
 from service.config import load_settings
-from service.orders import tables as order_tables  # noqa: F401 (the domain's tables join the metadata)
 from service.store.connect import Database
 from service.store.tables import metadata
 from service.store.uow import create_engine
@@ -17,6 +17,10 @@ from service.store.uow import create_engine
 config = context.config
 if config.config_file_name is not None:
     fileConfig(config.config_file_name)
+# What autogenerate and `alembic check` compare with: the core's tables, and those of every module `table_modules`
+# names (alembic.ini: the order domain's), which join the core's metadata when imported. The core names no domain.
+for module in (config.get_main_option("table_modules") or "").split():
+    importlib.import_module(module)
 
 
 def _database() -> Database:

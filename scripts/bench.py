@@ -84,7 +84,7 @@ STARTUP_ALLOWANCE = 60.0
 SLOWEST_RATE = 100.0
 STOP_GRACE = 30.0
 # Far more partitions than a test suite and a bench leave behind: a broker's heap holds every partition's state, and
-# one full of old topics slows every figure that goes through it (docs/performance.md, eighteenth session).
+# one full of old topics slows every figure that goes through it (docs/performance.md, "The machine").
 MANY_PARTITIONS = 5_000
 
 
@@ -219,7 +219,7 @@ class Results:
     error: str | None = None
     # Other work on the machine (the cluster and broker are shared) moves every figure: report it with them.
     load_at_start: float = field(default_factory=lambda: os.getloadavg()[0])
-    # So does the broker's size: its heap holds every partition's state (docs/performance.md, eighteenth session).
+    # So does the broker's size: its heap holds every partition's state (docs/performance.md, "The machine").
     broker_partitions: int | None = None
 
 

@@ -725,9 +725,9 @@ async def explain(dsn: str, timings: Sequence[Timing], path: Path) -> None:
 def migrate(url: str, revision: str | None) -> None:
     """Migrate with the service's own migrations: to the head, or to `revision`."""
     if revision is None:
-        upgrade_to_head(url)
+        upgrade_to_head(url, DOMAIN.migrations)
         return
-    with alembic_config(url) as config:
+    with alembic_config(url, DOMAIN.migrations) as config:
         command.upgrade(config, revision)
 
 

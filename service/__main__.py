@@ -3,7 +3,8 @@ from the order domain (the one place that picks a domain), loaded with the colle
 
 Everything loading the CLI builds (modules, classes, functions, pydantic and SQLAlchemy structures) lives until the
 process ends. With the cyclic collector on, its allocations trigger collections that walk those objects again and
-again while they load (docs/performance.md); frozen, no later collection walks them either.
+again while they load (docs/performance.md, "The garbage collector and the start"); frozen, no later collection
+walks them either.
 """
 
 from __future__ import annotations

@@ -31,28 +31,43 @@ KAFKA = os.environ.get("ORDERS_TEST_KAFKA", "127.0.0.1:19092")
 
 
 def migrate(host: str, port: int, user: str, dbname: str, password: str | None = None, **_: Any) -> None:
-    """Load the template database with `alembic upgrade head`, exactly as `order-service migrate` does."""
+    """Load the template database with `alembic upgrade heads` (the core's and the order domain's branch), exactly
+    as `order-service migrate` does."""
+    from service.orders.domain import DOMAIN
+    from service.store.schema import upgrade_to_head
+
+    upgrade_to_head(f"postgresql+asyncpg://{user}@{host}:{port}/{dbname}", DOMAIN.migrations)
+
+
+def migrate_core(host: str, port: int, user: str, dbname: str, password: str | None = None, **_: Any) -> None:
+    """Load the template database with the core's history alone, as a service of another domain starts from."""
     from service.store.schema import upgrade_to_head
 
     upgrade_to_head(f"postgresql+asyncpg://{user}@{host}:{port}/{dbname}")
 
 
+DBNAME = os.environ.get("ORDERS_TEST_DBNAME", "order_service_test")
 postgresql_noproc = factories.postgresql_noproc(
-    host=PG_HOST,
-    port=PG_PORT,
-    user="postgres",
-    dbname=os.environ.get("ORDERS_TEST_DBNAME", "order_service_test"),
-    load=[migrate],
+    host=PG_HOST, port=PG_PORT, user="postgres", dbname=DBNAME, load=[migrate]
 )
-postgresql = factories.postgresql(
-    "postgresql_noproc", dbname=os.environ.get("ORDERS_TEST_DBNAME", "order_service_test")
+postgresql = factories.postgresql("postgresql_noproc", dbname=DBNAME)
+core_postgresql_noproc = factories.postgresql_noproc(
+    host=PG_HOST, port=PG_PORT, user="postgres", dbname=f"{DBNAME}_core", load=[migrate_core]
 )
+core_postgresql = factories.postgresql("core_postgresql_noproc", dbname=f"{DBNAME}_core")
 
 
 @pytest.fixture
 def database_url(postgresql: Any) -> str:
     """The SQLAlchemy URL of this test's fresh, migrated database."""
     info = postgresql.info
+    return f"postgresql+asyncpg://{info.user}@{info.host}:{info.port}/{info.dbname}"
+
+
+@pytest.fixture
+def core_database_url(core_postgresql: Any) -> str:
+    """The SQLAlchemy URL of this test's fresh database migrated by the core's history alone (no domain's branch)."""
+    info = core_postgresql.info
     return f"postgresql+asyncpg://{info.user}@{info.host}:{info.port}/{info.dbname}"
 
 
@@ -77,7 +92,7 @@ async def topics(kafka: str) -> AsyncIterator[Topics]:
     """Fresh topic names for this test (source with 3 partitions), created on the broker and deleted after it.
 
     Deleted, because a broker keeps every partition's state in its heap: left there run after run, a suite's
-    topics filled the local broker's (docs/performance.md, eighteenth session)."""
+    topics filled the local broker's (docs/performance.md, "The machine")."""
     topics = Topics(f"t{uuid.uuid4().hex[:10]}")
     await create_topics(kafka, topics)
     yield topics

@@ -2,7 +2,7 @@
 
 Why not aiohttp: a capture's call is the largest cost per order the effect worker has, and aiohttp's request path
 (request and response objects, a URL, timers and cookies per call) cost twice this one's CPU (docs/performance.md,
-ninth session). The answer is parsed by httptools (llhttp, uvicorn's parser): what is written
+"The effect worker"). The answer is parsed by httptools (llhttp, uvicorn's parser): what is written
 here is only the pool and the framing a downstream call needs. One request at a time per connection, kept alive
 while the downstream keeps it; plain or TLS (certificates checked). Left out, because no downstream call needs them:
 redirects (the answer is handed back as it is), proxies, cookies, compression (`Accept-Encoding: identity`),

@@ -31,8 +31,8 @@ _M = 0x5BD1E995
 def to_source(record: ConsumerRecord[bytes, bytes]) -> SourceRecord:
     """An aiokafka record as a library-neutral SourceRecord."""
     # By position (topic, partition, offset, timestamp_ms, key, value, headers), as it runs once per record
-    # (docs/performance.md, "Twelfth session"). The client hands the headers over as a tuple of pairs, which
-    # `tuple` returns as it is; a header without a value arrives as None, and most records carry none.
+    # (docs/performance.md, "What the consumer does per record"). The client hands the headers over as a tuple of
+    # pairs, which `tuple` returns as it is; a header without a value arrives as None, and most records carry none.
     headers = tuple(record.headers)
     for _, value in headers:
         if value is None:

@@ -83,7 +83,8 @@ async def _schema_ready(settings: Settings, stop: asyncio.Event) -> bool:
 
 
 def migrate() -> None:
-    """Bring the database schema to the latest revision (`alembic upgrade head`)."""
+    """Bring the database schema to the latest revision of the core and of the domain's branch (`alembic upgrade
+    heads`)."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from service.store import schema

@@ -8,6 +8,7 @@ from service.orders.customers import CustomersClient
 from service.orders.effects import SPECS, order_effects
 from service.orders.handler import OrderHandler
 from service.orders.messages import OrderMessage, decode, invalid_field
+from service.orders.migrations import LOCATION as MIGRATIONS
 from service.orders.model import CustomerStatus, Order
 from service.orders.providers import EmailsClient, PaymentsClient
 from service.orders.settings import ENV_PREFIX, PROGRAM, READS, OrderSettings
@@ -44,8 +45,8 @@ DOMAIN = Domain(
     effect_specs=SPECS,
     codes=(OrderCode,),
     owners=Owners(producers="order-producers", oncall="order-service-oncall"),
-    # The order domain's tables are in the core's history (0001, 0007) for now: no version locations of its own.
-    migrations=(),
+    # The order domain's Alembic branch `orders`, beside the core's history.
+    migrations=(MIGRATIONS,),
     fakes="service.orders.fakes",
     reads=READS,
 )

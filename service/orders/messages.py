@@ -42,7 +42,7 @@ class _Message(BaseModel):
 
 
 # A typed dict, not a model: a model per line made every record's validation dearer (docs/performance.md,
-# "Sixteenth session"). The rules read the lines and never change them.
+# "What the consumer does per record"). The rules read the lines and never change them.
 class Item(TypedDict):
     """One order line; unknown keys are ignored."""
 
@@ -117,7 +117,7 @@ def decode(value: bytes | None) -> OrderMessage | DecodeFailure:
         try:
             # The common case in one pass (parse and validate in pydantic-core); failures are sorted out below.
             # Straight to the adapter's validator, without `TypeAdapter.validate_json`'s own layer
-            # (docs/performance.md, "Sixteenth session").
+            # (docs/performance.md, "What the consumer does per record").
             message: OrderMessage = _ANY_MESSAGE.validator.validate_json(value, strict=True)
         except (ValidationError, RecursionError):
             pass

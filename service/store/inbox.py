@@ -42,7 +42,8 @@ COLUMNS = Columns(
 )
 # The record's timestamp is producer input, any int64: it is held to what the service's datetimes hold (records.py),
 # where PostgreSQL's range would fail the round, and converted in whole seconds and milliseconds apart, exact where a
-# double is not (past 2255) and without a `numeric` division (docs/performance.md, "Seventeenth session").
+# double is not (past 2255) and without a `numeric` division (docs/performance.md, "One statement, one transaction
+# per round").
 ADD_ROWS = f"""
     INSERT INTO inbox (consumer_name, message_id, status, source_topic, source_partition, source_offset,
                        aggregate_id, error_code, received_at)

@@ -31,7 +31,8 @@ class OutboxMessage:
     # `key` stays the ordering key the relay keeps each key's rows in order by.
     kafka_key: bytes | None = None
     # A JSON document's text, published as its UTF-8 bytes: it travels in the round's recordset as a JSON string,
-    # where bytes travel as base64 (docs/performance.md, "Sixteenth session"). The database must be UTF8.
+    # where bytes travel as base64 (docs/performance.md, "One statement, one transaction per round"). The database
+    # must be UTF8.
     text: str | None = None
 
     @property

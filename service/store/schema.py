@@ -1,18 +1,18 @@
-"""The database schema: Alembic's `upgrade head`, run from the migrations that travel inside the package.
+"""The database schema: Alembic's `upgrade heads`, run from the migrations that travel inside the package.
 
 The revisions live in the checkout's top-level `migrations/` and are installed as `service.migrations`, so an
 installed wheel migrates from any directory without an `alembic.ini`; `alembic` in the checkout still works.
 
-A domain whose tables are not the core's may keep its revisions in a version location of its own, on a branch
-of its own (`branch_labels`, `depends_on` a core revision; the example: `examples/inventory/migrations/`). Every
-function here then takes that location in `extra_locations`: the history has several heads, `upgrade heads`
-brings each to its head, and the schema is current when every head is applied. Without extra locations all of
-this is the core's one linear history, exactly as before.
+The core's history is for the core's tables (its revision 0016 handed the order domain's table over to that
+domain). A domain keeps its revisions in a version location of its own, on a branch of its own (`branch_labels`,
+`depends_on` a core revision: `service/orders/migrations/`, `examples/inventory/migrations/`). Every function here
+takes those locations in `extra_locations`: the history has several heads, `upgrade heads` brings each to its head,
+and the schema is current when every head is applied. Without extra locations it is the core's history alone.
 
 Every long-running command checks the schema as it starts, and importing Alembic is a large part of a start (its
-package imports every dialect's DDL, and Mako's syntax highlighters with it). So the check first
-reads each revision file's `revision` and `down_revision` without importing it, and asks Alembic only when
-those do not simply match the version table (docs/performance.md).
+package imports every dialect's DDL, and Mako's syntax highlighters with it). So the check first reads each
+revision file's `revision`, `down_revision` and `depends_on` without importing it, and asks Alembic only when those
+do not simply match the version table (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ async def require_head(database: Database | str, extra_locations: Locations = ()
     current = await current_heads(database)
     if not current:
         raise SchemaNotCurrent(f"the database is not migrated: run `{PROGRAM} migrate`")
-    if frozenset(current) == _declared_heads(extra_locations):
+    if frozenset(current) == _recorded_heads(extra_locations):
         return
     from alembic.script import ScriptDirectory
 
@@ -118,20 +118,56 @@ _REVISION_FILE = re.compile(r"(?!\.#|__init__)(.*\.py)$")
 # What an id may hold for Alembic to accept it (`alembic.script.revision._revision_illegal_chars`, and `:` is
 # its range separator); anything else, and Alembic decides.
 _PLAIN_ID = re.compile(r"[A-Za-z0-9_.]+")
-_NAMES = ("revision", "down_revision")
+_NAMES = ("revision", "down_revision", "depends_on")
+# Each revision's `down_revision` names and `depends_on` names.
+_History = dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
 
 
 def _declared_heads(extra_locations: Locations) -> frozenset[str] | None:
     """The heads the revision files declare, read as text: the revisions no other names as its `down_revision`.
 
-    None whenever Alembic could see the history otherwise: a file that does not set both names once, at its top
-    level, to literals; a link; an id declared twice, or that Alembic refuses; a `down_revision` naming no
-    declared revision (a branch label, say); a revision no head leads to (a cycle). Alembic then decides. A file
-    that would fail when it runs is found by `migrate`, which runs it, not here.
+    None whenever Alembic could see the history otherwise (`_declared_history`). A file that would fail when it runs
+    is found by `migrate`, which runs it, not here.
+    """
+    history = _declared_history(extra_locations)
+    return None if history is None else _heads(history)
+
+
+def _recorded_heads(extra_locations: Locations) -> frozenset[str] | None:
+    """The version table Alembic leaves once every head is applied, read as text: the heads, less each one that
+    another head needs (by its `down_revision` or `depends_on`, at any depth), which that head stands for (a
+    domain's branch that depends on the core's head: service/orders/migrations/). None as for `_declared_heads`."""
+    history = _declared_history(extra_locations)
+    if history is None:
+        return None
+    heads = _heads(history)
+    needed: set[str] = set()
+    for head in heads:
+        stack = [*history[head][0], *history[head][1]]
+        while stack:
+            name = stack.pop()
+            if name not in needed:
+                needed.add(name)
+                stack.extend((*history[name][0], *history[name][1]))
+    return frozenset(heads - needed)
+
+
+def _heads(history: _History) -> frozenset[str]:
+    """The revisions of a checked history that no other names as its `down_revision`."""
+    return frozenset(history.keys() - {name for below, _ in history.values() for name in below})
+
+
+def _declared_history(extra_locations: Locations) -> _History | None:
+    """Each revision's `down_revision` and `depends_on` names, read from the files as text.
+
+    None whenever Alembic could see the history otherwise: a file that does not set `revision` and
+    `down_revision` once (and `depends_on` at most once), at its top level, to literals; a link; an id declared
+    twice, or that Alembic refuses; a `down_revision` or `depends_on` naming no declared revision (a branch label,
+    say); a revision no head leads to (a cycle). Alembic then decides.
     """
     with as_file(files(MIGRATIONS)) as location:
         directories = [Path(location) / "versions", *map(Path, extra_locations)]
-        history: dict[str, tuple[str, ...]] = {}
+        history: _History = {}
         for directory in directories:
             if not directory.is_dir():
                 continue  # as Alembic: a version location that does not exist holds no revisions
@@ -143,25 +179,24 @@ def _declared_heads(extra_locations: Locations) -> frozenset[str] | None:
                 declared = _declared(path)
                 if declared is None or declared[0] in history:
                     return None
-                history[declared[0]] = declared[1]
+                history[declared[0]] = declared[1:]
     if not all(_PLAIN_ID.fullmatch(name) for name in history):
         return None
-    if not all(name in history for below in history.values() for name in below):
+    if not all(name in history for below, needs in history.values() for name in (*below, *needs)):
         return None
-    heads = history.keys() - {name for below in history.values() for name in below}
     reached: set[str] = set()
-    stack = list(heads)
+    stack = list(_heads(history))
     while stack:
         name = stack.pop()
         if name not in reached:
             reached.add(name)
-            stack.extend(history[name])
-    return frozenset(heads) if len(reached) == len(history) else None
+            stack.extend(history[name][0])
+    return history if len(reached) == len(history) else None
 
 
-def _declared(path: Path) -> tuple[str, tuple[str, ...]] | None:
-    """A revision file's `revision` and `down_revision` (none, one or several), when each is set once, at the
-    file's top level, to a literal."""
+def _declared(path: Path) -> tuple[str, tuple[str, ...], tuple[str, ...]] | None:
+    """A revision file's `revision`, `down_revision` and `depends_on` (none, one or several each), when each is set
+    at most once (the first two exactly once), at the file's top level, to a literal."""
     try:
         module = ast.parse(path.read_bytes(), str(path))
     except (SyntaxError, ValueError):  # Alembic reports it when it runs the file
@@ -181,21 +216,27 @@ def _declared(path: Path) -> tuple[str, tuple[str, ...]] | None:
                 return None
     if _bindings(module) != len(values):
         return None  # set twice, inside a block, by an import, an augmented or a chained assignment …
-    revision, down = values.get("revision"), values.get("down_revision", ...)
+    revision, down, needs = values.get("revision"), values.get("down_revision", ...), values.get("depends_on")
     if not isinstance(revision, str) or down is ...:
         return None
-    if down is None:
-        return revision, ()
-    if isinstance(down, str):
-        return revision, (down,)
-    if isinstance(down, tuple | list) and all(isinstance(name, str) for name in down):
-        return revision, tuple(down)
+    below, needed = _names(down), _names(needs)
+    return None if below is None or needed is None else (revision, below, needed)
+
+
+def _names(value: object) -> tuple[str, ...] | None:
+    """A `down_revision` or `depends_on` as the revision ids it names (None: not a literal Alembic reads so)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, tuple | list) and all(isinstance(name, str) for name in value):
+        return tuple(value)
     return None
 
 
 def _bindings(module: ast.Module) -> int:
-    """How many times anything in the file binds `revision` or `down_revision`, anywhere in it (-1: a star
-    import, which may bind either)."""
+    """How many times anything in the file binds `revision`, `down_revision` or `depends_on`, anywhere in it (-1:
+    a star import, which may bind any)."""
     count = 0
     for node in ast.walk(module):
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):

@@ -352,7 +352,7 @@ class ConsumerLoop:
         while another round is in flight, a round waits until the lanes hold a round's worth (due or not), for at
         most `_FILL_SECONDS`: started with what had been decoded when a slot freed, a drain's rounds were mostly
         fractions of a round, each paying a round's fixed costs in the consumer and PostgreSQL (docs/performance.md,
-        "Fifteenth session"). With less beyond what was fetched, a round starts at once if
+        "The consumer's loop"). With less beyond what was fetched, a round starts at once if
         what is fetched and what is left make a round's worth, else at least the spacing after the one before.
         The lanes' bound leaves a round's worth of room while a slot is free.
         """

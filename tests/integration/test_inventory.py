@@ -1,9 +1,9 @@
 """The second domain (examples/inventory) on the real core: the consumer loop, the relay, the effect worker and the
 reconciler, on real PostgreSQL and Kafka, with the fake stock and warehouse APIs on the fault-injection server.
 
-The core's container is built as for the orders and rewired by `use_inventory`; the database is the migrated
-template plus the domain's own migration branch, applied through the core's schema seam. Every test asserts on
-rows (reservations, inbox, effects), on topic contents, and on what the warehouse holds.
+The core's container is built as for the orders and rewired by `use_inventory`; the database is migrated by the
+core's history alone plus the domain's own migration branch, applied through the core's schema seam. Every test
+asserts on rows (reservations, inbox, effects), on topic contents, and on what the warehouse holds.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from service.domain.codes import ErrorCode
 from service.errors import DownstreamError, SchemaNotCurrent
 from service.policy.effects import Found, Missing, NotSent, Refused, Sent, Unknown
 from service.store import schema
-from tests.support import Topics, eventually, produce, read_topic, rows, scalar
+from tests.support import Topics, eventually, make_engine, produce, read_topic, rows, scalar
 from tests.support import committed as _committed
 from tests.support.effects import effect, state_is
 from tests.support.inventory import released, reserved
@@ -46,10 +46,18 @@ def warehouse() -> Iterator[Warehouse]:
 
 
 @pytest.fixture
-def inventory_database(database_url: str) -> str:
-    """This test's database with the inventory domain's migration branch applied too."""
-    schema.upgrade_to_head(database_url, MIGRATIONS)
-    return database_url
+def inventory_database(core_database_url: str) -> str:
+    """This test's database, migrated by the core's history, with the inventory domain's migration branch applied."""
+    schema.upgrade_to_head(core_database_url, MIGRATIONS)
+    return core_database_url
+
+
+@pytest.fixture
+async def engine(inventory_database: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on this test's inventory database."""
+    engine = make_engine(inventory_database)
+    yield engine
+    await engine.dispose()
 
 
 def inventory_settings(database_url: str, kafka: str, topics: Topics, warehouse: Warehouse, **overrides: Any) -> Any:
@@ -274,21 +282,27 @@ async def test_a_redelivered_record_is_a_duplicate_with_one_inbox_row_and_one_ef
     assert [e["type"] for e in published] == ["reservation.accepted", "reservation.held"]
 
 
-async def test_the_schema_is_current_only_with_the_domains_branch_applied(database_url: str) -> None:
-    # Given the core's migrated test database: the core is current, the inventory domain's branch is not
-    await schema.require_head(database_url)
-    assert schema.head_revision(MIGRATIONS) == "0015, inv_0001"
-    with pytest.raises(SchemaNotCurrent, match=r"is at 0015, this version needs 0015, inv_0001: run"):
-        await schema.require_head(database_url, MIGRATIONS)
+async def test_the_schema_is_current_only_with_the_domains_branch_applied(core_database_url: str) -> None:
+    # Given a database migrated by the core's history: the core is current, the inventory domain's branch is not
+    await schema.require_head(core_database_url)
+    assert schema.head_revision(MIGRATIONS) == "0016, inv_0001"
+    with pytest.raises(SchemaNotCurrent, match=r"is at 0016, this version needs 0016, inv_0001: run"):
+        await schema.require_head(core_database_url, MIGRATIONS)
 
     # When the domain's branch is applied through the seam
-    head = await asyncio.to_thread(schema.upgrade_to_head, database_url, MIGRATIONS)
+    head = await asyncio.to_thread(schema.upgrade_to_head, core_database_url, MIGRATIONS)
 
     # Then both heads are current: the version table keeps the core's newest revision and the branch, which
     # depends on the core revision it was written against (0010), not on every later one
-    assert head == "0015, inv_0001"
-    await schema.require_head(database_url, MIGRATIONS)
-    assert await schema.current_revision(database_url) == "0015, inv_0001"
+    assert head == "0016, inv_0001"
+    await schema.require_head(core_database_url, MIGRATIONS)
+    assert await schema.current_revision(core_database_url) == "0016, inv_0001"
+    # And the core's history left no other domain's table behind
+    engine = make_engine(core_database_url)
+    try:
+        assert await scalar(engine, "SELECT to_regclass('orders')") is None
+    finally:
+        await engine.dispose()
 
 
 async def test_a_hold_the_warehouse_refuses_fails_and_says_so_on_the_reservation_and_in_an_event(

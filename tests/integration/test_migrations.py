@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.errors import SchemaNotCurrent
 from service.orders import tables as order_tables  # noqa: F401 (the domain's tables join the metadata)
+from service.orders.domain import DOMAIN
 from service.store import schema
 from service.store.tables import metadata
 from tests.support import rows
@@ -56,7 +57,7 @@ def test_records_quarantined_before_0009_get_their_timeline_from_what_their_rows
     from service.store.schema import alembic_config, upgrade_to_head
     from tests.support import make_engine
 
-    with alembic_config(database_url) as config:
+    with alembic_config(database_url, DOMAIN.migrations) as config:
         command.downgrade(config, "0008")
 
     async def given_then() -> list[dict[str, Any]]:
@@ -82,7 +83,7 @@ def test_records_quarantined_before_0009_get_their_timeline_from_what_their_rows
                     )
                 )
             # When the schema goes to the head
-            await asyncio.to_thread(upgrade_to_head, database_url)
+            await asyncio.to_thread(upgrade_to_head, database_url, DOMAIN.migrations)
             return await rows(engine, "SELECT event, error_code, attempts, actor FROM quarantine_events ORDER BY id")
         finally:
             await engine.dispose()
@@ -109,7 +110,7 @@ def test_records_quarantined_before_0015_keep_their_rows_and_history_under_their
     from service.store.schema import alembic_config, upgrade_to_head
     from tests.support import make_engine
 
-    with alembic_config(database_url) as config:
+    with alembic_config(database_url, DOMAIN.migrations) as config:
         command.downgrade(config, "0014")
 
     async def given(engine: Any) -> None:
@@ -133,7 +134,7 @@ def test_records_quarantined_before_0015_keep_their_rows_and_history_under_their
         try:
             await given(engine)
             # When the schema goes to the head
-            await asyncio.to_thread(upgrade_to_head, database_url)
+            await asyncio.to_thread(upgrade_to_head, database_url, DOMAIN.migrations)
             # And a second consumer name reading the same topic quarantines the same record
             row = quarantine.QuarantineRow(
                 "o/0/1", "m", "MALFORMED_PAYLOAD", "team", None, {}, None, [], 1, datetime.now(UTC), datetime.now(UTC)
@@ -171,17 +172,21 @@ def test_records_quarantined_before_0015_keep_their_rows_and_history_under_their
     assert notes == [{"consumer_name": "billing", "note": "seen"}]
     assert items == [{"consumer_name": "billing", "failure_id": "o/0/1"}]
     # And going back to 0014, which cannot hold both, is refused, naming the failure id, with nothing changed
-    with alembic_config(database_url) as config, pytest.raises(RuntimeError, match=r"several consumer names.*o/0/1"):
+    with (
+        alembic_config(database_url, DOMAIN.migrations) as config,
+        pytest.raises(RuntimeError, match=r"several consumer names.*o/0/1"),
+    ):
         command.downgrade(config, "0014")
-    assert asyncio.run(schema.current_revision(database_url)) == schema.head_revision()
+    asyncio.run(schema.require_head(database_url, DOMAIN.migrations))
 
 
 def test_a_current_schema_is_checked_without_importing_alembic(database_url: str) -> None:
     # Given a migrated database, when a fresh interpreter checks it as a starting command does
     script = (
         "import asyncio, sys\n"
+        "from service.orders.domain import DOMAIN\n"
         "from service.store import schema\n"
-        "asyncio.run(schema.require_head(sys.argv[1]))\n"
+        "asyncio.run(schema.require_head(sys.argv[1], DOMAIN.migrations))\n"
         "print('alembic' in sys.modules)\n"
     )
     checked = subprocess.run(
@@ -202,5 +207,6 @@ async def test_a_version_table_other_than_the_heads_is_not_current(
         await connection.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": recorded})
 
     # Then the check says where it is, what this version needs, and what to run
-    with pytest.raises(SchemaNotCurrent, match=rf"is at {recorded}, this version needs {schema.head_revision()}: run"):
-        await schema.require_head(database_url)
+    needs = schema.head_revision(DOMAIN.migrations)
+    with pytest.raises(SchemaNotCurrent, match=rf"is at {recorded}, this version needs {needs}: run"):
+        await schema.require_head(database_url, DOMAIN.migrations)

@@ -1,5 +1,5 @@
 """Each test deletes its topics: a broker keeps every partition's state in its heap, and a suite's topics, left
-there run after run, filled the local broker's (docs/performance.md, eighteenth session)."""
+there run after run, filled the local broker's (docs/performance.md, "The machine")."""
 
 from __future__ import annotations
 

@@ -306,7 +306,7 @@ def test_the_amount_sums_quantity_times_unit_price_over_the_lines(lines: list[tu
             ("items.0.quantity", "int_type"),
         ),
         (
-            # A line that is not an object (lines are typed dicts since the sixteenth session: `model_type` before)
+            # A line that is not an object (lines are typed dicts)
             {
                 "schema": "order.placed.v1",
                 "order_id": "A-1",

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.orders.migrations import LOCATION as ORDERS
 from service.store import schema
 
 INVENTORY = Path(__file__).resolve().parents[2] / "examples" / "inventory" / "migrations" / "versions"
@@ -26,6 +27,22 @@ def _write(versions: Path, name: str, body: str) -> None:
 def test_the_packaged_revisions_declare_the_heads_alembic_finds() -> None:
     assert schema._declared_heads(()) == _alembic_heads()
     assert schema._declared_heads((INVENTORY,)) == _alembic_heads((INVENTORY,))
+    assert schema._declared_heads((ORDERS,)) == _alembic_heads((ORDERS,))
+
+
+def test_the_version_table_leaves_out_a_head_that_another_head_depends_on() -> None:
+    # The order domain's branch depends on the core's head (0016), and stands for it in the version table; the
+    # inventory domain's depends on an older core revision (0010), so the core's head is recorded beside it
+    assert schema._recorded_heads(()) == {"0016"}
+    assert schema._recorded_heads((ORDERS,)) == {"orders_0001"}
+    assert schema._recorded_heads((INVENTORY,)) == {"0016", "inv_0001"}
+    assert schema._recorded_heads((ORDERS, INVENTORY)) == {"orders_0001", "inv_0001"}
+
+
+def test_a_depends_on_naming_no_declared_revision_leaves_the_decision_to_alembic(tmp_path: Path) -> None:
+    _write(tmp_path, "a.py", "revision = 'a'\ndown_revision = None\ndepends_on = 'nowhere'")
+    assert schema._declared_heads((tmp_path,)) is None
+    assert schema._recorded_heads((tmp_path,)) is None
 
 
 @st.composite

@@ -1,0 +1,1 @@
+"""The order domain's Alembic revision scripts (branch `orders`)."""
