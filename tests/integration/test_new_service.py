@@ -86,6 +86,27 @@ def test_the_project_is_small_holds_no_core_and_records_its_answers(project: Pat
     assert os.access(project / "scripts" / "test", os.X_OK)
 
 
+@pytest.mark.parametrize(
+    ("arguments", "says"),
+    [
+        (["--name", "Shipments", "--domain", DOMAIN], "--name 'Shipments': lower-case words joined by hyphens"),
+        (["--name", NAME, "--domain", "service"], "--domain 'service': a lower-case Python identifier"),
+        (["--name", NAME, "--domain", DOMAIN, "--env-prefix", "ship"], "--env-prefix 'ship': upper-case, ending in _"),
+    ],
+)
+def test_bad_names_are_one_line_and_exit_2_before_anything_is_written(
+    arguments: list[str], says: str, tmp_path: Path
+) -> None:
+    target = tmp_path / "new"
+    command = [sys.executable, str(ROOT / "scripts" / "new_service.py"), str(target), *arguments]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"new-service: {says}")
+    assert result.stderr.count("\n") == 1
+    assert not target.exists()
+
+
 def test_the_projects_scripts_test_passes_on_real_postgresql_and_kafka(project: Path) -> None:
     borrow_packages(project)
     env = {key: value for key, value in os.environ.items() if not key.startswith(("ORDERS_", "PYTEST_"))}
