@@ -75,9 +75,22 @@ def build_wheel(into: Path, wheel: str) -> Path:
     return target
 
 
+def uncommitted() -> bool:
+    """Whether this checkout has changes git has not committed."""
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, check=False)
+    return bool(status.stdout.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Render the project, then put the core's wheel in it."""
     args = arguments(argv)
+    if uncommitted():
+        # copier renders them from a commit of its own, which the answers then record and this checkout never has.
+        print(
+            "new-service: this checkout has uncommitted changes: they are rendered, but `copier update` in the"
+            " project needs a template commit this checkout has (commit first for a project you keep)",
+            file=sys.stderr,
+        )
     from copier import run_copy  # here: --help and bad input answer without loading it
 
     requirement, wheel = core_requirement()
