@@ -13,7 +13,6 @@ so that a domain's tests need no event loop of their own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import socket
@@ -28,6 +27,7 @@ import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import UnknownTopicOrPartitionError
 from pydantic import SecretStr
 
 from service.ports import Domain
@@ -211,8 +211,10 @@ async def _delete_topics(bootstrap: str, source: str) -> None:
     await admin.start()
     try:
         names = [name for name in await admin.list_topics() if name == source or name.startswith(f"{source}.")]
-        if names:
-            with contextlib.suppress(Exception):
-                await admin.delete_topics(names)
+        response = await admin.delete_topics(names) if names else None
     finally:
         await admin.close()
+    gone = UnknownTopicOrPartitionError.errno
+    refused = [(name, code) for name, code in response.topic_error_codes if code not in (0, gone)] if response else []
+    if refused:
+        raise AssertionError(f"the broker did not delete these topics (name, error code): {refused}")
