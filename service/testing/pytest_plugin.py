@@ -75,12 +75,13 @@ def infrastructure(domain: Domain) -> Infrastructure:
 
 
 @pytest.fixture(scope="session")
-def migrated_template(domain: Domain, infrastructure: Infrastructure) -> str:
+def migrated_template(domain: Domain, infrastructure: Infrastructure) -> Iterator[str]:
     """A database that `migrate` loaded (every head: the core's and the domain's), made once per session."""
     name = f"{infrastructure.dbname}_template"
     asyncio.run(_recreate(infrastructure, name, template=None))
     schema.upgrade_to_head(infrastructure.url(name), domain.migrations)
-    return name
+    yield name
+    asyncio.run(_drop(infrastructure, name))
 
 
 @pytest.fixture
@@ -198,6 +199,7 @@ async def _recreate(infrastructure: Infrastructure, name: str, template: str | N
 
 
 async def _drop(infrastructure: Infrastructure, name: str) -> None:
+    """Drop the database, with whoever is still connected to it."""
     connection = await asyncpg.connect(infrastructure.dsn("postgres"))
     try:
         await connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
