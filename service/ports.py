@@ -124,6 +124,7 @@ __all__ = [
     "key_from_query",
     "lookup_failure",
     "lookup_outcome",
+    "main",
     "metadata",
     "path_segment",
     "read_by",
@@ -386,3 +387,11 @@ class Domain:
     def variable(self, setting: str) -> str:
         """The environment variable of a setting (`database_url` → `<PREFIX>DATABASE_URL`)."""
         return self.settings.variable(setting)
+
+
+def main(domain: Domain) -> None:
+    """Run the core's command line for `domain`: the whole body of a project's console script."""
+    # Imported here: the command line loads the whole core, which a domain importing this module does not need.
+    from service.cli import main as command_line
+
+    command_line(domain)

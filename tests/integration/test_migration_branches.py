@@ -94,7 +94,7 @@ def _previous(release: Path, env: dict[str, str], *args: str, output: int | IO[b
 
 def _migrate_with_the_previous_release(release: Path, database_url: str) -> None:
     """Empty the database, then let the previous release's `migrate` bring it to its head."""
-    with schema.alembic_config(database_url, MIGRATIONS) as config:
+    with schema.alembic_config(database_url, DOMAIN.migrations) as config:
         command.downgrade(config, "base")
     env = env_for(settings_for(database_url, "127.0.0.1:9", Topics("unused")))
     migrate = _previous(release, env, "migrate", output=subprocess.PIPE)
@@ -129,13 +129,13 @@ async def test_a_database_the_previous_release_migrated_keeps_every_row_on_the_w
     assert "orders" in before
 
     # When this version migrates it to the core's head and the order domain's branch
-    heads = await asyncio.to_thread(schema.upgrade_to_head, database_url, MIGRATIONS)
+    heads = await asyncio.to_thread(schema.upgrade_to_head, database_url, DOMAIN.migrations)
 
     # Then every table holds the same rows, the orders table is the branch's, and the schema is current
     assert heads == "0016, orders_0001"
     assert await _tables(engine) == before
     assert await schema.current_heads(database_url) == ("orders_0001",)
-    await schema.require_head(database_url, MIGRATIONS)
+    await schema.require_head(database_url, DOMAIN.migrations)
 
 
 async def test_a_fresh_database_gets_the_cores_tables_from_the_core_and_the_orders_table_from_its_branch(
@@ -143,7 +143,7 @@ async def test_a_fresh_database_gets_the_cores_tables_from_the_core_and_the_orde
 ) -> None:
     # Given an empty database
     def empty() -> None:
-        with schema.alembic_config(database_url, MIGRATIONS) as config:
+        with schema.alembic_config(database_url, DOMAIN.migrations) as config:
             command.downgrade(config, "base")
 
     await asyncio.to_thread(empty)
@@ -152,13 +152,13 @@ async def test_a_fresh_database_gets_the_cores_tables_from_the_core_and_the_orde
     # When the core's history alone is applied, then the order domain's branch too
     await asyncio.to_thread(schema.upgrade_to_head, database_url)
     core = set(await _tables(engine))
-    await asyncio.to_thread(schema.upgrade_to_head, database_url, MIGRATIONS)
+    await asyncio.to_thread(schema.upgrade_to_head, database_url, DOMAIN.migrations)
     both = set(await _tables(engine))
 
     # Then the core made every table but the domain's, and the branch made the domain's: every table of the models
     assert both == set(metadata.tables)
     assert both - core == {"orders"}
-    await schema.require_head(database_url, MIGRATIONS)
+    await schema.require_head(database_url, DOMAIN.migrations)
 
 
 async def test_the_previous_release_keeps_consuming_while_this_version_migrates_the_database_under_it(
@@ -176,7 +176,7 @@ async def test_the_previous_release_keeps_consuming_while_this_version_migrates_
         await eventually(lambda: _inbox(engine, "rejected"), timeout=60)
 
         # When this version migrates the database under it: the empty table is dropped and the branch creates it
-        assert await asyncio.to_thread(schema.upgrade_to_head, database_url, MIGRATIONS) == "0016, orders_0001"
+        assert await asyncio.to_thread(schema.upgrade_to_head, database_url, DOMAIN.migrations) == "0016, orders_0001"
 
         # Then the previous release goes on: new orders are placed, each with its inbox row
         await produce(kafka, topics.source, [(f"B-{n}", placed(f"B-{n}"), {}) for n in (1, 2, 3)])

@@ -59,7 +59,7 @@ def test_records_quarantined_before_0009_get_their_timeline_from_what_their_rows
     from service.store.schema import alembic_config, upgrade_to_head
     from tests.support import make_engine
 
-    with alembic_config(database_url, MIGRATIONS) as config:
+    with alembic_config(database_url, DOMAIN.migrations) as config:
         command.downgrade(config, "0008")
 
     async def given_then() -> list[dict[str, Any]]:
@@ -85,7 +85,7 @@ def test_records_quarantined_before_0009_get_their_timeline_from_what_their_rows
                     )
                 )
             # When the schema goes to the head
-            await asyncio.to_thread(upgrade_to_head, database_url, MIGRATIONS)
+            await asyncio.to_thread(upgrade_to_head, database_url, DOMAIN.migrations)
             return await rows(engine, "SELECT event, error_code, attempts, actor FROM quarantine_events ORDER BY id")
         finally:
             await engine.dispose()
@@ -112,7 +112,7 @@ def test_records_quarantined_before_0015_keep_their_rows_and_history_under_their
     from service.store.schema import alembic_config, upgrade_to_head
     from tests.support import make_engine
 
-    with alembic_config(database_url, MIGRATIONS) as config:
+    with alembic_config(database_url, DOMAIN.migrations) as config:
         command.downgrade(config, "0014")
 
     async def given(engine: Any) -> None:
@@ -136,7 +136,7 @@ def test_records_quarantined_before_0015_keep_their_rows_and_history_under_their
         try:
             await given(engine)
             # When the schema goes to the head
-            await asyncio.to_thread(upgrade_to_head, database_url, MIGRATIONS)
+            await asyncio.to_thread(upgrade_to_head, database_url, DOMAIN.migrations)
             # And a second consumer name reading the same topic quarantines the same record
             row = quarantine.QuarantineRow(
                 "o/0/1", "m", "MALFORMED_PAYLOAD", "team", None, {}, None, [], 1, datetime.now(UTC), datetime.now(UTC)
@@ -175,11 +175,11 @@ def test_records_quarantined_before_0015_keep_their_rows_and_history_under_their
     assert items == [{"consumer_name": "billing", "failure_id": "o/0/1"}]
     # And going back to 0014, which cannot hold both, is refused, naming the failure id, with nothing changed
     with (
-        alembic_config(database_url, MIGRATIONS) as config,
+        alembic_config(database_url, DOMAIN.migrations) as config,
         pytest.raises(RuntimeError, match=r"several consumer names.*o/0/1"),
     ):
         command.downgrade(config, "0014")
-    asyncio.run(schema.require_head(database_url, MIGRATIONS))
+    asyncio.run(schema.require_head(database_url, DOMAIN.migrations))
 
 
 def test_a_current_schema_is_checked_without_importing_alembic(database_url: str) -> None:
@@ -209,6 +209,6 @@ async def test_a_version_table_other_than_the_heads_is_not_current(
         await connection.execute(text("UPDATE alembic_version SET version_num = :v"), {"v": recorded})
 
     # Then the check says where it is, what this version needs, and what to run
-    needs = schema.head_revision(MIGRATIONS)
+    needs = schema.head_revision(DOMAIN.migrations)
     with pytest.raises(SchemaNotCurrent, match=rf"is at {recorded}, this version needs {needs}: run"):
-        await schema.require_head(database_url, MIGRATIONS)
+        await schema.require_head(database_url, DOMAIN.migrations)
