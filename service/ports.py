@@ -4,8 +4,8 @@ A domain describes itself to the core with one `Domain` value (its names, its se
 `Handler`, its effect kinds, its codes and owners, its migrations, its fake downstream APIs); the core builds its
 command line, workers, console and migrations from that value and names no domain itself. The names below the
 `Domain` (a handler's values, the effect outcomes, the HTTP client's helpers for a downstream, the store's
-recordsets, the fault-injection server for fake APIs) are the core's public API for a domain, re-exported here so
-that a domain depends on this module alone.
+recordsets, the fault-injection server for fake APIs, `launch` for a console script) are the core's public API for
+a domain, re-exported here so that a domain depends on this module alone.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from service.config import BaseUrl, Settings, Topics, check_credentials
 from service.domain.codes import Code, DomainCode, ErrorCode, FailureKind, registered
 from service.domain.fields import AggregateId
 from service.errors import DownstreamError, RecordFailure
+from service.launch import launch
 from service.policy.effects import (
     CallOutcome,
     EffectDecision,
@@ -120,6 +121,7 @@ __all__ = [
     "key_from_header",
     "key_from_param",
     "key_from_query",
+    "launch",
     "lookup_failure",
     "lookup_outcome",
     "metadata",

@@ -65,7 +65,7 @@ def command(domain: Domain) -> Any:
     variables listed, the domain's names in the help texts."""
     built = typer.main.get_command(application(domain))
     plain_help(built)
-    describe(built, domain.reads)
+    describe(built, domain.reads, domain.env_prefix)
     name_in_help(built, domain)
     return built
 

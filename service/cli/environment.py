@@ -86,10 +86,10 @@ READS: dict[str, tuple[str, ...]] = {
 }
 
 
-def reads(path: str, domain: Mapping[str, tuple[str, ...]] | None = None) -> tuple[str, ...]:
-    """The variables the command at `path` reads: its own entry, else its group's, always with _EVERY (but the
-    database URL for a group of _WITHOUT_DATABASE), and the domain's for the same command (`domain`: a command path →
-    the domain's settings it reads)."""
+def reads(path: str, domain: Mapping[str, tuple[str, ...]] | None = None, prefix: str = ENV_PREFIX) -> tuple[str, ...]:
+    """The variables (`prefix` and the setting's name) the command at `path` reads: its own entry, else its group's,
+    always with _EVERY (but the database URL for a group of _WITHOUT_DATABASE), and the domain's for the same
+    command (`domain`: a command path → the domain's settings it reads)."""
     words = path.split()
     while words and " ".join(words) not in READS:
         words.pop()
@@ -98,17 +98,18 @@ def reads(path: str, domain: Mapping[str, tuple[str, ...]] | None = None) -> tup
     every: tuple[str, ...] = _EVERY
     if path.strip().partition(" ")[0] in _WITHOUT_DATABASE:
         every = tuple(name for name in _EVERY if name != "database_url")
-    return tuple(f"{ENV_PREFIX}{name.upper()}" for name in dict.fromkeys(every + own))
+    return tuple(f"{prefix}{name.upper()}" for name in dict.fromkeys(every + own))
 
 
-def describe(command: Any, domain: Mapping[str, tuple[str, ...]], path: str = "") -> None:
-    """Add 'Reads: …' to the help of every command under `command` (a click command tree)."""
+def describe(command: Any, domain: Mapping[str, tuple[str, ...]], prefix: str = ENV_PREFIX, path: str = "") -> None:
+    """Add 'Reads: …' to the help of every command under `command` (a click command tree); the variables are
+    `prefix` and the setting's name."""
     if not path:
         command.epilog = (
-            f"Configuration comes from {ENV_PREFIX}* environment variables (README, Configuration); "
+            f"Configuration comes from {prefix}* environment variables (README, Configuration); "
             "each command's --help lists the ones it reads."
         )
     else:
-        command.epilog = "Reads " + ", ".join(reads(path, domain)) + " (README, Configuration)."
+        command.epilog = "Reads " + ", ".join(reads(path, domain, prefix)) + " (README, Configuration)."
     for name, sub in getattr(command, "commands", {}).items():
-        describe(sub, domain, f"{path} {name}".strip())
+        describe(sub, domain, prefix, f"{path} {name}".strip())

@@ -74,11 +74,12 @@ def head_revision(extra_locations: Locations = ()) -> str:
         return _listed(ScriptDirectory.from_config(config).get_heads()) or "base"
 
 
-async def require_head(database: Database | str, extra_locations: Locations = ()) -> None:
-    """Raise SchemaNotCurrent unless the database is at `head_revision()` (long-running commands check first)."""
+async def require_head(database: Database | str, extra_locations: Locations = (), program: str = PROGRAM) -> None:
+    """Raise SchemaNotCurrent unless the database is at `head_revision()` (long-running commands check first); its
+    message names `program`'s migrate command."""
     current = await current_heads(database)
     if not current:
-        raise SchemaNotCurrent(f"the database is not migrated: run `{PROGRAM} migrate`")
+        raise SchemaNotCurrent(f"the database is not migrated: run `{program} migrate`")
     if frozenset(current) == _declared_heads(extra_locations):
         return
     from alembic.script import ScriptDirectory
@@ -89,7 +90,7 @@ async def require_head(database: Database | str, extra_locations: Locations = ()
         if not _applied(script, current, heads):
             raise SchemaNotCurrent(
                 f"the database schema is at {_listed(current)}, this version needs {_listed(heads)}: "
-                f"run `{PROGRAM} migrate`"
+                f"run `{program} migrate`"
             )
 
 
