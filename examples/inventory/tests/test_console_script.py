@@ -13,6 +13,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,8 +51,30 @@ def console_script(tmp_path_factory: pytest.TempPathFactory) -> Path:
     core = _copy(CORE, tmp_path_factory.mktemp("core"), ("pyproject.toml", "README.md", "service", "migrations"))
     example = _copy(EXAMPLE, tmp_path_factory.mktemp("inventory"), ("pyproject.toml", "README.md", "inventory"))
     pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet", "--no-deps"]
-    subprocess.run([*pip, str(core), str(example)], check=True, timeout=300)
+    # The build backend both projects name, once, in the venv: the two builds then need no isolated environments.
+    subprocess.run([*pip, "setuptools>=77"], check=True, timeout=300)
+    subprocess.run([*pip, "--no-build-isolation", str(core), str(example)], check=True, timeout=300)
     return venv / "bin" / "inventory-service"
+
+
+@pytest.fixture
+def warehouse(console_script: Path) -> Iterator[str]:
+    """The project's fake stock and warehouse APIs as a process (`python -m inventory.fakes`); their base URL."""
+    command = [str(console_script.parent / "python"), "-m", "inventory.fakes"]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as server:
+        assert server.stdout is not None
+        try:
+            yield server.stdout.readline().strip()
+        finally:
+            server.terminate()
+
+
+def stock(warehouse: str, sku: str, where: str, available: int) -> None:
+    """Give the fake warehouse `available` of `sku` at `where` (its control API)."""
+    body = json.dumps({"sku": sku, "warehouse": where, "available": available}).encode()
+    request = urllib.request.Request(f"{warehouse}/_control/stock", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status in (200, 204)
 
 
 @pytest.fixture
@@ -114,6 +137,21 @@ def eventually(check: Callable[[], Any], timeout: float = 30.0) -> Any:
     return result
 
 
+def until_stopped(script: Path, command: str, env: dict[str, str], done: Callable[[], Any]) -> Any:
+    """Run a long-running command until `done` returns something true, stop it as an orchestrator does (SIGTERM),
+    check that it exited 0, and return what `done` returned."""
+    log = script.parent.parent / f"{command}.log"
+    with log.open("w") as output:
+        process = subprocess.Popen([str(script), command], env=env, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            result = eventually(done)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(timeout=30)
+    assert code == 0, log.read_text()[-3000:]
+    return result
+
+
 def query(database: str, sql: str) -> list[tuple[Any, ...]]:
     """The rows a query returns."""
     with psycopg.connect(f"postgresql://{PG_SERVER}/{database}") as connection:
@@ -150,7 +188,7 @@ def test_help_and_version_name_the_inventory_service_and_its_variables(console_s
 
 
 def test_stock_messages_end_in_reservations_and_terminal_inbox_states(
-    console_script: Path, database: str, source_topic: str
+    console_script: Path, database: str, source_topic: str, warehouse: str
 ) -> None:
     env = environment(database, source_topic)
 
@@ -175,17 +213,12 @@ def test_stock_messages_end_in_reservations_and_terminal_inbox_states(
     asyncio.run(produce(source_topic, records))
 
     # When `inventory-service consume` runs until every record reached its terminal state, then is stopped
-    log = (console_script.parent.parent / f"{source_topic}.log").open("w")
-    consumer = subprocess.Popen([str(console_script), "consume"], env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        inbox = eventually(
-            lambda: (found := query(database, "SELECT message_id, status FROM inbox")) and len(found) == 5 and found
-        )
-    finally:
-        consumer.send_signal(signal.SIGTERM)
-        code = consumer.wait(timeout=30)
-        log.close()
-    assert code == 0, (console_script.parent.parent / f"{source_topic}.log").read_text()[-3000:]
+    inbox = until_stopped(
+        console_script,
+        "consume",
+        env,
+        lambda: (found := query(database, "SELECT message_id, status FROM inbox")) and len(found) == 5 and found,
+    )
 
     # Then each record has its row and its terminal inbox state
     assert sorted(status for _, status in inbox) == ["processed", "processed", "processed", "quarantined", "rejected"]
@@ -197,6 +230,25 @@ def test_stock_messages_end_in_reservations_and_terminal_inbox_states(
         ("r-2/warehouse.hold", "pending"),
         ("r-2/warehouse.unhold", "pending"),
     ]
+
+    # And `inventory-service run`, given a warehouse that has the stock, holds and releases it and publishes the
+    # outbox
+    stock(warehouse, "SKU-1", "berlin", 5)
+    stock(warehouse, "SKU-2", "paris", 5)
+    with_warehouse = env | {"INVENTORY_WAREHOUSE_URL": warehouse}
+    until_stopped(
+        console_script,
+        "run",
+        with_warehouse,
+        lambda: (
+            query(database, "SELECT count(*) FROM effects WHERE state = 'sent'") == [(3,)]
+            and query(database, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == [(0,)]
+        ),
+    )
+    holds = query(database, "SELECT reservation_id, hold_status FROM reservations ORDER BY reservation_id")
+    assert holds == [("r-1", "held"), ("r-2", "unheld")]
+    reconciled = run(console_script, "reconcile", env=with_warehouse)
+    assert reconciled.returncode == 0, reconciled.stderr
 
     # And the quarantine's stats show the bad bytes, owned by the inventory's producers
     stats = run(console_script, "quarantine", "stats", "--json", env=env)
