@@ -152,6 +152,12 @@ def until_stopped(script: Path, command: str, env: dict[str, str], done: Callabl
     return result
 
 
+def loggers(log: Path) -> set[str]:
+    """The logger names of a process's JSON log lines."""
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    return {line["logger"] for line in lines if "logger" in line}
+
+
 def query(database: str, sql: str) -> list[tuple[Any, ...]]:
     """The rows a query returns."""
     with psycopg.connect(f"postgresql://{PG_SERVER}/{database}") as connection:
@@ -220,8 +226,11 @@ def test_stock_messages_end_in_reservations_and_terminal_inbox_states(
         lambda: (found := query(database, "SELECT message_id, status FROM inbox")) and len(found) == 5 and found,
     )
 
-    # Then each record has its row and its terminal inbox state
+    # Then each record has its row and its terminal inbox state, and the process logged under the domain's name
     assert sorted(status for _, status in inbox) == ["processed", "processed", "processed", "quarantined", "rejected"]
+    roots = {name.split(".")[0] for name in loggers(console_script.parent.parent / "consume.log")}
+    assert "inventory_service" in roots
+    assert "order_service" not in roots
     reservations = query(database, "SELECT reservation_id, status FROM reservations ORDER BY reservation_id")
     assert reservations == [("r-1", "reserved"), ("r-2", "released")]
     effects = query(database, "SELECT idempotency_key, state FROM effects ORDER BY idempotency_key")
