@@ -152,6 +152,21 @@ def until_stopped(script: Path, command: str, env: dict[str, str], done: Callabl
     return result
 
 
+def at_once(script: Path, commands: list[str], env: dict[str, str]) -> dict[str, tuple[int, str]]:
+    """Short commands, each a process of its own, run at the same time: each one's exit code and error output."""
+    started = {
+        command: subprocess.Popen(
+            [str(script), *command.split()], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        for command in commands
+    }
+    answers = {}
+    for command, process in started.items():
+        _, error = process.communicate(timeout=60)
+        answers[command] = (process.returncode, error)
+    return answers
+
+
 def loggers(log: Path) -> set[str]:
     """The logger names of a process's JSON log lines."""
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
@@ -258,6 +273,12 @@ def test_stock_messages_end_in_reservations_and_terminal_inbox_states(
     assert holds == [("r-1", "held"), ("r-2", "unheld")]
     reconciled = run(console_script, "reconcile", env=with_warehouse)
     assert reconciled.returncode == 0, reconciled.stderr
+
+    # And the operators' read-only commands answer
+    listings = ["quarantine list", "effects list", "parked list", "outbox set-aside", "reprocess list"]
+    listings.append("topics acls --principal User:inventory-service")
+    failed = {listing: out for listing, (code, out) in at_once(console_script, listings, env).items() if code != 0}
+    assert failed == {}
 
     # And the quarantine's stats show the bad bytes, owned by the inventory's producers
     stats = run(console_script, "quarantine", "stats", "--json", env=env)
