@@ -4,8 +4,8 @@ The revisions live in the checkout's top-level `migrations/` and are installed a
 installed wheel migrates from any directory without an `alembic.ini`; `alembic` in the checkout still works.
 
 A domain whose tables are not the core's may keep its revisions in a version location of its own, on a branch
-of its own (`branch_labels`, `depends_on` a core revision; the example: `examples/inventory/migrations/`). Every
-function here then takes that location in `extra_locations`: the history has several heads, `upgrade heads`
+of its own (`branch_labels`, `depends_on` a core revision; the example's: `examples/inventory/inventory/migrations/`).
+Every function here then takes that location in `extra_locations`: the history has several heads, `upgrade heads`
 brings each to its head, and the schema is current when every head is applied. Without extra locations all of
 this is the core's one linear history, exactly as before.
 

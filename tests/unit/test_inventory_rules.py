@@ -1,4 +1,4 @@
-"""The second domain's rules (examples/inventory/model.py) and schemas (messages.py), without I/O."""
+"""The second domain's rules (examples/inventory/inventory/model.py) and schemas (messages.py), without I/O."""
 
 from __future__ import annotations
 
