@@ -28,7 +28,7 @@ from service.names import ENV_PREFIX, PROGRAM
 from service.policy.operators import parse_tokens
 from service.policy.owners import parse_owners
 from service.policy.retry import Budget, RetryPolicy, build_policy
-from service.readers import Reader, is_secret, read_by
+from service.readers import ReadBy, Reader, is_secret, read_by, readers_of
 from service.store import connect
 
 
@@ -543,3 +543,9 @@ def load_settings(settings_class: type[Settings] | None = None, **overrides: Any
         return chosen(**overrides)
     except ValidationError as error:
         raise ConfigurationError(describe_validation_error(error, chosen.variable(""))) from None
+
+
+def read_as_the_core_does(setting: str) -> ReadBy:
+    """The readers of one of the core's settings, for a domain's settings class that overrides its default (its own
+    database, consumer name or source topic): `Annotated[str, read_as_the_core_does("source_topic")]`."""
+    return ReadBy(readers_of(Settings.model_fields[setting]))

@@ -5,7 +5,8 @@ A domain describes itself to the core with one `Domain` value (its names, its se
 command line, workers, console and migrations from that value and names no domain itself. The names below the
 `Domain` (a handler's values, the effect outcomes, the HTTP client's helpers for a downstream, the store's
 recordsets, the fault-injection server for fake APIs) are the core's public API for a domain, re-exported here so
-that a domain depends on this module alone.
+that a domain depends on this module alone. A console script (a domain's `__main__`, its composition root) starts
+the command line with `service.launch.launch`, which sits above the command line and this module.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from service.adapters.http import (
     path_segment,
     refusal,
 )
-from service.config import BaseUrl, Settings, Topics, check_credentials
+from service.config import BaseUrl, Settings, Topics, check_credentials, read_as_the_core_does
 from service.domain.codes import Code, DomainCode, ErrorCode, FailureKind, registered
 from service.domain.fields import AggregateId
 from service.errors import DownstreamError, RecordFailure
@@ -124,9 +125,9 @@ __all__ = [
     "key_from_query",
     "lookup_failure",
     "lookup_outcome",
-    "main",
     "metadata",
     "path_segment",
+    "read_as_the_core_does",
     "read_by",
     "refusal",
     "registered",
@@ -387,11 +388,3 @@ class Domain:
     def variable(self, setting: str) -> str:
         """The environment variable of a setting (`database_url` → `<PREFIX>DATABASE_URL`)."""
         return self.settings.variable(setting)
-
-
-def main(domain: Domain) -> None:
-    """Run the core's command line for `domain`: the whole body of a project's console script."""
-    # Imported here: the command line loads the whole core, which a domain importing this module does not need.
-    from service.cli import main as command_line
-
-    command_line(domain)

@@ -25,7 +25,7 @@ app = typer.Typer(help="Records parked behind a held key (<PREFIX>ORDERING=key).
 
 @app.command("list")
 def parked_list(consumer: ConsumerOption = None, as_json: JsonFlag = False) -> None:
-    """Held keys of every consumer (the consumer name stored with each record, not ORDERS_CONSUMER_NAME): how many
+    """Held keys of every consumer (the consumer name stored with each record, not <PREFIX>CONSUMER_NAME): how many
     records wait behind each, since when, and what holds the key."""
     settings = configured()
     held = run_async(lambda _: with_connection(settings, lambda c: parking.summary(c, consumer)))

@@ -298,7 +298,7 @@ def quarantine_resolve(
     as_json: JsonFlag = False,
 ) -> None:
     """Close open records without reprocessing them, one by id or a selection (code, key, age, a file of ids),
-    with --dry-run first; frees the keys they held (ORDERS_ORDERING=key). A selection of several is asked about
+    with --dry-run first; frees the keys they held (<PREFIX>ORDERING=key). A selection of several is asked about
     first, and exactly the records counted then are resolved (one no longer open is left as it is)."""
     settings = configured()
     if not reason.strip():

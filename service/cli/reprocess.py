@@ -113,7 +113,7 @@ def reprocess(
 ) -> None:
     """Send quarantined records back via `<source>.reprocess`: selected, checked, rate limited, verified, audited.
     It acts as the consumer and on the source topic the records were quarantined under, not as
-    ORDERS_CONSUMER_NAME / ORDERS_SOURCE_TOPIC. Each record is sent only if it is as it was when selected (one
+    <PREFIX>CONSUMER_NAME / <PREFIX>SOURCE_TOPIC. Each record is sent only if it is as it was when selected (one
     resolved meanwhile is skipped); after --sample, exactly the rest selected then is sent."""
     if context.invoked_subcommand is not None:
         return

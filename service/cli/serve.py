@@ -72,7 +72,7 @@ async def _schema_ready(settings: Settings, stop: asyncio.Event) -> bool:
     failures = 0
     while not stop.is_set():
         try:
-            await schema.require_head(settings.database, domain().migrations)
+            await schema.require_head(settings.database, domain().migrations, domain().program)
             return True
         except Exception as error:
             if not is_unavailable(error):

@@ -158,8 +158,8 @@ def topics_apply(
     ] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what it would do; change nothing.")] = False,
 ) -> None:
-    """Create the declared topics that are missing (partitions ORDERS_TOPIC_PARTITIONS, else the source topic's,
-    else 6; replication ORDERS_TOPIC_REPLICATION_FACTOR, else the broker's default). Never deletes a topic or changes a
+    """Create the declared topics that are missing (partitions <PREFIX>TOPIC_PARTITIONS, else the source topic's,
+    else 6; replication <PREFIX>TOPIC_REPLICATION_FACTOR, else the broker's default). Never deletes a topic or changes a
     partition count; changes an existing topic's configs only with --alter, creates the source only with
     --create-source. Needs CREATE (and ALTER_CONFIGS with --alter) on the topics: a privileged principal."""
     settings = configured()

@@ -7,11 +7,10 @@ from typing import Annotated, Any, ClassVar
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
-from service.ports import BaseUrl, Reader, Settings, check_credentials, read_by
+from service.ports import BaseUrl, Reader, Settings, check_credentials, read_as_the_core_does, read_by
 
 # Who reads each setting (the core's readers): each command's --help lists the settings of the parts it runs.
 _CONSUMER = read_by(Reader.CONSUMER)
-_CONSUMER_NAME = read_by(Reader.CONSUMER, Reader.REPROCESS, Reader.PARKED, Reader.ACLS, Reader.CONSOLE)
 _EFFECT_PROVIDER = read_by(Reader.EFFECT_PROVIDERS)  # a provider's URL: its effect kind runs only with one
 _EFFECT_CALLS = read_by(Reader.EFFECTS, Reader.RECONCILER)
 
@@ -26,7 +25,9 @@ class OrderSettings(Settings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
     program: ClassVar[str] = PROGRAM
 
-    consumer_name: Annotated[str, _CONSUMER_NAME] = Field(default=PROGRAM, min_length=1, max_length=200)
+    consumer_name: Annotated[str, read_as_the_core_does("consumer_name")] = Field(
+        default=PROGRAM, min_length=1, max_length=200
+    )
 
     # The customers' look-ups are the consumer's; payments and emails are effects, called by the effect worker and
     # looked up by the reconciler.

@@ -5,9 +5,10 @@ installed wheel migrates from any directory without an `alembic.ini`; `alembic` 
 
 The core's history is for the core's tables (its revision 0016 handed the order domain's table over to that
 domain). A domain keeps its revisions in a version location of its own, on a branch of its own (`branch_labels`,
-`depends_on` a core revision: `service/orders/migrations/`, `examples/inventory/migrations/`). Every function here
-takes those locations in `extra_locations`: the history has several heads, `upgrade heads` brings each to its head,
-and the schema is current when every head is applied. Without extra locations it is the core's history alone.
+`depends_on` a core revision: `service/orders/migrations/`, `examples/inventory/inventory/migrations/`). Every
+function here takes those locations in `extra_locations`: the history has several heads, `upgrade heads` brings
+each to its head, and the schema is current when every head is applied. Without extra locations it is the core's
+history alone.
 
 Every long-running command checks the schema as it starts, and importing Alembic is a large part of a start (its
 package imports every dialect's DDL, and Mako's syntax highlighters with it). So the check first reads each
@@ -74,11 +75,12 @@ def head_revision(extra_locations: Locations = ()) -> str:
         return _listed(ScriptDirectory.from_config(config).get_heads()) or "base"
 
 
-async def require_head(database: Database | str, extra_locations: Locations = ()) -> None:
-    """Raise SchemaNotCurrent unless the database is at `head_revision()` (long-running commands check first)."""
+async def require_head(database: Database | str, extra_locations: Locations = (), program: str = PROGRAM) -> None:
+    """Raise SchemaNotCurrent unless the database is at `head_revision()` (long-running commands check first); its
+    message names `program`'s migrate command."""
     current = await current_heads(database)
     if not current:
-        raise SchemaNotCurrent(f"the database is not migrated: run `{PROGRAM} migrate`")
+        raise SchemaNotCurrent(f"the database is not migrated: run `{program} migrate`")
     if frozenset(current) == _recorded_heads(extra_locations):
         return
     from alembic.script import ScriptDirectory
@@ -89,7 +91,7 @@ async def require_head(database: Database | str, extra_locations: Locations = ()
         if not _applied(script, current, heads):
             raise SchemaNotCurrent(
                 f"the database schema is at {_listed(current)}, this version needs {_listed(heads)}: "
-                f"run `{PROGRAM} migrate`"
+                f"run `{program} migrate`"
             )
 
 

@@ -1,9 +1,9 @@
 """The second domain (examples/inventory) on the real core: the consumer loop, the relay, the effect worker and the
 reconciler, on real PostgreSQL and Kafka, with the fake stock and warehouse APIs on the fault-injection server.
 
-The core's container is built as for the orders and rewired by `use_inventory`; the database is migrated by the
-core's history alone plus the domain's own migration branch, applied through the core's schema seam. Every test
-asserts on rows (reservations, inbox, effects), on topic contents, and on what the warehouse holds.
+The core's container is built from the domain's `DOMAIN`; the database is migrated by the core's history alone plus
+the domain's own migration branch, applied through the core's schema seam. Every test asserts on rows
+(reservations, inbox, effects), on topic contents, and on what the warehouse holds.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from examples.inventory.codes import InventoryCode
-from examples.inventory.composition import MIGRATIONS, InventorySettings, use_inventory
-from examples.inventory.fakes import HOLDS_GET, HOLDS_POST, RELEASES_POST, STOCK_GET, Warehouse
-from examples.inventory.model import Stock
-from examples.inventory.providers import StockClient, WarehouseClient
+from inventory.codes import InventoryCode
+from inventory.domain import DOMAIN
+from inventory.fakes import HOLDS_GET, HOLDS_POST, RELEASES_POST, STOCK_GET, Warehouse
+from inventory.model import Stock
+from inventory.providers import StockClient, WarehouseClient
+from inventory.settings import InventorySettings
 from service.adapters.http import HttpClient
 from service.containers import Container
 from service.domain.codes import ErrorCode
@@ -48,7 +49,7 @@ def warehouse() -> Iterator[Warehouse]:
 @pytest.fixture
 def inventory_database(core_database_url: str) -> str:
     """This test's database, migrated by the core's history, with the inventory domain's migration branch applied."""
-    schema.upgrade_to_head(core_database_url, MIGRATIONS)
+    schema.upgrade_to_head(core_database_url, DOMAIN.migrations)
     return core_database_url
 
 
@@ -82,7 +83,7 @@ def inventory_settings(database_url: str, kafka: str, topics: Topics, warehouse:
 @contextlib.asynccontextmanager
 async def running(settings: InventorySettings, *parts: str) -> AsyncIterator[Container]:
     """The inventory-wired container's loops (e.g. "consumer_loop", "relay") as tasks until the block exits."""
-    container = use_inventory(Container(settings=settings))
+    container = Container(domain=DOMAIN, settings=settings)
     await container.init_resources()
     stop = asyncio.Event()
     loops = [await _built(getattr(container, part)()) for part in parts]
@@ -285,17 +286,17 @@ async def test_a_redelivered_record_is_a_duplicate_with_one_inbox_row_and_one_ef
 async def test_the_schema_is_current_only_with_the_domains_branch_applied(core_database_url: str) -> None:
     # Given a database migrated by the core's history: the core is current, the inventory domain's branch is not
     await schema.require_head(core_database_url)
-    assert schema.head_revision(MIGRATIONS) == "0016, inv_0001"
+    assert schema.head_revision(DOMAIN.migrations) == "0016, inv_0001"
     with pytest.raises(SchemaNotCurrent, match=r"is at 0016, this version needs 0016, inv_0001: run"):
-        await schema.require_head(core_database_url, MIGRATIONS)
+        await schema.require_head(core_database_url, DOMAIN.migrations)
 
     # When the domain's branch is applied through the seam
-    head = await asyncio.to_thread(schema.upgrade_to_head, core_database_url, MIGRATIONS)
+    head = await asyncio.to_thread(schema.upgrade_to_head, core_database_url, DOMAIN.migrations)
 
     # Then both heads are current: the version table keeps the core's newest revision and the branch, which
     # depends on the core revision it was written against (0010), not on every later one
     assert head == "0016, inv_0001"
-    await schema.require_head(core_database_url, MIGRATIONS)
+    await schema.require_head(core_database_url, DOMAIN.migrations)
     assert await schema.current_revision(core_database_url) == "0016, inv_0001"
     # And the core's history left no other domain's table behind
     engine = make_engine(core_database_url)

@@ -19,7 +19,7 @@ from service.readers import Reader, is_secret, read, read_by, readers_of, variab
 
 def _settings_classes() -> list[type[Settings]]:
     """The core's settings and every domain's."""
-    from examples.inventory.composition import InventorySettings
+    from inventory.settings import InventorySettings
     from service.orders.settings import OrderSettings
 
     return [Settings, OrderSettings, InventorySettings]
@@ -87,7 +87,7 @@ def test_every_setting_but_the_tests_own_is_in_some_command_s_help(settings_cls:
     ("specs", "settings_cls"),
     [
         pytest.param("service.orders.effects", "service.orders.settings.OrderSettings", id="orders"),
-        pytest.param("examples.inventory.effects", "examples.inventory.composition.InventorySettings", id="inventory"),
+        pytest.param("inventory.effects", "inventory.settings.InventorySettings", id="inventory"),
     ],
 )
 def test_an_effect_kind_s_provider_setting_is_listed_where_the_effect_kinds_are_known(

@@ -1,66 +1,22 @@
-"""The second domain (examples/inventory) proves the seam: it is built only on the core's public modules, never on
-the order domain, its rules do no I/O, and no core module knows it exists."""
+"""The second domain (examples/inventory, a project of its own) proves the seam: its rules do no I/O, no core module
+knows it exists, and the core's container and command line built from its `DOMAIN` serve it with its own names.
+(That it imports only the seam module: tests/unit/test_core_and_domain.py.)"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import pytest
 
-from examples.inventory.composition import InventorySettings, inventory_handler, use_inventory
-from examples.inventory.effects import SPECS, inventory_effects
-from examples.inventory.messages import decode, invalid_field
+from inventory.domain import DOMAIN, effect_kinds, inventory_handler
+from inventory.effects import SPECS
+from inventory.handler import InventoryHandler
+from inventory.messages import decode, invalid_field
+from inventory.settings import InventorySettings
+from service.cli.environment import reads
 from service.containers import Container
 from tests.unit.test_architecture import IO, REPO_ROOT, imports_of, names_any, relative, sources
 
-EXAMPLE = REPO_ROOT / "examples" / "inventory"
-# The core's public API for a domain: the seams the template guide names, the values they exchange, and the
-# composition root a domain rewires.
-CORE_API = frozenset(
-    {
-        "service.adapters.http",
-        "service.config",
-        "service.containers",
-        "service.domain.codes",
-        "service.domain.fields",
-        "service.errors",
-        "service.policy.effects",
-        "service.policy.envelope",
-        "service.policy.handling",
-        "service.policy.records",
-        "service.readers",
-        "service.store.batch",
-        "service.store.effects",
-        "service.store.outbox",
-        "service.store.recordset",
-        "service.store.schema",
-        "service.testing.faults",
-        "service.ports",
-    }
-)
+EXAMPLE = REPO_ROOT / "examples" / "inventory" / "inventory"
 PURE = ("codes.py", "messages.py", "model.py")
-
-
-def _public(name: str) -> bool:
-    """A core API module, a name in one (`service.policy.effects.Sent`), or a package above one."""
-    parent = name.rpartition(".")[0]
-    return name in CORE_API or parent in CORE_API or any(module.startswith(f"{name}.") for module in CORE_API)
-
-
-def example_sources() -> list[Path]:
-    """Every module of the example, its migrations included."""
-    return sources(EXAMPLE)
-
-
-def test_the_example_imports_only_the_cores_public_modules_and_never_the_order_domain() -> None:
-    core_imports = [
-        (relative(path), line, name)
-        for path in example_sources()
-        for line, name in imports_of(path)
-        if names_any(name, ("service",))
-    ]
-
-    assert core_imports, "the scan found no core imports: it would check nothing"
-    assert [found for found in core_imports if names_any(found[2], ("service.orders",))] == []
-    assert [found for found in core_imports if not _public(found[2])] == []
 
 
 def test_the_examples_rules_messages_and_codes_do_no_io() -> None:
@@ -80,26 +36,45 @@ def test_no_core_module_and_no_core_migration_imports_an_example() -> None:
         f"{relative(path)}:{line} imports {name}"
         for path in core
         for line, name in imports_of(path)
-        if names_any(name, ("examples",))
+        if names_any(name, ("examples", "inventory"))
     ]
 
     assert len(core) > 50
     assert importing == []
 
 
-def test_the_public_module_rule_tells_a_seam_from_an_internal() -> None:
-    assert [_public(name) for name in ("service.store", "service.policy.effects.Sent")] == [True, True]
-    assert [_public(name) for name in ("service.store.uow", "service.worker.processor")] == [False, False]
+def test_its_settings_are_read_with_its_own_prefix(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given the inventory's variables, and the order service's for the same settings
+    monkeypatch.setenv("INVENTORY_STOCK_URL", "http://stock.test")
+    monkeypatch.setenv("INVENTORY_SOURCE_TOPIC", "stock")
+    monkeypatch.setenv("ORDERS_SOURCE_TOPIC", "orders")
+
+    settings = InventorySettings()
+
+    # Then only the inventory's are read, and the defaults name the inventory service
+    assert (settings.stock_url, settings.source_topic) == ("http://stock.test", "stock")
+    assert (settings.consumer_name, settings.warehouse_url) == ("inventory-service", None)
+    assert DOMAIN.variable("stock_url") == "INVENTORY_STOCK_URL"
 
 
-def test_the_composition_rewires_every_domain_provider_of_the_core() -> None:
+def test_each_commands_help_names_the_inventorys_variables() -> None:
+    consume = reads("consume", DOMAIN.settings)
+
+    assert {"INVENTORY_DATABASE_URL", "INVENTORY_SOURCE_TOPIC", "INVENTORY_STOCK_URL"} <= set(consume)
+    assert [variable for variable in consume if not variable.startswith("INVENTORY_")] == []
+    assert "INVENTORY_WAREHOUSE_URL" in reads("effects", DOMAIN.settings)
+
+
+def test_the_container_built_from_its_domain_serves_the_inventory() -> None:
     settings = InventorySettings(stock_url="http://stock.test/", warehouse_url="http://warehouse.test")
 
-    container = use_inventory(Container(settings=settings))
+    container = Container(domain=DOMAIN, settings=settings)
 
     # (The handler and the effect kinds take the container's HTTP client, a resource: only named here.)
-    assert container.handler.last_overriding.provides is inventory_handler
-    assert container.effect_kinds.last_overriding.provides is inventory_effects
+    assert DOMAIN.handler is inventory_handler
+    assert DOMAIN.effects is effect_kinds
     assert container.effect_specs() == SPECS
     assert container.failing_field() is invalid_field
     assert container.decode() is decode
+    assert DOMAIN.program == "inventory-service"
+    assert InventoryHandler.rows.raced_key == "pk_reservations"

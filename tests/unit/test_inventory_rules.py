@@ -1,4 +1,4 @@
-"""The second domain's rules (examples/inventory/model.py) and schemas (messages.py), without I/O."""
+"""The second domain's rules (examples/inventory/inventory/model.py) and schemas (messages.py), without I/O."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from examples.inventory.codes import InventoryCode
-from examples.inventory.messages import StockReleasedV1, StockReservedV1, decode, invalid_field
-from examples.inventory.model import HOLD, UNHOLD, Applied, Reservation, Status, Stock, apply
+from inventory.codes import InventoryCode
+from inventory.messages import StockReleasedV1, StockReservedV1, decode, invalid_field
+from inventory.model import HOLD, UNHOLD, Applied, Reservation, Status, Stock, apply
 from service.domain.codes import Code, ErrorCode, FailureKind, registered
 from service.policy.handling import DecodeFailure, Rejected
 from tests.support.inventory import released, reserved

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from service.orders.migrations import LOCATION as ORDERS
 from service.store import schema
 
-INVENTORY = Path(__file__).resolve().parents[2] / "examples" / "inventory" / "migrations" / "versions"
+INVENTORY = Path(__file__).resolve().parents[2] / "examples" / "inventory" / "inventory" / "migrations" / "versions"
 
 
 def _alembic_heads(extra_locations: tuple[Path, ...] = ()) -> frozenset[str]:

@@ -21,7 +21,8 @@ from tests.unit.test_architecture import REPO_ROOT, imports_of, parse, relative
 
 DOMAINS = (
     REPO_ROOT / "service/orders",  # one path, so that a copy's rename reaches it
-    *sorted(p for p in (REPO_ROOT / "examples").iterdir() if p.is_dir()),
+    # each example project's domain package (examples/inventory/inventory/)
+    *sorted(p.parent for p in (REPO_ROOT / "examples").glob("*/*/__init__.py")),
 )
 STORE_MODULES = ("store.py", "tables.py")
 # SQLAlchemy's Core query builders: the second style of SQL, which the store layer does not use.
@@ -40,9 +41,10 @@ STILL_WRITE_SQL: dict[str, str] = {
 
 
 def python_sources() -> list[Path]:
-    """Every module of the service and of the examples, migrations aside (schema history, not queries)."""
+    """Every module of the service and of the examples, migrations (schema history, not queries) and the examples'
+    tests aside."""
     found = [*(REPO_ROOT / "service").rglob("*.py"), *(REPO_ROOT / "examples").rglob("*.py")]
-    return sorted(path for path in found if "migrations" not in path.relative_to(REPO_ROOT).parts)
+    return sorted(path for path in found if not {"migrations", "tests"} & set(path.relative_to(REPO_ROOT).parts))
 
 
 def in_store_layer(path: Path) -> bool:

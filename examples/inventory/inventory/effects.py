@@ -11,19 +11,25 @@ from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from examples.inventory import store as reservations
-from examples.inventory.model import HOLD, UNHOLD
-from examples.inventory.providers import WarehouseClient
-from service.config import Topics
-from service.policy.effects import CallOutcome, LookupOutcome
-from service.policy.envelope import event_headers
-from service.ports import EffectKind, EffectRegistry, EffectSpec, Settled
-from service.store import outbox
-from service.store.effects import EffectRow
-from service.store.outbox import OutboxMessage
+from inventory import store as reservations
+from inventory.model import HOLD, UNHOLD
+from inventory.providers import WarehouseClient
+from service.ports import (
+    CallOutcome,
+    EffectKind,
+    EffectRegistry,
+    EffectRow,
+    EffectSpec,
+    LookupOutcome,
+    OutboxMessage,
+    Settled,
+    Topics,
+    add_to_outbox,
+    event_headers,
+)
 
-# `provider_setting` names the variable that enables the calls (ORDERS_WAREHOUSE_URL): this domain's own
-# settings read it (examples/inventory/composition.py), the core only names it when the calls are disabled.
+# `provider_setting` names the variable that enables the calls (INVENTORY_WAREHOUSE_URL): this domain's own
+# settings read it (`inventory/settings.py`), the core only names it when the calls are disabled.
 HOLD_SPEC = EffectSpec(HOLD, idempotent=True, provider_setting="warehouse_url")
 UNHOLD_SPEC = EffectSpec(UNHOLD, idempotent=True, provider_setting="warehouse_url", waits_for=HOLD)
 SPECS = (HOLD_SPEC, UNHOLD_SPEC)
@@ -46,7 +52,7 @@ class _WarehouseEffect:
 
     @property
     def enabled(self) -> bool:
-        """False when ORDERS_WAREHOUSE_URL is unset: the effects wait, pending."""
+        """False when INVENTORY_WAREHOUSE_URL is unset: the effects wait, pending."""
         return self._warehouse.enabled
 
     async def call(self, effect: EffectRow) -> CallOutcome:
@@ -82,7 +88,7 @@ class _WarehouseEffect:
             }
             headers = event_headers(effect.idempotency_key, event_type, None)
             messages.append(OutboxMessage.json(topics.events, effect.aggregate_id, headers, document))
-        await outbox.add(connection, messages)
+        await add_to_outbox(connection, messages)
 
 
 def inventory_effects(warehouse: WarehouseClient) -> EffectRegistry:

@@ -1,5 +1,5 @@
 """The reservations table (created by this domain's own migration, `migrations/versions/inv_0001_reservations.py`),
-read into and written from `Reservation` values: the aggregate store seam (service/store/batch.py)."""
+read into and written from `Reservation` values: the aggregate store seam (`service.ports.AggregateRows`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from examples.inventory.model import Reservation, Status
-from service.store.batch import AggregateRows
-from service.store.recordset import Columns
+from inventory.model import Reservation, Status
+from service.ports import AggregateRows, Columns
 
 
 def _to_reservation(row: Any) -> Reservation:
@@ -40,7 +39,7 @@ _LOCK = text(
     " WHERE reservation_id = ANY(CAST(:ids AS text[])) ORDER BY reservation_id FOR UPDATE"
 )
 
-# The fields of `Reservation` as a recordset (service/store/recordset.py), for the new and the changed ones.
+# The fields of `Reservation` as a recordset (`service.ports.Columns`), for the new and the changed ones.
 COLUMNS = Columns(
     ("reservation_id", "text"),
     ("sku", "text"),
@@ -54,7 +53,7 @@ CREATE_ROWS = f"""
     INSERT INTO reservations (reservation_id, sku, quantity, warehouse, status, sequence, version)
     SELECT reservation_id, sku, quantity, warehouse, status, sequence, version
     FROM ({COLUMNS.select("created_aggregates")}) AS v"""
-# `hold_status` is the effects' to write (examples/inventory/effects.py): a change from a record leaves it.
+# `hold_status` is the effects' to write (`inventory/effects.py`): a change from a record leaves it.
 UPDATE_ROWS = f"""
     UPDATE reservations SET status = v.status, sequence = v.sequence, version = v.version, updated_at = now()
     FROM ({COLUMNS.select("changed_aggregates")}) AS v

@@ -1,9 +1,9 @@
 """The inventory domain's fake stock and warehouse APIs, put on the core's generic fault-injection server.
 
-Integration tests start `Warehouse` (in-process, or as a process with `python -m examples.inventory.fakes`) and
-point the domain at its URL. The routes' fault injection, latency and `/_control/*` come from
-`service/testing/faults.py`; this module only says what the two APIs answer and keep. Calls are counted by the
-SKU for stock.get and by the idempotency key for holds.* and releases.*.
+Integration tests start `Warehouse` (in-process, or as a process with `python -m inventory.fakes`) and point the
+domain at its URL. The routes' fault injection, latency and `/_control/*` come from the core's fault-injection
+server (`service.ports.FaultServer`); this module only says what the two APIs answer and keep. Calls are counted by
+the SKU for stock.get and by the idempotency key for holds.* and releases.*.
 
 The warehouse is idempotent like a real one: a replayed key answers what its first call answered. A hold takes
 its quantity from the stock it shows; one larger than what is there is refused (422); a release gives it back,
@@ -17,7 +17,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from service.testing.faults import (
+from service.ports import (
     FakeApi,
     FaultServer,
     Reply,
@@ -232,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Serve the fake APIs until SIGTERM or SIGINT, after printing the base URL as the only stdout line."""
     return serve_from_command_line(
         Warehouse,
-        prog="python -m examples.inventory.fakes",
+        prog="python -m inventory.fakes",
         description="Fake stock and warehouse APIs with fault injection (see /_control/*).",
         argv=argv,
     )

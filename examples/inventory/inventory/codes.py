@@ -1,9 +1,9 @@
-"""The inventory domain's registered codes (service/domain/codes.py `DomainCode`): its business rejections and
+"""The inventory domain's registered codes (`service.ports.DomainCode`): its business rejections and
 the refused outcomes of its effects. All are terminal, never retried."""
 
 from __future__ import annotations
 
-from service.domain.codes import DomainCode
+from service.ports import DomainCode
 
 
 class InventoryCode(DomainCode):

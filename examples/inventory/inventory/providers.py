@@ -13,27 +13,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from examples.inventory.codes import InventoryCode
-from examples.inventory.model import Stock
-from service.adapters.http import (
+from inventory.codes import InventoryCode
+from inventory.model import Stock
+from service.ports import (
     Answer,
+    CallOutcome,
+    Code,
     Downstream,
+    ErrorCode,
+    Found,
+    LookupOutcome,
+    Missing,
     Own,
+    Refused,
+    Sent,
     api_error,
     call_outcome,
     lookup_failure,
     lookup_outcome,
     path_segment,
     refusal,
-)
-from service.domain.codes import Code, ErrorCode
-from service.policy.effects import (
-    CallOutcome,
-    Found,
-    LookupOutcome,
-    Missing,
-    Refused,
-    Sent,
 )
 
 

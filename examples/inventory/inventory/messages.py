@@ -12,9 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
-from service.domain.codes import ErrorCode
-from service.domain.fields import AggregateId
-from service.policy.handling import DecodeFailure
+from service.ports import AggregateId, DecodeFailure, ErrorCode
 
 NonEmpty = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
 # What the store's columns hold: `quantity` and `sequence` are bigint; text cannot hold NUL.

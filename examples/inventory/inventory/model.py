@@ -12,9 +12,9 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from examples.inventory.codes import InventoryCode
-from examples.inventory.messages import InventoryMessage, StockReleasedV1, StockReservedV1
-from service.policy.handling import Rejected
+from inventory.codes import InventoryCode
+from inventory.messages import InventoryMessage, StockReleasedV1, StockReservedV1
+from service.ports import Rejected
 
 HOLD = "warehouse.hold"  # the effect that holds the stock at the warehouse
 UNHOLD = "warehouse.unhold"  # the effect that gives it back; it waits for the hold (EffectSpec.waits_for)

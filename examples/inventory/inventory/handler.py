@@ -1,4 +1,4 @@
-"""The inventory domain's handler (service/ports.py `Handler`): inventory messages, the stock look-up before a
+"""The inventory domain's handler (`service.ports.Handler`): inventory messages, the stock look-up before a
 reserve, the reservation rules, and the documents of reservation events and rejections."""
 
 from __future__ import annotations
@@ -9,14 +9,11 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from examples.inventory import model
-from examples.inventory import store as reservations
-from examples.inventory.messages import StockReservedV1, decode, sequence_of
-from examples.inventory.providers import StockClient
-from service.domain.codes import Code
-from service.policy.envelope import iso
-from service.policy.handling import Rejected
-from service.policy.records import Coordinates
+from inventory import model
+from inventory import store as reservations
+from inventory.messages import StockReservedV1, decode, sequence_of
+from inventory.providers import StockClient
+from service.ports import Code, Coordinates, Rejected, iso
 
 
 class InventoryHandler:
@@ -29,7 +26,7 @@ class InventoryHandler:
 
     @property
     def downstream(self) -> str | None:
-        """The stock API, when ORDERS_STOCK_URL is set."""
+        """The stock API, when INVENTORY_STOCK_URL is set."""
         return self._stock.downstream if self._stock.enabled else None
 
     def decode(self, value: bytes | None) -> Any:
