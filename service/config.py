@@ -323,7 +323,7 @@ class SecretFiles(PydanticBaseSettingsSource):
 def check_credentials(settings: Settings, downstreams: tuple[str, ...]) -> None:
     """A domain's downstream credentials (contract §6: `<downstream>_token`, `_ca_file`, `_cert_file`, `_key_file`)
     go together: a client certificate needs its key, every file named is readable, and a CA or a certificate needs an
-    https:// URL (a token alone may go over http to a local sidecar)."""
+    https:// URL; a token goes over http only to a loopback address (a local sidecar), never in clear on a network."""
     p = settings.variable("")
     for name in downstreams:
         ca, cert, key = (getattr(settings, f"{name}_{what}", None) for what in ("ca_file", "cert_file", "key_file"))
@@ -336,6 +336,24 @@ def check_credentials(settings: Settings, downstreams: tuple[str, ...]) -> None:
         url = getattr(settings, f"{name}_url", None)
         if (ca or cert) and url is not None and not url.startswith("https://"):
             raise ValueError(f"{variable}_CA_FILE / _CERT_FILE: need an https:// {variable}_URL")
+        token = getattr(settings, f"{name}_token", None)
+        if token is not None and url is not None and not url.startswith("https://") and not _loopback(url):
+            raise ValueError(
+                f"{variable}_TOKEN: needs an https:// {variable}_URL (http:// only to a loopback address: "
+                "the token would travel in clear)"
+            )
+
+
+def _loopback(url: str) -> bool:
+    """Whether an http(s) URL's host is this machine (localhost, 127.0.0.0/8, ::1)."""
+    authority = re.split(r"[/?#]", url.partition("://")[2], maxsplit=1)[0].rpartition("@")[2]
+    host = authority[1:].partition("]")[0] if authority.startswith("[") else authority.rpartition(":")[0] or authority
+    if host.rstrip(".").lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 _KAFKA_TLS = ("SSL", "SASL_SSL")
@@ -379,6 +397,11 @@ def _check_kafka_security(settings: Settings) -> None:
         token_url = settings.kafka_oauth_token_url or ""
         if not token_url.startswith(("https://", "http://")):
             raise ValueError(f"{p}KAFKA_OAUTH_TOKEN_URL: must be an https:// (or http://) URL")
+        if token_url.startswith("http://") and not _loopback(token_url):
+            raise ValueError(
+                f"{p}KAFKA_OAUTH_TOKEN_URL: must be https:// (http:// only to a loopback address: the client secret "
+                "would travel in clear)"
+            )
         authority = re.split(r"[/?#]", token_url.partition("://")[2], maxsplit=1)[0]
         try:
             _check_address(authority, "allowed: an http(s) URL with a host", port_required=False)

@@ -63,7 +63,7 @@ class AiohttpTransport:
 
     def trust(self, host: str, port: int, context: ssl.SSLContext) -> None:
         """Connect to `host:port` over TLS with this context (a downstream's own CA, a client certificate)."""
-        self._trusted[(host, port)] = context
+        self._trusted[(_host_key(host), port)] = context
 
     async def send(self, request: Outgoing, seconds: float) -> Answer:
         """Send `request` on a kept-alive connection or a new one, and read the whole answer."""
@@ -116,7 +116,7 @@ class AiohttpTransport:
         url = URL(request.url, encoded=True)
         context: ssl.SSLContext | bool = True
         if url.scheme == "https":
-            context = self._trusted.get((url.raw_host or "", url.port or 443), True)
+            context = self._trusted.get((_host_key(url.raw_host or ""), url.port or 443), True)
         try:
             async with self._session.request(
                 request.method,
@@ -249,3 +249,8 @@ async def _body(response: aiohttp.ClientResponse) -> bytes:
         if len(body) > transport.MAX_ANSWER_BYTES:
             raise Cut(f"the answer is longer than {transport.MAX_ANSWER_BYTES} bytes")
     return bytes(body)
+
+
+def _host_key(host: str) -> str:
+    """A host as the TLS contexts are kept by: `Payments.Example.` and `payments.example` are one origin."""
+    return host.strip("[]").rstrip(".").lower()

@@ -86,6 +86,10 @@ def _ssl_argument(tls: dict[str, str]) -> ssl.SSLContext | str | bool | None:
         return mode
     if mode == "require" and "sslrootcert" in tls:
         mode = "verify-ca"
+    if mode == "verify-ca" and "sslrootcert" not in tls:
+        # libpq refuses it too: checked against the system's CAs without the host name, any publicly trusted
+        # certificate (one for any domain at all) would pass.
+        raise DatabaseUrlError("sslmode=verify-ca needs sslrootcert (the CA that signs the server's certificate)")
     try:
         context = ssl.create_default_context(cafile=tls.get("sslrootcert"))
     except (ssl.SSLError, OSError) as error:
@@ -97,7 +101,12 @@ def _ssl_argument(tls: dict[str, str]) -> ssl.SSLContext | str | bool | None:
         context.check_hostname = False
     if "sslcert" in tls:
         try:
-            context.load_cert_chain(tls["sslcert"], tls["sslkey"])
-        except (ssl.SSLError, OSError) as error:
+            context.load_cert_chain(tls["sslcert"], tls["sslkey"], password=_no_passphrase)
+        except (ssl.SSLError, OSError, ValueError) as error:
             raise DatabaseUrlError(f"sslcert/sslkey: not a certificate and its key ({type(error).__name__})") from None
     return context
+
+
+def _no_passphrase() -> str:
+    """An encrypted key: refused in one line, instead of OpenSSL asking for its passphrase on the terminal."""
+    raise ValueError("an encrypted key (give sslkey without a passphrase)")

@@ -518,7 +518,7 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     cert, key = folder / "cert.pem", folder / "key.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
         check=True,
         capture_output=True,
     )  # fmt: skip
@@ -552,6 +552,17 @@ async def test_calls_over_tls_share_a_kept_alive_connection(serve, client: HttpC
         assert (await client.get(f"https://127.0.0.1:{server.port}/x")).status_code == 201
 
     assert server.connections == 1
+
+
+async def test_a_downstream_s_tls_context_serves_its_host_however_the_url_spells_it(
+    serve, client: HttpClient, tls
+) -> None:
+    # Given a downstream's own CA trusted for its URL as configured (capitals, the root's trailing dot)
+    server = await serve(ok, tls=tls[0])
+    client.trust(f"https://LocalHost.:{server.port}", tls[1])
+
+    # When it is called by its plain name, it is called with that context (the system's CAs would refuse it)
+    assert (await client.get(f"https://localhost:{server.port}/x")).status_code == 201
 
 
 @pytest.mark.parametrize("close_notify", [True, False], ids=["close-notify", "dropped"])

@@ -133,6 +133,23 @@ def test_a_secret_file_that_cannot_be_read_is_one_line(tmp_path: Path, monkeypat
             {"EMAILS_KEY_FILE": "/etc/hosts"},
             "ORDERS_EMAILS_CERT_FILE and ORDERS_EMAILS_KEY_FILE: the client certificate needs its key",
         ),
+        # A secret never travels in clear beyond this machine
+        (
+            {"PAYMENTS_URL": "http://payments.example.com", "PAYMENTS_TOKEN": CANARY},
+            "ORDERS_PAYMENTS_TOKEN: needs an https:// ORDERS_PAYMENTS_URL (http:// only to a loopback address: the "
+            "token would travel in clear)",
+        ),
+        (
+            {
+                "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+                "KAFKA_SASL_MECHANISM": "OAUTHBEARER",
+                "KAFKA_OAUTH_TOKEN_URL": "http://idp.example.com/token",
+                "KAFKA_OAUTH_CLIENT_ID": "svc",
+                "KAFKA_OAUTH_CLIENT_SECRET": CANARY,
+            },
+            "ORDERS_KAFKA_OAUTH_TOKEN_URL: must be https:// (http:// only to a loopback address: the client secret "
+            "would travel in clear)",
+        ),
     ],
 )
 def test_security_settings_that_do_not_go_together_are_one_line(
@@ -194,7 +211,6 @@ def test_libpqs_modes_without_verification_are_asyncpgs_own(query: str, expected
     ("mode", "verify", "hostname"),
     [
         ("require", ssl.CERT_NONE, False),
-        ("verify-ca", ssl.CERT_REQUIRED, False),
         ("verify-full", ssl.CERT_REQUIRED, True),
     ],
 )
@@ -207,6 +223,24 @@ def test_libpqs_verifying_modes_become_a_tls_context_that_verifies_as_they_say(
     assert isinstance(given.ssl, ssl.SSLContext)
     assert (given.ssl.verify_mode, given.ssl.check_hostname) == (verify, hostname)
     assert dict(given.url.query) == {"application_name": "x"}  # the driver's keywords: no sslmode left
+
+
+def test_verify_ca_checks_the_certificate_against_its_root_certificate_only(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text(_self_signed())
+
+    given = database(f"postgresql+asyncpg://svc@db:5432/orders?sslmode=verify-ca&sslrootcert={ca}")
+
+    assert isinstance(given.ssl, ssl.SSLContext)
+    assert (given.ssl.verify_mode, given.ssl.check_hostname) == (ssl.CERT_REQUIRED, False)
+
+
+def test_an_encrypted_client_key_is_refused_in_one_line_not_asked_for(tmp_path: Path) -> None:
+    cert, key = tmp_path / "client.pem", tmp_path / "client.key"
+    cert.write_text(_self_signed(key_file=key, passphrase=b"secret-42"))
+
+    with pytest.raises(DatabaseUrlError, match="sslcert/sslkey: not a certificate and its key"):
+        database(f"postgresql+asyncpg://svc@db:5432/orders?sslmode=verify-full&sslcert={cert}&sslkey={key}")
 
 
 def test_require_with_a_root_certificate_verifies_as_libpq_does(tmp_path: Path) -> None:
@@ -225,6 +259,8 @@ def test_require_with_a_root_certificate_verifies_as_libpq_does(tmp_path: Path) 
         ("?sslmode=verify", "sslmode=verify is not one of disable, allow, prefer, require, verify-ca, verify-full"),
         ("?sslmode=verify-full&sslrootcert=/nonexistent.pem", "sslrootcert: no readable file at /nonexistent.pem"),
         ("?sslmode=verify-full&sslcert=/etc/hosts", "sslcert and sslkey go together"),
+        # The system's CAs without the host name would take any public certificate: libpq refuses it too
+        ("?sslmode=verify-ca", "sslmode=verify-ca needs sslrootcert"),
     ],
 )
 def test_tls_parameters_that_cannot_be_used_are_refused(query: str, message: str) -> None:
@@ -284,8 +320,9 @@ def test_no_configuration_error_shows_a_secret(variable: str, secret: str, broke
     assert secret not in str(refused.value)
 
 
-def _self_signed() -> str:
-    """A CA certificate in PEM (generated: no file of the repository holds a key)."""
+def _self_signed(key_file: Path | None = None, passphrase: bytes | None = None) -> str:
+    """A CA certificate in PEM (generated: no file of the repository holds a key); its key written to `key_file`,
+    encrypted with `passphrase`, when given."""
     from datetime import UTC, datetime, timedelta
 
     from cryptography import x509
@@ -307,6 +344,11 @@ def _self_signed() -> str:
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
     )
+    if key_file is not None:
+        encryption = serialization.BestAvailableEncryption(passphrase) if passphrase else serialization.NoEncryption()
+        key_file.write_bytes(
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+        )
     return certificate.public_bytes(serialization.Encoding.PEM).decode()
 
 
@@ -365,3 +407,13 @@ def test_an_answer_without_a_token_is_an_outage_not_a_crash(content: bytes) -> N
 
     with pytest.raises(TokenUnavailable):
         _token_of(content)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://127.0.0.1:8080", "http://localhost:8080/v1", "http://[::1]:8080", "https://p.example"]
+)
+def test_a_downstream_token_may_go_over_http_to_a_local_sidecar_only(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORDERS_PAYMENTS_URL", url)
+    monkeypatch.setenv("ORDERS_PAYMENTS_TOKEN", CANARY)
+
+    assert load_settings(OrderSettings).payments_token is not None
