@@ -252,5 +252,5 @@ async def _body(response: aiohttp.ClientResponse) -> bytes:
 
 
 def _host_key(host: str) -> str:
-    """A host as the TLS contexts are kept by: `Payments.Example.` and `payments.example` are one origin."""
+    """A host as the TLS contexts are kept by: `Api.Example.` and `api.example` are one origin."""
     return host.strip("[]").rstrip(".").lower()

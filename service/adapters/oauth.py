@@ -98,6 +98,8 @@ def _token_of(content: bytes) -> tuple[str, float]:
     if not isinstance(token, str) or not token:
         raise TokenUnavailable("the OAuth token endpoint answered no access_token")
     lifetime = document.get("expires_in")
+    if isinstance(lifetime, str) and lifetime.isdigit():
+        lifetime = int(lifetime)  # some issuers send it as a string ("3599")
     valid = isinstance(lifetime, int | float) and not isinstance(lifetime, bool) and lifetime > 0
     return token, float(lifetime) if valid else _DEFAULT_LIFETIME_SECONDS
 

@@ -392,6 +392,8 @@ async def test_a_token_is_kept_until_shortly_before_it_expires_and_fetched_once_
         (b'{"access_token": "abc", "expires_in": 30}', ("abc", 30.0)),
         (b'{"access_token": "abc"}', ("abc", 3600.0)),
         (b'{"access_token": "abc", "expires_in": true}', ("abc", 3600.0)),
+        (b'{"access_token": "abc", "expires_in": "299"}', ("abc", 299.0)),
+        (b'{"access_token": "abc", "expires_in": "soon"}', ("abc", 3600.0)),
     ],
 )
 def test_a_token_answer_gives_the_token_and_its_lifetime(content: bytes, expected: tuple[str, float]) -> None:
