@@ -8,6 +8,7 @@ import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, overload
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -346,9 +347,8 @@ def check_credentials(settings: Settings, downstreams: tuple[str, ...]) -> None:
 
 def _loopback(url: str) -> bool:
     """Whether an http(s) URL's host is this machine (localhost, 127.0.0.0/8, ::1)."""
-    authority = re.split(r"[/?#]", url.partition("://")[2], maxsplit=1)[0].rpartition("@")[2]
-    host = authority[1:].partition("]")[0] if authority.startswith("[") else authority.rpartition(":")[0] or authority
-    if host.rstrip(".").lower() == "localhost":
+    host = (urlsplit(url).hostname or "").rstrip(".")
+    if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
