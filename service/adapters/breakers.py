@@ -65,11 +65,11 @@ class Guard:
         """The breaker's current value."""
         return self._breaker
 
-    def admit(self) -> Ticket | None:
-        """A ticket for a call, or None when the breaker refuses it (the call is not made)."""
+    def admit(self, target: str | None = None) -> Ticket | None:
+        """A ticket for a call asking for `target`, or None when the breaker refuses it (the call is not made)."""
         if self._breaker is policy.CLOSED:
             return CALL  # (the common case, as `policy.admit` decides it, without its call: once per downstream call)
-        admission, after = policy.admit(self._breaker, self._clock(), self._rules)
+        admission, after = policy.admit(self._breaker, self._clock(), self._rules, target)
         self._move(after)
         if admission is Admission.REFUSED:
             return None
@@ -144,6 +144,7 @@ class Guard:
                 misconfigured=after.misconfigured,
                 open_seconds=round(after.until - self._clock(), 3),
                 openings=after.openings,
+                suspects=len(after.suspects),
                 was=before.state.value,
             )
         elif after.state is State.HALF_OPEN:

@@ -275,7 +275,7 @@ class Downstream:
         return await self._exchange(send, own, target)
 
     async def _exchange(self, send: Callable[[], Awaitable[Answer]], own: Own, target: str) -> Exchange:
-        ticket = self._guard.admit()
+        ticket = self._guard.admit(target)
         if ticket is None:
             return self._refused()
         try:

@@ -4,8 +4,11 @@
 closed ──a run of `threshold` failed calls of 2+ requests; 2 answers of 2 requests not the API's own; a 429 with
          Retry-After──▶ open
 open ──its time is up: the next call is the one probe──▶ half_open
+open ──a request whose probe has not failed in this spell asks (suspects only)──▶ half_open, its probe
 half_open ──the probe is answered by the API──▶ closed
-half_open ──the probe fails──▶ open again, for twice as long (at most `longest_open`)
+half_open ──the probe fails, and `threshold` different requests' probes (2 for answers not the API's own) have failed
+            in this spell──▶ open again, for twice as long (at most `longest_open`), suspecting nobody
+half_open ──the probe fails, fewer different requests' probes having failed──▶ open, suspecting those requests
 ```
 
 While the breaker is not closed, no call is charged to a record or an effect: a call it refuses is not made, and
@@ -16,6 +19,11 @@ it only when it holds failures of at least two different requests (two keys, two
 failing again and again, or answered with what its API never answers, is its record's (or effect's) trouble, retried
 within its own budget, and must not hold back the calls of every other record. An answer that is not the API's own
 opens it as soon as a second request of the run gets one too: a wrong URL answers every request so.
+A probe is held to the same rule: a request that fails alone again and again (a customer the directory never finds)
+must not keep the breaker open once the downstream is back. When a probe fails, the breaker stays open for twice as
+long, but the request is a suspect: any other request may probe at once, and the first that is answered closes it.
+Only when `threshold` different requests' probes have failed (2 for answers not the API's own) is it an outage that
+every request waits out. A suspect is refused until the breaker closes, and then charged as any lone failure is.
 Clock readings are seconds on a monotonic clock; the shell (service/adapters/breakers.py) reads it and keeps
 the current value.
 """
@@ -94,6 +102,8 @@ class Breaker:
     code: ErrorCode | None = None  # the failure that opened it (and keeps it open)
     misconfigured: bool = False  # opened by an answer that is not the API's own
     status: int | None = None  # the HTTP status of the answer that opened it, if any
+    # open or half-open: the requests whose probes failed in this spell; any other request may probe before `until`
+    suspects: frozenset[str] = frozenset()
 
     def wait(self, now: float) -> float:
         """How long a refused call should wait before it is tried again, in seconds (0 when closed).
@@ -110,14 +120,21 @@ class Breaker:
 CLOSED = Breaker()
 
 
-def admit(breaker: Breaker, now: float, policy: BreakerPolicy) -> tuple[Admission, Breaker]:
-    """May a call be made now? A breaker whose open time is up (or whose probe was never answered) lets exactly one
-    call through, as its probe."""
+def admit(
+    breaker: Breaker, now: float, policy: BreakerPolicy, target: str | None = None
+) -> tuple[Admission, Breaker]:
+    """May a call asking for `target` be made now? A breaker whose open time is up (or whose probe was never answered)
+    lets exactly one call through, as its probe, and a new spell of suspects begins; before then, an open breaker with
+    suspects lets one call through as its probe if it asks for another request than theirs."""
     if breaker.state is State.CLOSED:
         return Admission.CALL, breaker
-    if now < breaker.until:
-        return Admission.REFUSED, breaker
-    return Admission.PROBE, replace(breaker, state=State.HALF_OPEN, until=now + policy.probe_timeout)
+    if now >= breaker.until:
+        return Admission.PROBE, replace(
+            breaker, state=State.HALF_OPEN, until=now + policy.probe_timeout, suspects=frozenset()
+        )
+    if breaker.state is State.OPEN and breaker.suspects and target is not None and target not in breaker.suspects:
+        return Admission.PROBE, replace(breaker, state=State.HALF_OPEN, until=now + policy.probe_timeout)
+    return Admission.REFUSED, breaker
 
 
 def record(
@@ -128,7 +145,7 @@ def record(
     if probe and breaker.state is State.HALF_OPEN:
         if outcome.verdict is Verdict.OK:
             return CLOSED, False
-        return _open(breaker, outcome, now, policy), False
+        return _probe_failed(breaker, outcome, now, policy), False
     if breaker.state is not State.CLOSED:
         # A call admitted before the breaker opened, answered now: the probe decides. A longer Retry-After keeps it
         # open longer.
@@ -159,8 +176,23 @@ def release(breaker: Breaker, now: float) -> Breaker:
     return breaker
 
 
-def _open(breaker: Breaker, outcome: Outcome, now: float, policy: BreakerPolicy) -> Breaker:
-    openings = breaker.openings + 1
+def _probe_failed(breaker: Breaker, outcome: Outcome, now: float, policy: BreakerPolicy) -> Breaker:
+    """Open again after a failed probe: suspecting its request while too few different requests' probes failed in this
+    spell to tell an outage from a request that fails alone; the spell's first failure doubles the open time."""
+    again = bool(breaker.suspects)  # not the spell's first failed probe: its opening was counted
+    if outcome.target is None or outcome.retry_after is not None:
+        return _open(breaker, outcome, now, policy, again=again)  # cannot tell requests apart; a 429 speaks for all
+    suspects = breaker.suspects | {outcome.target}
+    threshold = 2 if outcome.verdict is Verdict.MISCONFIGURED else policy.threshold
+    opened = _open(breaker, outcome, now, policy, again=again)
+    if len(suspects) >= min(threshold, policy.threshold):
+        return opened
+    return replace(opened, suspects=suspects)
+
+
+def _open(breaker: Breaker, outcome: Outcome, now: float, policy: BreakerPolicy, *, again: bool = False) -> Breaker:
+    """Open for the current opening's time from now; `again`: this opening was already counted (not doubled)."""
+    openings = breaker.openings if again else breaker.openings + 1
     # A 429's Retry-After is the provider's own word for how long; otherwise the wait doubles with each opening.
     if outcome.retry_after is not None:
         duration = _retry_after(outcome.retry_after, policy)

@@ -157,8 +157,10 @@ class ConsumerLoop:
             raise fetching.exception()  # type: ignore[misc]
 
     def _breaker_moved(self, downstream: str, breaker: Breaker) -> None:
-        """A downstream's breaker closed: the records that wait for it are due now."""
-        if breaker.state is State.CLOSED and self._lanes.wake(downstream):
+        """A downstream's breaker closed, or a probe failed alone (another request may probe now): the records that
+        wait for it are due now."""
+        woken = breaker.state is State.CLOSED or (breaker.state is State.OPEN and breaker.suspects)
+        if woken and self._lanes.wake(downstream):
             self._arrived.set()
 
     async def _fetch(self, consumer: AIOKafkaConsumer, stop: asyncio.Event) -> None:

@@ -16,9 +16,13 @@ from dependency_injector import providers
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.adapters.breakers import Breakers
+from service.adapters.http import HttpClient
 from service.config import Settings
+from service.errors import DownstreamError
+from service.orders.customers import CustomersClient
 from service.orders.fakes import Downstream
-from service.policy.breaker import State
+from service.orders.model import CustomerStatus
+from service.policy.breaker import BreakerPolicy, State
 from service.policy.effects import EffectPolicy
 from tests.support import Topics, eventually, produce, read_topic, rows, running, scalar
 from tests.support import settings_for as base_settings
@@ -258,3 +262,44 @@ async def test_a_payment_provider_answering_what_its_api_never_answers_fails_no_
     assert await scalar(engine, "SELECT count(*) FROM effects WHERE state = 'failed'") == 0
     assert await scalar(engine, "SELECT count(*) FROM orders WHERE details->>'payment_status' = 'failed'") == 0
     assert len(downstream.payments()) == 10
+
+
+async def test_after_an_outage_a_customer_that_always_fails_cannot_keep_the_directory_closed_to_the_others(
+    downstream: Downstream,
+) -> None:
+    # Given a directory whose breaker five customers' failures opened, and a customer whose look-up always fails
+    rules = BreakerPolicy(first_open=0.2)
+    breakers = Breakers(rules)
+    http = HttpClient.open(timedelta(seconds=2), connections=4)
+    try:
+        customers = CustomersClient(http, downstream.url, breakers)
+        guard = breakers[customers.downstream]
+        for n in range(rules.threshold):
+            downstream.fail_next("customers.get", status=503, key=f"c-{n}")
+            with pytest.raises(DownstreamError):
+                await customers.status(f"c-{n}")
+        downstream.fail_next("customers.get", times=100, status=503, key="c-dead")
+        assert guard.breaker.state is State.OPEN
+
+        async def time_is_up() -> bool:
+            return guard.wait() == 0
+
+        await eventually(time_is_up, timeout=5)
+
+        # When that customer's look-up is the probe once the directory is back, and fails
+        with pytest.raises(DownstreamError):
+            await customers.status("c-dead")
+        assert guard.breaker.state is State.OPEN
+        calls = downstream.calls("customers.get")
+
+        # Then the next other customer is asked at once, not after twice the open time, and its answer closes it
+        assert await customers.status("c-healthy") is CustomerStatus.ACTIVE
+        assert guard.breaker.state is State.CLOSED
+        assert downstream.calls("customers.get") == calls + 1
+        # And the failing customer was refused meanwhile, then is its own record's trouble: it opens nothing
+        with pytest.raises(DownstreamError) as failed:
+            await customers.status("c-dead")
+        assert failed.value.charged
+        assert guard.breaker.state is State.CLOSED
+    finally:
+        await http.close()

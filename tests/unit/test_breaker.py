@@ -153,6 +153,72 @@ def test_the_open_time_doubles_with_each_failed_probe_up_to_a_minute() -> None:
     assert times == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0, 60.0]
 
 
+def test_a_probe_failing_alone_lets_another_request_probe_at_once_and_its_answer_closes_the_breaker() -> None:
+    # Given a breaker opened by an outage whose time is up, and a request that fails alone (a customer the directory
+    # never finds) that happens to be the probe
+    breaker, _ = failing(5, now=0.0)
+    _, probing = admit(breaker, 2.0, POLICY, "dead")
+    suspecting, charged = record(probing, replace(FAILED, target="dead"), 2.1, POLICY, probe=True)
+    # Then the breaker stays open, twice as long, for that request: it is refused, charged nothing
+    assert (suspecting.state, suspecting.until, suspecting.openings, suspecting.suspects, charged) == (
+        State.OPEN,
+        2.1 + 4.0,
+        2,
+        frozenset({"dead"}),
+        False,
+    )
+    assert admit(suspecting, 2.2, POLICY, "dead")[0] is Admission.REFUSED
+    assert admit(suspecting, 2.2, POLICY)[0] is Admission.REFUSED  # a call that cannot be told apart waits too
+    # But another request probes at once, the only call out, and the downstream's answer closes it
+    admission, second = admit(suspecting, 2.2, POLICY, "healthy")
+    assert (admission, second.state) == (Admission.PROBE, State.HALF_OPEN)
+    assert admit(second, 2.3, POLICY, "other")[0] is Admission.REFUSED
+    assert record(second, OK, 2.3, POLICY, probe=True) == (CLOSED, False)
+    # And the lone request, called again with the breaker closed, is charged as any lone failure is
+    assert record(CLOSED, replace(FAILED, target="dead"), 2.4, POLICY, probe=False) == (
+        replace(CLOSED, failures=1, targets=frozenset({"dead"})),
+        True,
+    )
+
+
+@pytest.mark.parametrize(("outcome", "probes"), [(FAILED, POLICY.threshold), (WRONG, 2)])
+def test_an_outage_reopens_it_for_all_once_threshold_different_requests_probes_failed_doubling_once_per_spell(
+    outcome: Outcome, probes: int
+) -> None:
+    breaker, _ = failing(5, now=0.0)
+    now, charges = 2.0, []
+    for n in range(probes):
+        admission, probing = admit(breaker, now, POLICY, f"customer-{n}")
+        assert admission is Admission.PROBE
+        breaker, charged = record(probing, replace(outcome, target=f"customer-{n}"), now, POLICY, probe=True)
+        charges.append(charged)
+        now += 0.1
+    last = now - 0.1
+    assert (breaker.state, breaker.suspects, breaker.openings, breaker.until) == (State.OPEN, frozenset(), 2, last + 4)
+    assert admit(breaker, now, POLICY, "customer-new")[0] is Admission.REFUSED
+    assert not any(charges)
+
+
+def test_a_lone_failing_request_that_probes_each_time_the_time_is_up_doubles_it_as_before() -> None:
+    # (nothing else in the process needs the downstream: its time runs as for an outage, its spell begins afresh)
+    breaker, now, times = failing(5, now=0.0)[0], 0.0, []
+    for _ in range(4):
+        times.append(breaker.until - now)
+        now = breaker.until
+        _, probing = admit(breaker, now, POLICY, "dead")
+        assert probing.suspects == frozenset()
+        breaker, _ = record(probing, replace(FAILED, target="dead"), now, POLICY, probe=True)
+    assert (times, breaker.suspects) == ([2.0, 4.0, 8.0, 16.0], frozenset({"dead"}))
+
+
+def test_a_probe_answered_429_speaks_for_every_request() -> None:
+    breaker, _ = failing(5, now=0.0)
+    _, probing = admit(breaker, 2.0, POLICY, "a")
+    after, _ = record(probing, replace(SLOW_DOWN, target="a"), 2.0, POLICY, probe=True)
+    assert (after.suspects, after.until) == (frozenset(), 9.0)
+    assert admit(after, 2.1, POLICY, "b")[0] is Admission.REFUSED
+
+
 def test_a_late_answer_of_a_call_made_before_it_opened_changes_nothing_but_a_longer_retry_after() -> None:
     breaker, _ = failing(5, now=0.0)
     assert record(breaker, OK, 1.0, POLICY, probe=False) == (breaker, False)
@@ -231,13 +297,18 @@ def test_no_sequence_of_outcomes_and_clock_readings_charges_a_call_while_the_bre
         for answer in sorted((p for p in pending if p[0] <= now), key=lambda p: p[:2]):
             pending.remove(answer)
             breaker = _answer(breaker, answer[0], answer[2], answer[3], rules)
-        admission, breaker = admit(breaker, now, rules)
-        note(f"{now:.3f} admit -> {admission} {breaker.state}")
+        target = call.outcome.target if call.outcome is not None else None
+        before = breaker
+        admission, breaker = admit(breaker, now, rules, target)
+        note(f"{now:.3f} admit {target} -> {admission} {breaker.state}")
         # Then a refused call is never made, and a probe only goes from a breaker that is not closed
         if admission is Admission.REFUSED:
             assert breaker.state is not State.CLOSED
             assert now < breaker.until
             continue
+        # and a probe before the open time is up asks for a request whose probe has not failed in this spell
+        if admission is Admission.PROBE and now < before.until:
+            assert before.state is State.OPEN and target is not None and target not in before.suspects
         assert (admission is Admission.PROBE) == (breaker.state is State.HALF_OPEN)
         pending.append((now + call.took, order, admission is Admission.PROBE, call.outcome))
     for answered_at, _, probe, outcome in sorted(pending, key=lambda p: p[:2]):
