@@ -12,7 +12,7 @@ from typing import Any
 import asyncpg
 import orjson
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.orders import model as order_rules
 from service.orders.domain import DOMAIN
 from service.orders.handler import event_document

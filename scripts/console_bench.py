@@ -43,8 +43,8 @@ from rich.table import Table
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.codes import ErrorCode
 from service.config import load_settings
-from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
 from service.orders.domain import DOMAIN
 from service.orders.effects import SPECS as ORDER_EFFECT_SPECS

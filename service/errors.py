@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 
 
 class ServiceError(Exception):

@@ -34,10 +34,10 @@ from service.adapters.http import (
     path_segment,
     refusal,
 )
+from service.codes import Code, DomainCode, ErrorCode, FailureKind, registered
 from service.config import BaseUrl, Settings, Topics, check_credentials, read_as_the_core_does
-from service.domain.codes import Code, DomainCode, ErrorCode, FailureKind, registered
-from service.domain.fields import AggregateId
 from service.errors import DownstreamError, RecordFailure
+from service.fields import AggregateId
 from service.policy.effects import (
     CallOutcome,
     EffectDecision,

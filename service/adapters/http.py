@@ -43,7 +43,7 @@ from service.adapters.transport import (
     Transport,
     TransportError,
 )
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.errors import DownstreamError
 from service.policy.breaker import OK, BreakerPolicy, Outcome, Verdict
 from service.policy.effects import CallOutcome, LookupFailed, NotSent, Unknown

@@ -1,4 +1,4 @@
-"""The order domain's registered codes (service/domain/codes.py `DomainCode`): its business rejections and the
+"""The order domain's registered codes (service/codes.py `DomainCode`): its business rejections and the
 refused outcomes of its effects. All are terminal, never retried."""
 
 from __future__ import annotations

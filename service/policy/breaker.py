@@ -19,7 +19,7 @@ it only when it holds failures of at least two different requests (two keys, two
 failing again and again, or answered with what its API never answers, is its record's (or effect's) trouble, retried
 within its own budget, and must not hold back the calls of every other record. An answer that is not the API's own
 opens it as soon as a second request of the run gets one too: a wrong URL answers every request so.
-A probe is held to the same rule: a request that fails alone again and again (a customer the directory never finds)
+A probe is held to the same rule: a request that fails alone again and again (a key its downstream never finds)
 must not keep the breaker open once the downstream is back. When a probe fails, the breaker stays open for twice as
 long, but the request is a suspect: any other request may probe at once, and the first that is answered closes it.
 Only when `threshold` different requests' probes have failed (2 for answers not the API's own) is it an outage that
@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.policy import backoff
 
 
@@ -120,9 +120,7 @@ class Breaker:
 CLOSED = Breaker()
 
 
-def admit(
-    breaker: Breaker, now: float, policy: BreakerPolicy, target: str | None = None
-) -> tuple[Admission, Breaker]:
+def admit(breaker: Breaker, now: float, policy: BreakerPolicy, target: str | None = None) -> tuple[Admission, Breaker]:
     """May a call asking for `target` be made now? A breaker whose open time is up (or whose probe was never answered)
     lets exactly one call through, as its probe, and a new spell of suspects begins; before then, an open breaker with
     suspects lets one call through as its probe if it asks for another request than theirs."""

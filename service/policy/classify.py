@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from service.domain.codes import ErrorCode, FailureKind
+from service.codes import ErrorCode, FailureKind
 from service.policy.retry import AttemptHistory, RetryPolicy
 
 

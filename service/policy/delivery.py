@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.policy.handling import DecodeFailure
 from service.policy.records import Coordinates, SourceRecord
 from service.policy.retry import AttemptHistory

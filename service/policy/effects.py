@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from datetime import timedelta
 
-from service.domain.codes import Code, ErrorCode
+from service.codes import Code, ErrorCode
 from service.policy import backoff
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.policy.records import BYTES_PREFIX, Coordinates, SourceRecord, time_of
 from service.policy.retry import AttemptHistory
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from service.domain.codes import Code, ErrorCode
+from service.codes import Code, ErrorCode
 
 
 @dataclass(frozen=True, slots=True)  # not a pydantic model: isinstance on those goes through ABCMeta, slowly
@@ -22,7 +22,7 @@ class DecodeFailure:
 @dataclass(frozen=True)
 class Rejected:
     """The message is a permanent business rejection: terminal, never retried, announced by an event; its code is
-    usually one the domain registers (service/domain/codes.py `DomainCode`)."""
+    usually one the domain registers (service/codes.py `DomainCode`)."""
 
     code: Code
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import ClassVar
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.policy import backoff
 from service.policy.classify import Action, Failure, classify
 from service.policy.delivery import Delivery, RetryState

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from service.domain.codes import ErrorCode, FailureKind
+from service.codes import ErrorCode, FailureKind
 
 
 @dataclass(frozen=True)

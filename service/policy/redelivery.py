@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.policy.records import Coordinates, SourceRecord, id_bytes, time_of
 from service.policy.retry import AttemptHistory
 

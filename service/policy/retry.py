@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from service.domain.codes import FailureKind
+from service.codes import FailureKind
 from service.durations import format_duration, parse_duration
 from service.policy import backoff
 

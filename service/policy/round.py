@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple, Protocol
 
-from service.domain.codes import Code, ErrorCode
+from service.codes import Code, ErrorCode
 from service.policy import ordering
 from service.policy.delivery import Delivery, RetryState
 from service.policy.handling import Aggregate, Applied, Rejected

@@ -26,8 +26,8 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.adapters.breakers import Breakers
+from service.codes import ErrorCode
 from service.config import Settings, Topics
-from service.domain.codes import ErrorCode
 from service.errors import ConcurrentWrite, InfrastructureUnavailable
 from service.metrics import Metrics
 from service.policy import backoff

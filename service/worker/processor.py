@@ -29,8 +29,8 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.codes import Code, ErrorCode
 from service.config import Settings
-from service.domain.codes import Code, ErrorCode
 from service.errors import ConcurrentWrite, InfrastructureUnavailable, RecordFailure
 from service.faults import crash_point, fail_point
 from service.metrics import Metrics

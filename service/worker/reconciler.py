@@ -16,8 +16,8 @@ from datetime import UTC, datetime
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.codes import ErrorCode
 from service.config import Settings
-from service.domain.codes import ErrorCode
 from service.metrics import Metrics
 from service.policy.effects import EffectPolicy, LookupFailed, LookupOutcome, after_lookup
 from service.ports import EffectKind, EffectRegistry

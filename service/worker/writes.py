@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from service.codes import Code, ErrorCode
 from service.config import Topics
-from service.domain.codes import Code, ErrorCode
 from service.durations import format_duration
 from service.policy import redelivery
 from service.policy.delivery import Delivery, RetryState

@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.codes import ErrorCode
 from service.config import Settings
-from service.domain.codes import ErrorCode
 from service.policy.delivery import RetryState
 from service.policy.records import SourceRecord
 from tests.support import ServiceProcess, Topics, cli, eventually, order_service, rows, running, settings_for

@@ -25,8 +25,8 @@ from inventory.model import Stock
 from inventory.providers import StockClient, WarehouseClient
 from inventory.settings import InventorySettings
 from service.adapters.http import HttpClient
+from service.codes import ErrorCode
 from service.containers import Container
-from service.domain.codes import ErrorCode
 from service.errors import DownstreamError, SchemaNotCurrent
 from service.policy.effects import Found, Missing, NotSent, Refused, Sent, Unknown
 from service.store import schema

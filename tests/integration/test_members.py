@@ -15,9 +15,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.codes import ErrorCode
 from service.config import Settings
 from service.containers import Container
-from service.domain.codes import ErrorCode
 from service.orders.domain import DOMAIN
 from service.policy.delivery import RetryState
 from service.policy.headers import from_json

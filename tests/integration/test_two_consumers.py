@@ -18,10 +18,10 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.codes import ErrorCode
 from service.config import Settings
 from service.console.app import create_app
 from service.console.web import Wiring
-from service.domain.codes import ErrorCode
 from service.orders.domain import DOMAIN
 from service.policy.records import SourceRecord
 from service.policy.redelivery import tier_headers

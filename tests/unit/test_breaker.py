@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.policy.breaker import (
     CLOSED,
     OK,
@@ -308,7 +308,9 @@ def test_no_sequence_of_outcomes_and_clock_readings_charges_a_call_while_the_bre
             continue
         # and a probe before the open time is up asks for a request whose probe has not failed in this spell
         if admission is Admission.PROBE and now < before.until:
-            assert before.state is State.OPEN and target is not None and target not in before.suspects
+            assert before.state is State.OPEN
+            assert target is not None
+            assert target not in before.suspects
         assert (admission is Admission.PROBE) == (breaker.state is State.HALF_OPEN)
         pending.append((now + call.took, order, admission is Admission.PROBE, call.outcome))
     for answered_at, _, probe, outcome in sorted(pending, key=lambda p: p[:2]):

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from service.domain.codes import ErrorCode, FailureKind
+from service.codes import ErrorCode, FailureKind
 from service.orders.codes import OrderCode
 from service.policy.classify import Action, Decision, Failure, classify
 from service.policy.retry import AttemptHistory, Budget, RetryPolicy

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiokafka import ConsumerRecord, TopicPartition
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.metrics import Metrics
 from service.orders.messages import decode
 from service.policy.delivery import Delivery, RetryState

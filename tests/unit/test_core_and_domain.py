@@ -161,7 +161,7 @@ def test_the_word_scanner_sees_identifiers_and_sql_but_not_docstrings(tmp_path: 
 
 
 def test_the_domain_registers_its_own_codes_and_none_is_a_core_code() -> None:
-    from service.domain.codes import DomainCode, ErrorCode, FailureKind, registered
+    from service.codes import DomainCode, ErrorCode, FailureKind, registered
     from service.orders.codes import OrderCode
 
     codes = registered(OrderCode)

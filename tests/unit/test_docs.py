@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from service.domain.codes import ErrorCode, registered
+from service.codes import ErrorCode, registered
 from service.orders.codes import OrderCode
 
 ROOT = Path(__file__).resolve().parents[2]

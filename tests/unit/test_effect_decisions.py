@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from service.adapters.http import Answer
+from service.codes import ErrorCode
 from service.containers import http_connections
-from service.domain.codes import ErrorCode
 from service.orders.codes import OrderCode
 from service.orders.effects import order_effects
 from service.orders.providers import EmailsClient, PaymentsClient

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.policy.effects import (
     CallOutcome,
     EffectDecision,

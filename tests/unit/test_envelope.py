@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.policy.envelope import event_headers, failure_envelope, iso
 from service.policy.records import EARLIEST_MS, LATEST_MS, Coordinates, SourceRecord, time_of
 from service.policy.retry import AttemptHistory

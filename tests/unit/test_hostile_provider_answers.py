@@ -11,7 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from service.adapters.http import MAX_RETRY_AFTER, Answer, judge, path_segment, retry_after
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.orders.codes import OrderCode
 from service.orders.effects import order_effects
 from service.orders.providers import FAILED_STATUSES, UNDONE_STATUSES, EmailsClient, PaymentsClient, _answer

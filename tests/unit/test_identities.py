@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from service.adapters.kafka import to_source
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.policy.headers import from_json, to_json
 from service.policy.records import BYTES_PREFIX, SourceRecord, id_bytes, message_id_of, pack_key, unpack_key
 from service.policy.redelivery import tier_headers

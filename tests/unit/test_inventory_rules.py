@@ -11,7 +11,7 @@ import pytest
 from inventory.codes import InventoryCode
 from inventory.messages import StockReleasedV1, StockReservedV1, decode, invalid_field
 from inventory.model import HOLD, UNHOLD, Applied, Reservation, Status, Stock, apply
-from service.domain.codes import Code, ErrorCode, FailureKind, registered
+from service.codes import Code, ErrorCode, FailureKind, registered
 from service.policy.handling import DecodeFailure, Rejected
 from tests.support.inventory import released, reserved
 

@@ -14,9 +14,9 @@ from dependency_injector import providers
 from hypothesis import given
 from hypothesis import strategies as st
 
+from service.codes import ErrorCode
 from service.config import Topics
 from service.containers import Container
-from service.domain.codes import ErrorCode
 from service.orders.domain import DOMAIN
 from service.orders.messages import decode
 from service.orders.settings import OrderSettings

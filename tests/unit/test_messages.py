@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.orders.messages import (
     DecodeFailure,
     OrderCancelledV1,

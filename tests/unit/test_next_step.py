@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.policy.classify import Failure
 from service.policy.delivery import FRESH, Delivery, RetryState
 from service.policy.handling import DecodeFailure

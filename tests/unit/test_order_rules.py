@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from service.domain.codes import ErrorCode, FailureKind
+from service.codes import ErrorCode, FailureKind
 from service.orders.codes import OrderCode
 from service.orders.messages import (
     DecodeFailure,

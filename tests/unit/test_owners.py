@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.orders.domain import DOMAIN
 from service.policy.owners import owner_for, parse_owners
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.policy.records import Coordinates, SourceRecord
 from service.policy.redelivery import Redelivery, addressed_elsewhere, origin_of, parse, tier_headers
 from service.policy.retry import AttemptHistory

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.durations import parse_duration
 from service.policy.classify import Action, Decision, Failure, classify
 from service.policy.retry import (

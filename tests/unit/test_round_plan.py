@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.domain.codes import ErrorCode
+from service.codes import ErrorCode
 from service.policy.delivery import FRESH, Delivery, RetryState
 from service.policy.handling import DecodeFailure, Rejected
 from service.policy.ordering import KeyState, Route
