@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+import urllib.parse
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -67,7 +68,10 @@ class ClientCredentials(AbstractTokenProvider):  # type: ignore[misc]
     async def _fetch(self) -> tuple[str, float]:
         from service.adapters.http import HttpClient, TransportError
 
-        credentials = f"{self._client_id}:{self._client_secret.get_secret_value()}".encode()
+        # Each part form-encoded first (RFC 6749 §2.3.1): a `:` in the id, a `%` or `+` in the secret mean themselves.
+        client_id = urllib.parse.quote_plus(self._client_id, safe="")
+        secret = urllib.parse.quote_plus(self._client_secret.get_secret_value(), safe="")
+        credentials = f"{client_id}:{secret}".encode()
         headers = {"Authorization": "Basic " + base64.b64encode(credentials).decode("ascii")}
         form = {"grant_type": "client_credentials"}
         if self._scope:

@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+import urllib.parse
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -115,6 +116,8 @@ class Issuer:
             client_id, _, secret = base64.b64decode(encoded, validate=True).decode().partition(":")
         except ValueError:
             return None
+        # (each part form-encoded, RFC 6749 §2.3.1)
+        client_id, secret = urllib.parse.unquote_plus(client_id), urllib.parse.unquote_plus(secret)
         client = self.clients().get(client_id)
         if not isinstance(client, dict) or not hmac.compare_digest(str(client.get("secret", "")), secret):
             return None
