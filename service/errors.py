@@ -52,7 +52,7 @@ class TokenUnavailable(ServiceError):
 
 
 class ConcurrentWrite(ServiceError):
-    """Another member of the group wrote one of a round's message ids or orders first: the round's transaction is
+    """Another member of the group wrote one of a round's message ids or aggregates first: the round's transaction is
     rolled back and the round redone (it then finds them written); no record attempt is spent."""
 
 

@@ -134,7 +134,7 @@ def quarantine_list(
 
 @app.command("show")
 def quarantine_show(
-    failure_id: Annotated[str, typer.Argument(help="The failure id, e.g. orders/3/1200.")],
+    failure_id: Annotated[str, typer.Argument(help="The failure id, as <topic>/<partition>/<offset>.")],
     include_payload: Annotated[bool, typer.Option(help="Also print the original bytes (base64).")] = False,
     payload_as_text: Annotated[
         bool, typer.Option("--payload-as-text", help="Also print the original bytes as text, when they are UTF-8.")
@@ -240,7 +240,7 @@ def quarantine_stats(as_json: JsonFlag = False) -> None:
 @app.command("annotate")
 def quarantine_annotate(
     failure_id: Annotated[
-        list[str] | None, typer.Argument(help="Failure ids, e.g. orders/3/1200 (or select with the options).")
+        list[str] | None, typer.Argument(help="Failure ids, <topic>/<partition>/<offset> (or select with the options).")
     ] = None,
     note: Annotated[str, typer.Option("--note", help="What you found or did.")] = "",
     error_code: CodeOption = None,
@@ -284,7 +284,7 @@ def quarantine_annotate(
 @app.command("resolve")
 def quarantine_resolve(
     failure_id: Annotated[
-        list[str] | None, typer.Argument(help="Failure ids, e.g. orders/3/1200 (or select with the options).")
+        list[str] | None, typer.Argument(help="Failure ids, <topic>/<partition>/<offset> (or select with the options).")
     ] = None,
     reason: Annotated[str, typer.Option("--reason", help="Why it needs no reprocessing (kept in the audit).")] = "",
     error_code: CodeOption = None,
