@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import random
-import ssl
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
@@ -16,10 +14,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPa
 from aiokafka import errors as kafka_errors
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.conn import create_conn
-from aiokafka.helpers import create_ssl_context
 from aiokafka.protocol.metadata import MetadataRequest
 
-from service.adapters import oauth
+from service.adapters import certificates, oauth
 from service.config import Settings
 from service.explain import causes, explain, kafka_reason
 from service.policy.backoff import outage_wait
@@ -68,7 +65,7 @@ def client_options(settings: Settings) -> dict[str, Any]:
     protocol = settings.kafka_security_protocol
     options: dict[str, Any] = {"bootstrap_servers": settings.kafka_bootstrap_servers, "security_protocol": protocol}
     if protocol in ("SSL", "SASL_SSL"):
-        options["ssl_context"] = _ssl_context(
+        options["ssl_context"] = certificates.context_for(
             settings.kafka_ssl_cafile, settings.kafka_ssl_certfile, settings.kafka_ssl_keyfile
         )
     if protocol in ("SASL_PLAINTEXT", "SASL_SSL"):
@@ -81,16 +78,6 @@ def client_options(settings: Settings) -> dict[str, Any]:
             options["sasl_plain_username"] = settings.kafka_sasl_username
             options["sasl_plain_password"] = password.get_secret_value() if password is not None else None
     return options
-
-
-@functools.lru_cache(maxsize=8)
-def _ssl_context(cafile: str | None, certfile: str | None, keyfile: str | None) -> ssl.SSLContext:
-    """A TLS context that verifies the brokers' certificates and host names (the system's CAs without `cafile`),
-    with a client certificate when given; one per process and files (a context loads its files once)."""
-    context: ssl.SSLContext = create_ssl_context(cafile=cafile, certfile=certfile, keyfile=keyfile)
-    context.check_hostname = True
-    context.verify_mode = ssl.CERT_REQUIRED
-    return context
 
 
 def make_admin(settings: Settings) -> AIOKafkaAdminClient:

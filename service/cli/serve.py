@@ -10,7 +10,7 @@ from typing import Annotated
 import structlog
 import typer
 
-from service.adapters import topics
+from service.adapters import certificates, topics
 from service.cli.common import (
     JsonFlag,
     assembled,
@@ -56,6 +56,7 @@ def serve_parts(settings: Settings, *parts: str) -> None:
                     for part in loops:
                         group.create_task(part.run(stop))
                     group.create_task(collect_garbage(stop))
+                    group.create_task(certificates.watch(stop))
             finally:
                 await health.stop()
 
