@@ -30,8 +30,7 @@ import structlog
 from aiolimiter import AsyncLimiter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.config import Settings
-from service.explain import explain
+from service.explain import Names, explain
 from service.policy.handling import DecodeFailure
 from service.policy.headers import from_json, to_json
 from service.policy.records import id_bytes, pack_key
@@ -130,16 +129,20 @@ class Reprocessor:
 
     def __init__(
         self,
-        settings: Settings,
         engine: AsyncEngine,
         lag: Callable[[], Awaitable[int]],
         decode: Callable[[bytes | None], Any],
+        *,
+        consumer_name: str,
+        topic: str,
+        names: Names,
     ) -> None:
-        self._settings = settings
         self._engine = engine
         self._decode = decode  # the domain's (Handler.decode): a stored payload that no longer decodes is skipped
         self._lag = lag
-        self._consumer = settings.consumer_name
+        self._consumer = consumer_name
+        self._topic = topic  # the reprocess topic the copies go to
+        self._names = names  # the settings' class: the variables a failed run's reason names
 
     async def run(
         self, selection: Selection, options: Options, progress: Progress, confirm: Callable[[str], bool]
@@ -194,7 +197,7 @@ class Reprocessor:
         except Exception as error:
             # The run cannot go on (the broker or the database went away mid-run): its audit row says so, with
             # the reason in one line, instead of staying `running`; the error still ends the command.
-            report.outcome, report.stop_reason = "failed", explain(error, self._settings)
+            report.outcome, report.stop_reason = "failed", explain(error, self._names)
             await self._finish(report)
             raise
         await self._finish(report)
@@ -303,12 +306,11 @@ class Reprocessor:
             stamp = _epoch_ms(candidate.envelope.get("source", {}).get("timestamp"))
             if stamp is not None:
                 headers.append(("origin-timestamp", str(stamp).encode()))
-            topic = self._settings.topics.reprocess
             [item.outbox_id] = await outbox.add(
                 c,
                 [
                     OutboxMessage(
-                        topic,
+                        self._topic,
                         candidate.ordering_key,
                         to_json(headers),
                         candidate.payload or b"",
