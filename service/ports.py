@@ -35,7 +35,8 @@ from service.adapters.http import (
     refusal,
 )
 from service.codes import Code, DomainCode, ErrorCode, FailureKind, registered
-from service.config import BaseUrl, Settings, Topics, check_credentials, read_as_the_core_does
+from service.config import BaseUrl, Settings, Topics, read_as_the_core_does
+from service.credentials import check_credentials
 from service.errors import DownstreamError, RecordFailure
 from service.fields import AggregateId
 from service.policy.effects import (
