@@ -22,9 +22,9 @@ import hashlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 from aiolimiter import AsyncLimiter
@@ -41,76 +41,12 @@ from service.store import reprocess as store
 from service.store.outbox import OutboxMessage
 from service.store.reprocess import Candidate, ItemState
 from service.store.uow import UnitOfWork
+from service.worker.reprocess_run import Options, Progress, Report, Selection
 
 log = structlog.get_logger("reprocess")
 
 _MIN_JUDGED = 5
 _OUR_HEADERS = {"message-id", "failure-id", "origin-timestamp", "reprocess-run-id", "reprocess-attempt", "consumer"}
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which quarantined records a run takes."""
-
-    failure_ids: tuple[str, ...] = ()
-    error_code: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    # (failure id, status) as an operator saw them in a dry run: a record found otherwise now is not sent.
-    seen: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class Options:
-    """How a run behaves."""
-
-    reason: str
-    actor: str
-    rate: float = 10.0
-    sample: int | None = None
-    dry_run: bool = False
-    max_failure_rate: float = 0.2
-    max_lag: int = 10_000
-    verify_timeout: float = 120.0
-
-
-@dataclass
-class Report:
-    """What a run did; printed as JSON with --json and stored in `reprocess_runs.counts`."""
-
-    run_id: str | None
-    selected: int
-    undecodable: list[str] = field(default_factory=list)
-    published: int = 0
-    reprocessed: int = 0
-    failed_again: int = 0
-    noop: int = 0
-    unverified: int = 0
-    skipped: int = 0  # not sent: resolved or otherwise changed since it was selected (`reprocess show` says how)
-    outcome: str = "completed"
-    stop_reason: str | None = None
-    selection: list[str] = field(default_factory=list)
-    statuses: dict[str, str] = field(default_factory=dict)  # each selected record's status when it was selected
-
-    def counts(self) -> dict[str, Any]:
-        """The numbers for the audit row."""
-        return {key: value for key, value in asdict(self).items() if key not in {"selection", "run_id", "statuses"}}
-
-
-class Progress(Protocol):
-    """Where a run reports progress: a rich bar on a terminal, plain lines otherwise, a console page."""
-
-    def opened(self, run_id: str) -> None:
-        """The run's audit row exists (before anything is sent)."""
-
-    def start(self, stage: str, total: int) -> None:
-        """A stage begins."""
-
-    def advance(self, published: int, verified: int) -> None:
-        """Counts moved."""
-
-    def finish(self) -> None:
-        """The stage ended."""
 
 
 @dataclass
