@@ -14,7 +14,7 @@ from dependency_injector import containers, providers
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.adapters import kafka
+from service.adapters import kafka, topics
 from service.adapters.breakers import Breakers
 from service.adapters.http import HttpClient
 from service.config import Settings
@@ -26,7 +26,7 @@ from service.ports import Domain, EffectRegistry, Handler, Plumbing
 from service.store.uow import create_engine, ping
 from service.worker.consumer import CONTEXT_LOOKUPS, ConsumerLoop
 from service.worker.downtime import Downtime
-from service.worker.effects import EffectWorker
+from service.worker.effects import EffectWorker, call_budget
 from service.worker.gauges import GaugeRefresher
 from service.worker.processor import Processor
 from service.worker.reconciler import Reconciler
@@ -108,6 +108,11 @@ def _topics(settings: Settings, policy: RetryPolicy) -> list[str]:
     return [settings.topics.source, *tiers, settings.topics.reprocess]
 
 
+def _names(settings: Settings) -> type[Settings]:
+    """The settings' class: what names the program and its variables in a worker's log lines."""
+    return type(settings)
+
+
 def _handler(domain: Domain, plumbing: Plumbing) -> Handler[Any, Any, Any]:
     return domain.handler(plumbing)
 
@@ -166,41 +171,64 @@ class Container(containers.DeclarativeContainer):
         breakers=breakers,
         settings=settings,
     )
+    # What the workers below take of the settings: only the values each uses.
+    names = providers.Callable(_names, settings)
+    topic_names = settings.provided.topics
+    call_seconds = providers.Callable(call_budget, settings.provided.http_timeout)
     effect_worker = providers.Factory(
         EffectWorker,
-        settings=settings,
         engine=engine,
         kinds=effect_kinds,
         policy=effect_policy,
         metrics=metrics,
         rng=rng,
         breakers=breakers,
+        topics=topic_names,
+        lease=settings.provided.effect_lease,
+        concurrency=settings.provided.effect_concurrency,
+        budget=call_seconds,
+        names=names,
     )
     reconciler = providers.Factory(
         Reconciler,
-        settings=settings,
         engine=engine,
         kinds=effect_kinds,
         policy=effect_policy,
         metrics=metrics,
+        topics=topic_names,
+        lease=settings.provided.effect_lease,
+        dedup_window=settings.provided.dedup_window,
+        lookup_budget=call_seconds,
+        program=settings.provided.program,
+        consumer_name=settings.provided.consumer_name,
     )
     reprocessor = providers.Factory(
         Reprocessor,
-        settings=settings,
         engine=engine,
         lag=providers.Callable(_reprocess_lag, settings),
         decode=decode,
+        consumer_name=settings.provided.consumer_name,
+        topic=settings.provided.topics.reprocess,
+        names=names,
     )
     relay = providers.Factory(
         Relay,
-        settings=settings,
         engine=engine,
         metrics=metrics,
         make_producer=kafka_producer.provider,
         make_one_by_one_producer=one_by_one_producer.provider,
+        start_client=providers.Callable(functools.partial, kafka.start_with_backoff, settings=settings),
+        batch_size=settings.provided.relay_batch_size,
+        names=names,
+        crash_at=settings.provided.fault_crash_at,
     )
     # The start-up check of the topics a long-running process reads and writes (service/cli/serve.py).
-    topics_check = providers.Singleton(TopicsCheck, settings=settings)
+    topics_check = providers.Singleton(
+        TopicsCheck,
+        look=providers.Callable(functools.partial, topics.look, settings),
+        source=settings.provided.source_topic,
+        program=settings.provided.program,
+    )
     readiness = providers.Callable(functools.partial, _ready, engine, settings, topics_check)
     gauges = providers.Factory(
         GaugeRefresher,

@@ -14,7 +14,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.store import audit, parking, quarantine
+from service.store import audit, parking, quarantine, quarantine_reads
 from service.store import effects as effects_store
 from service.store import reprocess as reprocess_store
 from service.store.quarantine import RecordKey
@@ -81,13 +81,13 @@ class Wanted:
         """The records this selection means, now: SelectionTooLarge when the filters match too many, and
         SeveralConsumers when they, or a named failure id, are several consumers' and no consumer was named."""
         if not self.selecting:
-            found = await quarantine.consumers_of(connection, self.ids, self.consumer)
+            found = await quarantine_reads.consumers_of(connection, self.ids, self.consumer)
             return _one_consumer(
                 [(one, name) for one in self.ids for name in found.get(one, [])],
                 missing=[one for one in self.ids if one not in found],
                 default=self.consumer,
             )
-        rows, total = await quarantine.listing(
+        rows, total = await quarantine_reads.listing(
             connection,
             error_code=self.error_code,
             status="open",
@@ -130,7 +130,7 @@ def _one_consumer(found: list[tuple[str, str]], *, missing: list[str], default: 
 async def locate(connection: AsyncConnection, failure_id: str, consumer: str | None) -> RecordKey | None:
     """The record a failure id names (under `consumer` when given); None when there is none, SeveralConsumers when
     several consumers have one and none was named."""
-    names = (await quarantine.consumers_of(connection, [failure_id], consumer)).get(failure_id, [])
+    names = (await quarantine_reads.consumers_of(connection, [failure_id], consumer)).get(failure_id, [])
     if len(names) > 1:
         raise SeveralConsumers(names, failure_id)
     return RecordKey(names[0], failure_id) if names else None
@@ -141,7 +141,7 @@ async def reveal(
 ) -> dict[str, Any] | None:
     """One quarantined record with its payload, the reveal audited and written to the record's timeline (None:
     no such record, nothing audited)."""
-    found = await quarantine.get(connection, record)
+    found = await quarantine_reads.get(connection, record)
     if found is None:
         return None
     await audit.record(

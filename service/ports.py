@@ -19,23 +19,12 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.adapters.answers import Exchange, Own, api_error, call_outcome, lookup_failure, lookup_outcome, refusal
 from service.adapters.breakers import Breakers
-from service.adapters.http import (
-    Answer,
-    Credentials,
-    Downstream,
-    Exchange,
-    HttpClient,
-    Own,
-    api_error,
-    call_outcome,
-    lookup_failure,
-    lookup_outcome,
-    path_segment,
-    refusal,
-)
+from service.adapters.http import Answer, Credentials, Downstream, HttpClient, path_segment
 from service.codes import Code, DomainCode, ErrorCode, FailureKind, registered
-from service.config import BaseUrl, Settings, Topics, check_credentials, read_as_the_core_does
+from service.config import BaseUrl, Settings, Topics, read_as_the_core_does
+from service.credentials import check_credentials
 from service.errors import DownstreamError, RecordFailure
 from service.fields import AggregateId
 from service.policy.effects import (

@@ -15,7 +15,7 @@ from service.cli.common import assembled, configured, domain, provide, run_async
 from service.cli.reprocess import reprocess_topic_exists
 from service.config import Settings
 from service.policy.operators import parse_tokens
-from service.worker.reprocess import Options, Progress, Report, Selection
+from service.worker.reprocess_run import Options, Progress, Report, Selection
 
 
 def refusal(settings: Settings) -> str | None:

@@ -39,7 +39,7 @@ from service.cli.selection import (
     wanted_of,
 )
 from service.jsonable import jsonable
-from service.store import quarantine
+from service.store import quarantine, quarantine_reads
 
 app = typer.Typer(help="Operate the quarantine queue.", no_args_is_help=True)
 
@@ -76,7 +76,7 @@ def quarantine_list(
     rows, total = run_async(
         lambda _: with_connection(
             settings,
-            lambda c: quarantine.listing(
+            lambda c: quarantine_reads.listing(
                 c,
                 error_code=error_code,
                 status=status,
@@ -170,7 +170,7 @@ def quarantine_show(
             return None
         if revealing:
             return await operations.reveal(connection, record, who, shown_as)
-        return await quarantine.get(connection, record)
+        return await quarantine_reads.get(connection, record)
 
     row = run_async(lambda _: with_connection(settings, look, commit=revealing))
     if row is None:
@@ -218,7 +218,7 @@ def happened(event: dict[str, Any]) -> str:
 def quarantine_stats(as_json: JsonFlag = False) -> None:
     """Counts and rates per error code and owner, and the age of the oldest open record."""
     settings = configured()
-    summary = run_async(lambda _: with_connection(settings, quarantine.stats))
+    summary = run_async(lambda _: with_connection(settings, quarantine_reads.stats))
     if as_json:
         print_json(summary)
         return

@@ -31,7 +31,7 @@ from service.cli.common import (
 from service.config import Settings
 from service.jsonable import jsonable
 from service.store import reprocess as reprocess_store
-from service.worker.reprocess import Options, Selection
+from service.worker.reprocess_run import Options, Selection
 
 
 class _PlainProgress:

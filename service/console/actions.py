@@ -35,7 +35,7 @@ from service.console.web import (
 from service.explain import explain
 from service.store import console as console_store
 from service.worker.effect_kinds import retry_state, waiting_for
-from service.worker.reprocess import Options, Selection
+from service.worker.reprocess_run import Options, Selection
 
 SAMPLE = 5  # ids a preview lists
 # The dry run's selection travels in its confirm form, as one field: at most this many bytes as the browser sends

@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 from service.console.web import Refused, state_of
 from service.durations import parse_duration
-from service.store import quarantine
+from service.store import quarantine, quarantine_reads
 
 
 def field(fields: dict[str, list[str]], name: str, default: str = "") -> str:
@@ -56,12 +56,12 @@ def error_code(request: Request, value: str) -> str | None:
     return value or None
 
 
-def quarantine_filters(request: Request, fields: dict[str, list[str]]) -> quarantine.Filters:
+def quarantine_filters(request: Request, fields: dict[str, list[str]]) -> quarantine_reads.Filters:
     """The quarantine filters of a query string or form (the CLI's `quarantine list` options)."""
     status = field(fields, "status")
     if status and status not in quarantine.STATUSES:
         raise Refused(400, f"status: {status!r} is not one of {', '.join(quarantine.STATUSES)}")
-    return quarantine.Filters(
+    return quarantine_reads.Filters(
         error_code=error_code(request, field(fields, "error_code")),
         status=status or None,
         older_than=duration(field(fields, "older_than"), "older_than"),

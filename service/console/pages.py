@@ -32,7 +32,7 @@ from service.console.web import (
     state_of,
 )
 from service.jsonable import jsonable
-from service.store import audit, gauges, parking, quarantine
+from service.store import audit, gauges, parking, quarantine, quarantine_reads
 from service.store import console as console_store
 from service.store import effects as effects_store
 from service.store import reprocess as reprocess_store
@@ -76,13 +76,15 @@ async def quarantine_list(request: Request) -> Response:
     fields = query_fields(request)
     filters = quarantine_filters(request, fields)
     sort = field(fields, "sort", "first_failed_at")
-    if sort not in quarantine.SORTS:
-        raise Refused(400, f"sort: {sort!r} is not one of {', '.join(quarantine.SORTS)}")
+    if sort not in quarantine_reads.SORTS:
+        raise Refused(400, f"sort: {sort!r} is not one of {', '.join(quarantine_reads.SORTS)}")
     descending = field(fields, "direction") == "desc"
     limit = whole(field(fields, "limit"), "limit", low=1, high=200, default=50)
     after = page_start(sort, field(fields, "after"), field(fields, "after_id"), field(fields, "after_consumer"))
     async with reading(request) as connection:
-        page = await quarantine.page(connection, filters, sort=sort, descending=descending, after=after, limit=limit)
+        page = await quarantine_reads.page(
+            connection, filters, sort=sort, descending=descending, after=after, limit=limit
+        )
     kept = {
         name: field(fields, name)
         for name in (
@@ -154,7 +156,7 @@ async def locate(connection: AsyncConnection, failure_id: str, consumer: str | N
 
 async def _record(request: Request, failure_id: str, consumer: str | None) -> dict[str, Any]:
     async with reading(request) as connection:
-        found = await quarantine.get(connection, await locate(connection, failure_id, consumer))
+        found = await quarantine_reads.get(connection, await locate(connection, failure_id, consumer))
     if found is None:  # gone between the two reads: quarantine rows are never deleted, but say so if one were
         raise Refused(404, f"no quarantined record with failure id {failure_id}")
     return found
@@ -195,7 +197,7 @@ async def reveal(request: Request) -> Response:
         raise Refused(404, f"no quarantined record with failure id {failure_id}")
     shown = views.payload_view(record.get("payload"))
     async with reading(request) as connection:  # the timeline now holds the reveal
-        record = await quarantine.get(connection, key) or record
+        record = await quarantine_reads.get(connection, key) or record
     return render(request, "record.html", {**_record_context(request, record), "payload": shown})
 
 
@@ -327,7 +329,7 @@ async def api_quarantine(request: Request) -> Response:
     limit = whole(field(fields, "limit"), "limit", low=1, high=10_000, default=100)
     offset = whole(field(fields, "offset"), "offset", low=0, high=10_000_000, default=0)
     async with reading(request) as connection:
-        rows, total = await quarantine.listing(
+        rows, total = await quarantine_reads.listing(
             connection,
             error_code=filters.error_code,
             status=filters.status,
@@ -358,7 +360,7 @@ async def api_stats(request: Request) -> Response:
     """What `quarantine stats --json` prints."""
     caller(request)
     async with reading(request) as connection:
-        summary = await quarantine.stats(connection)
+        summary = await quarantine_reads.stats(connection)
     return JSONResponse(jsonable(summary))
 
 

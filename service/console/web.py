@@ -21,7 +21,7 @@ from service.console.sessions import COOKIE, LoginLimiter, Session, Sessions
 from service.policy.operators import Operator, match
 from service.ports import EffectSpec
 from service.store.uow import UnitOfWork
-from service.worker.reprocess import Options, Progress, Report, Selection
+from service.worker.reprocess_run import Options, Progress, Report, Selection
 
 log = structlog.get_logger("console")
 

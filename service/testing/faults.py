@@ -12,18 +12,17 @@ quick and never block.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import signal
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
-from types import FrameType, TracebackType
-from typing import Any, Final, Literal, Self, get_args
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from types import TracebackType
+from typing import Any, Final, Self, get_args
 
+from service.testing.process import serve_from_command_line
 from service.testing.routes import (
     CONTROL_PREFIX,
     Control,
@@ -42,6 +41,18 @@ from service.testing.routes import (
     key_from_query,
     method_not_allowed,
     not_found,
+)
+from service.testing.scripted import (
+    BODYLESS_STATUSES,
+    DEFAULT_FAIL_BODY,
+    Fault,
+    FaultKind,
+    Outage,
+    check_seconds,
+    check_times,
+    format_retry_after,
+    optional_key,
+    play,
 )
 from service.testing.serving import HttpServer, Outcome
 
@@ -64,39 +75,8 @@ __all__ = [
     "serve_from_command_line",
 ]
 
-FaultKind = Literal["fail", "delay", "cut"]
-
-_DEFAULT_FAIL_BODY: Final = {"error": "injected"}
-# Statuses that cannot carry a body; an injected failure always sends one.
-_BODYLESS_STATUSES: Final = frozenset({204, 304})
 # Control names the server answers itself; a mounted API cannot take them.
 _OWN_CONTROLS: Final = frozenset({"state", "reset", "faults", "latency"})
-
-
-@dataclass(frozen=True, slots=True)
-class _Fault:
-    """One queued fault; it is consumed by exactly one call of its route."""
-
-    kind: FaultKind
-    status: int = 503
-    retry_after: str | None = None
-    body: bytes = b""
-    seconds: float = 0.0
-    after_apply: bool = True
-    key: str | None = None  # only calls whose route reads this key; None = any call
-    content_type: str | None = None  # a failure's own Content-Type (an HTML page); None: application/json
-    headers: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class _Outage:
-    """A route that fails every call until `until` (monotonic seconds): `status`, and every `hang_every`-th call
-    (0: none) answers that status only after `hang` seconds, as a downstream on its knees does."""
-
-    until: float
-    status: int
-    hang_every: int
-    hang: float
 
 
 class FaultServer:
@@ -113,8 +93,8 @@ class FaultServer:
         self._router = Router()
         self._apis: list[FakeApi] = []
         self._controls: dict[str, Control] = {"faults": self._control_fault, "latency": self._control_latency}
-        self._faults: dict[str, deque[_Fault]] = {}
-        self._outages: dict[str, _Outage] = {}
+        self._faults: dict[str, deque[Fault]] = {}
+        self._outages: dict[str, Outage] = {}
         self._calls: dict[str, Counter[str | None]] = {}
         self._latency: dict[str, float] = {}
         for api in apis:
@@ -191,30 +171,30 @@ class FaultServer:
     ) -> None:
         """Answer the next `times` calls of a route (for `key`, if given) with `status` and no side effect."""
         self._check_route(route)
-        _check_times(times)
+        check_times(times)
         if isinstance(status, bool) or not isinstance(status, int) or not 200 <= status <= 599:
             raise ValueError(f"status must be an HTTP status between 200 and 599, got {status!r}")
-        if status in _BODYLESS_STATUSES:
+        if status in BODYLESS_STATUSES:
             raise ValueError(f"status {status} cannot carry the injected body")
         try:
             # Serialise now so a bad body fails in the test that queued it, not later on the server's thread.
-            encoded = json.dumps(_DEFAULT_FAIL_BODY if body is None else body).encode()
+            encoded = json.dumps(DEFAULT_FAIL_BODY if body is None else body).encode()
         except (TypeError, ValueError) as error:
             raise ValueError(f"body must be JSON-serialisable: {error}") from error
-        header = None if retry_after is None else _format_retry_after(retry_after)
-        self._enqueue(route, times, _Fault("fail", status=status, retry_after=header, body=encoded, key=key))
+        header = None if retry_after is None else format_retry_after(retry_after)
+        self._enqueue(route, times, Fault("fail", status=status, retry_after=header, body=encoded, key=key))
 
     def delay_next(self, route: str, times: int = 1, seconds: float = 5.0, key: str | None = None) -> None:
         """Apply the next `times` calls normally but answer only after `seconds` (the client may time out)."""
         self._check_route(route)
-        _check_times(times)
-        self._enqueue(route, times, _Fault("delay", seconds=_check_seconds(seconds), key=key))
+        check_times(times)
+        self._enqueue(route, times, Fault("delay", seconds=check_seconds(seconds), key=key))
 
     def cut_next(self, route: str, times: int = 1, after_apply: bool = True, key: str | None = None) -> None:
         """Close the connection without answering the next `times` calls, after or before applying them."""
         self._check_route(route)
-        _check_times(times)
-        self._enqueue(route, times, _Fault("cut", after_apply=bool(after_apply), key=key))
+        check_times(times)
+        self._enqueue(route, times, Fault("cut", after_apply=bool(after_apply), key=key))
 
     def answer_next(
         self,
@@ -231,10 +211,10 @@ class FaultServer:
         headers, and no side effect: what a wrong URL, a proxy or a login page answers (an HTML 404, a 308 with a
         Location, a 204, a 401)."""
         self._check_route(route)
-        _check_times(times)
+        check_times(times)
         if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
             raise ValueError(f"status must be an HTTP status, got {status!r}")
-        fault = _Fault(
+        fault = Fault(
             "fail", status=status, body=bytes(body), key=key, content_type=content_type or "", headers=tuple(headers)
         )
         self._enqueue(route, times, fault)
@@ -245,9 +225,9 @@ class FaultServer:
         self._check_route(route)
         if not 500 <= status <= 599 and status != 429:
             raise ValueError(f"an outage answers 5xx or 429, got {status!r}")
-        until = time.monotonic() + _check_seconds(seconds)
+        until = time.monotonic() + check_seconds(seconds)
         with self._lock:
-            self._outages[route] = _Outage(until, status, max(0, hang_every), _check_seconds(hang))
+            self._outages[route] = Outage(until, status, max(0, hang_every), check_seconds(hang))
 
     def outage_left(self, route: str) -> float:
         """Seconds left of a route's outage (0 when it is over)."""
@@ -259,7 +239,7 @@ class FaultServer:
     def set_latency(self, route: str, seconds: float) -> None:
         """Add `seconds` before every later call of a route is handled, faulted or not (0: none)."""
         self._check_route(route)
-        latency = _check_seconds(seconds)
+        latency = check_seconds(seconds)
         with self._lock:
             self._latency[route] = latency
 
@@ -333,9 +313,9 @@ class FaultServer:
         fault, latency = self._begin(route.name, None if route.key is None else route.key(request))
         if latency:
             await asyncio.sleep(latency)
-        return await _play(fault, lambda: route.handler(request))
+        return await play(fault, lambda: route.handler(request))
 
-    def _begin(self, route: str, key: str | None) -> tuple[_Fault | None, float]:
+    def _begin(self, route: str, key: str | None) -> tuple[Fault | None, float]:
         """Count a call and take its fault in one step, so concurrent calls never share or skip a fault."""
         with self._lock:
             self._calls[route][key] += 1
@@ -346,8 +326,8 @@ class FaultServer:
                 hang = outage.hang if outage.hang_every and count % outage.hang_every == 0 else 0.0
                 # A 429 says when to come back, as rate limiters do.
                 retry_after = "1" if outage.status == 429 else None
-                body = json.dumps(_DEFAULT_FAIL_BODY).encode()
-                return _Fault("fail", outage.status, retry_after, body, seconds=hang), latency
+                body = json.dumps(DEFAULT_FAIL_BODY).encode()
+                return Fault("fail", outage.status, retry_after, body, seconds=hang), latency
             queue = self._faults[route]
             for index, fault in enumerate(queue):
                 if fault.key is None or fault.key == key:
@@ -361,7 +341,7 @@ class FaultServer:
         if route not in names:
             raise ValueError(f"unknown route {route!r}; expected one of {', '.join(names)}")
 
-    def _enqueue(self, route: str, times: int, fault: _Fault) -> None:
+    def _enqueue(self, route: str, times: int, fault: Fault) -> None:
         """Append `times` copies of a fault to a route's FIFO queue."""
         with self._lock:
             self._faults[route].extend([fault] * times)
@@ -397,7 +377,7 @@ class FaultServer:
         route = json_field(payload, "route", str)
         kind = payload.get("kind")
         times = json_field(payload, "times", int, 1)
-        key = _optional_key(payload)
+        key = optional_key(payload)
         if kind == "fail":
             retry_after = payload.get("retry_after")
             valid = isinstance(retry_after, int | float | str) and not isinstance(retry_after, bool)
@@ -415,76 +395,3 @@ class FaultServer:
     def _control_latency(self, payload: dict[str, Any]) -> None:
         """Set a route's latency from a `POST /_control/latency` body (`{"route": ..., "seconds": ...}`)."""
         self.set_latency(json_field(payload, "route", str), json_field(payload, "seconds", float))
-
-
-async def _play(fault: _Fault | None, apply: Callable[[], Reply]) -> Outcome:
-    """Apply a call through its fault: fail it, cut it before or after applying, or delay its answer."""
-    if fault is not None and fault.kind == "fail":
-        if fault.seconds:
-            await asyncio.sleep(fault.seconds)
-        headers = fault.headers if fault.retry_after is None else (*fault.headers, ("Retry-After", fault.retry_after))
-        if fault.content_type is not None:
-            headers = (("Content-Type", fault.content_type), *headers)  # "" sends none
-        return Reply(fault.status, fault.body, headers)
-    if fault is not None and fault.kind == "cut" and not fault.after_apply:
-        return "cut"
-    reply = apply()
-    if fault is not None and fault.kind == "cut":
-        return "cut"
-    if fault is not None and fault.kind == "delay":
-        await asyncio.sleep(fault.seconds)
-    return reply
-
-
-def _check_times(times: int) -> None:
-    """Raise ValueError unless times is a positive integer."""
-    if isinstance(times, bool) or not isinstance(times, int) or times < 1:
-        raise ValueError(f"times must be a positive integer, got {times!r}")
-
-
-def _check_seconds(seconds: float) -> float:
-    """The seconds as a float; ValueError unless they are a non-negative number."""
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-        raise ValueError(f"seconds must be a non-negative number, got {seconds!r}")
-    return float(seconds)
-
-
-def _format_retry_after(retry_after: float | str) -> str:
-    """Render Retry-After: whole seconds as an integer (the RFC form), anything else verbatim."""
-    if isinstance(retry_after, str):
-        return retry_after
-    if isinstance(retry_after, bool) or retry_after < 0:
-        raise ValueError(f"retry_after must be a non-negative number or a string, got {retry_after!r}")
-    return str(int(retry_after)) if float(retry_after).is_integer() else str(retry_after)
-
-
-def _optional_key(payload: dict[str, Any]) -> str | None:
-    """The optional `key` a control request limits its fault to."""
-    key = payload.get("key")
-    if key is not None and not isinstance(key, str):
-        raise ValueError("key must be a string")
-    return key
-
-
-def serve_from_command_line(
-    build: Callable[[str, int], FaultServer], prog: str, description: str, argv: Sequence[str] | None = None
-) -> int:
-    """Serve `build(host, port)` until SIGTERM or SIGINT, after printing the base URL as the only stdout line."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
-    args = parser.parse_args(argv)
-
-    stop_requested = threading.Event()
-
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        """Only flag the stop: the main thread shuts the server down outside the signal handler."""
-        stop_requested.set()
-
-    # Installed before the URL is printed: a caller may send SIGTERM as soon as it has read the line.
-    signal.signal(signal.SIGTERM, request_stop)
-    signal.signal(signal.SIGINT, request_stop)
-    with build(args.host, args.port) as server:
-        print(server.url, flush=True)
-        stop_requested.wait()
-    return 0

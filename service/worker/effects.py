@@ -27,8 +27,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.adapters.breakers import Breakers
 from service.codes import ErrorCode
-from service.config import Settings, Topics
+from service.config import Topics
 from service.errors import ConcurrentWrite, InfrastructureUnavailable
+from service.explain import Names
 from service.metrics import Metrics
 from service.policy import backoff
 from service.policy.backoff import outage_wait
@@ -63,9 +64,9 @@ _PACE_WEIGHT = 0.05  # of each call in the moving average of a kind's call durat
 _HANDED_BACK = EffectDecision("pending", retry_in=timedelta(0), unmade=True)
 
 
-def call_budget(settings: Settings) -> float:
+def call_budget(http_timeout: timedelta) -> float:
     """The longest one provider exchange may take, in seconds: a look-up and a call, each within the HTTP timeout."""
-    return 2 * settings.http_timeout.total_seconds()
+    return 2 * http_timeout.total_seconds()
 
 
 async def record_outcomes(
@@ -114,15 +115,22 @@ class EffectWorker:
 
     def __init__(
         self,
-        settings: Settings,
         engine: AsyncEngine,
         kinds: EffectRegistry,
         policy: EffectPolicy,
         metrics: Metrics,
         rng: random.Random,
         breakers: Breakers | None = None,
+        *,
+        topics: Topics,
+        lease: timedelta,
+        concurrency: int,
+        budget: float,
+        names: Names,
     ) -> None:
-        self._settings = settings
+        self._topics = topics
+        self._lease = lease  # how long a claim holds its effects (<PREFIX>EFFECT_LEASE)
+        self._names = names  # the settings' class: the variable an unconfigured provider is told by
         self._engine = engine
         self._kinds = kinds
         self._policy = policy
@@ -132,7 +140,7 @@ class EffectWorker:
         # An unset provider URL disables its calls: those effects stay pending (visible in `effects list`).
         self._enabled = kinds.enabled()
         self._waits = kinds.dependencies()
-        self._concurrency = settings.effect_concurrency
+        self._concurrency = concurrency
         self._limits = {kind: asyncio.Semaphore(self._concurrency) for kind in self._enabled}
         # Each kind's provider's breaker, shared with everything else in the process that calls that provider.
         self._guards = {kind: breakers[kinds[kind].spec.downstream] for kind in self._enabled} if breakers else {}
@@ -140,18 +148,18 @@ class EffectWorker:
         self._pace: dict[str, float] = {}
         # The longest one call may take (a look-up and the call, each within the HTTP timeout), and how many rounds
         # of such calls fit in a lease with room left to write their outcomes: never claim more than can be called.
-        self._call_budget = call_budget(settings)
-        lease = settings.effect_lease.total_seconds()
+        self._call_budget = budget  # `call_budget`
+        seconds = lease.total_seconds()
         # Kept at the lease's end for writing the outcomes: a call's budget, or half of what a short lease leaves
         # once one call fits (the settings only promise a lease longer than one call).
-        self._record_margin = min(self._call_budget, (lease - self._call_budget) / 2)
-        self._rounds_in_lease = max(1, int((lease - self._record_margin) // self._call_budget))
+        self._record_margin = min(self._call_budget, (seconds - self._call_budget) / 2)
+        self._rounds_in_lease = max(1, int((seconds - self._record_margin) // self._call_budget))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until `stop` is set, each enabled kind in lanes of its own; a database outage is waited out."""
         log.info("effects_started", owner=self._owner, kinds=self._enabled, concurrency=self._concurrency)
         for spec in self._kinds.disabled():
-            variable = self._settings.variable(spec.provider_setting)
+            variable = self._names.variable(spec.provider_setting)
             log.warning("provider_not_configured", kinds=spec.name, variable=variable, effects="stay pending")
         if not self._enabled:
             await stop.wait()
@@ -202,12 +210,12 @@ class EffectWorker:
         size = 1 if probing else claim_size(self._concurrency, pace, self._rounds_in_lease)
         # The lease is only as good as the clock, and it started when the claim's transaction did: no call may
         # start unless it can end, and its outcome be written, before the lease ends.
-        lease_ends = time.monotonic() + self._settings.effect_lease.total_seconds() - self._record_margin
+        lease_ends = time.monotonic() + self._lease.total_seconds() - self._record_margin
         async with one_statement(self._engine) as connection:
             claimed = await effects.claim(
                 connection,
                 self._owner,
-                self._settings.effect_lease,
+                self._lease,
                 size,
                 kind,
                 self._waits,
@@ -226,7 +234,7 @@ class EffectWorker:
                 effect.attempts,
                 self._policy,
                 self._rng,
-                quiet=self._kinds.quiet_time(effect.kind, self._settings.effect_lease),
+                quiet=self._kinds.quiet_time(effect.kind, self._lease),
             )
             for effect, outcome in zip(claimed, outcomes, strict=True)
         ]
@@ -245,7 +253,7 @@ class EffectWorker:
                 async with UnitOfWork(self._engine) as uow:
                     kept = await record_outcomes(
                         uow.connection,
-                        self._settings.topics,
+                        self._topics,
                         self._kinds,
                         settled,
                         from_state="in_flight",

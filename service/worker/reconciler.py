@@ -11,20 +11,20 @@ import asyncio
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.codes import ErrorCode
-from service.config import Settings
+from service.config import Topics
 from service.metrics import Metrics
 from service.policy.effects import EffectPolicy, LookupFailed, LookupOutcome, after_lookup
 from service.ports import EffectKind, EffectRegistry
 from service.store import effects, inbox, outbox, reconcile_runs, retries
 from service.store.effects import EffectRow
 from service.store.uow import UnitOfWork, translated_errors
-from service.worker.effects import call_budget, record_outcomes
+from service.worker.effects import record_outcomes
 
 log = structlog.get_logger("reconciler")
 
@@ -68,18 +68,29 @@ class Reconciler:
 
     def __init__(
         self,
-        settings: Settings,
         engine: AsyncEngine,
         kinds: EffectRegistry,
         policy: EffectPolicy,
         metrics: Metrics,
+        *,
+        topics: Topics,
+        lease: timedelta,
+        dedup_window: timedelta,
+        lookup_budget: float,
+        program: str,
+        consumer_name: str,
     ) -> None:
-        self._settings = settings
         self._engine = engine
         self._kinds = kinds
         self._policy = policy
         self._metrics = metrics
-        self._lookup_budget = call_budget(settings)  # one look-up's longest wait, as the effect worker allows a call
+        self._topics = topics
+        self._lease = lease  # the effect lease: a kind's quiet time is told from it
+        self._dedup_window = dedup_window  # inbox and published outbox rows older than this are purged
+        # One look-up's longest wait, as the effect worker allows a call (service/worker/effects.py, `call_budget`).
+        self._lookup_budget = lookup_budget
+        # The advisory lock's key: one pass at a time per service and consumer name.
+        self._lock_key = f"{program}:reconcile:{consumer_name}"
 
     async def run_once(self, max_seconds: float) -> Summary | None:
         """Run one pass within `max_seconds`, or return None at once if another pass is running."""
@@ -88,7 +99,7 @@ class Reconciler:
         deadline = clock + max_seconds
         async with translated_errors(), self._engine.connect() as lock:
             # A session-level lock on a connection of its own: held for the pass, released even on a crash.
-            key = f"{self._settings.program}:reconcile:{self._settings.consumer_name}"
+            key = self._lock_key
             got = await reconcile_runs.try_lock(lock, key)
             await lock.commit()
             if not got:
@@ -167,14 +178,14 @@ class Reconciler:
 
     async def _apply(self, effect: EffectRow, found: LookupOutcome, summary: Summary) -> None:
         """Write what the look-up decides for the effect, and count it."""
-        quiet = self._kinds.quiet_time(effect.kind, self._settings.effect_lease)
+        quiet = self._kinds.quiet_time(effect.kind, self._lease)
         decision = after_lookup(found, effect.reconcile_count, self._policy, quiet=quiet)
         if decision is None:
             summary.still_uncertain += 1
             return
         async with UnitOfWork(self._engine) as uow:
             kept = effect.idempotency_key in await record_outcomes(
-                uow.connection, self._settings.topics, self._kinds, [(effect, decision)], from_state="uncertain"
+                uow.connection, self._topics, self._kinds, [(effect, decision)], from_state="uncertain"
             )
             await uow.commit()
         if kept:
@@ -198,7 +209,7 @@ class Reconciler:
 
     async def _purge(self, summary: Summary, deadline: float) -> None:
         """Delete expired rows in small batches, each its own short transaction (no long locks)."""
-        window = self._settings.dedup_window
+        window = self._dedup_window
         for purge, counted in ((inbox.purge, "inbox_purged"), (outbox.purge_published, "outbox_purged")):
             while True:
                 if time.monotonic() > deadline:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import structlog
@@ -17,10 +17,9 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.adapters.kafka import start_with_backoff, stop_quietly
-from service.config import Settings
+from service.adapters.kafka import stop_quietly
 from service.errors import ConcurrentWrite, InfrastructureUnavailable
-from service.explain import kafka_reason
+from service.explain import Names, kafka_reason
 from service.faults import crash_point
 from service.metrics import Metrics
 from service.policy.backoff import outage_wait
@@ -42,6 +41,10 @@ from service.worker.spacing import SPACING_SECONDS, Spacing
 
 log = structlog.get_logger("relay")
 T = TypeVar("T")
+
+# Starts a Kafka client until it is up or `stop` is set (False then), saying why each try failed: the relay's
+# producer, named `what` in the log (service/adapters/kafka.py, `start_with_backoff`, with the settings bound).
+StartClient = Callable[[Callable[[], Awaitable[Any]], asyncio.Event, str], Awaitable[bool]]
 
 _IDLE_POLL_SECONDS = 0.2
 # Batches claimed and sent before the oldest one's acknowledgements are awaited (each holds a transaction open):
@@ -70,13 +73,20 @@ class Relay:
 
     def __init__(
         self,
-        settings: Settings,
         engine: AsyncEngine,
         metrics: Metrics,
         make_producer: Callable[[], AIOKafkaProducer],
         make_one_by_one_producer: Callable[[], AIOKafkaProducer],
+        *,
+        start_client: StartClient,
+        batch_size: int,
+        names: Names,
+        crash_at: str | None = None,
     ) -> None:
-        self._settings = settings
+        self._start_client = start_client
+        self._batch_size = batch_size  # rows claimed at once (<PREFIX>RELAY_BATCH_SIZE)
+        self._names = names  # the settings' class: the variables a failure's reason names
+        self._crash_at = crash_at  # the armed fault point (test instrumentation only: service/faults.py)
         self._engine = engine
         self._metrics = metrics
         self._make_producer = make_producer
@@ -93,7 +103,7 @@ class Relay:
         while not stop.is_set():
             producer = self._make_producer()
             self.spoiled = False
-            if not await start_with_backoff(producer.start, stop, "relay", self._settings):
+            if not await self._start_client(producer.start, stop, "relay"):
                 await stop_quietly(producer)
                 return
             replaced, batches = False, self._batches
@@ -114,7 +124,7 @@ class Relay:
             except KafkaError as error:
                 # A fresh producer after a broker outage: the old one's idempotence state may be stale.
                 failures = self._failed(failures, batches)
-                why = kafka_reason([error], doing="WRITE", names=self._settings)
+                why = kafka_reason([error], doing="WRITE", names=self._names)
                 wait = outage_wait(failures)
                 log.warning("kafka_publish_failed", error=type(error).__name__, reason=why, retry_in_seconds=wait)
             finally:
@@ -194,9 +204,7 @@ class Relay:
         """Claim a batch (then `claimed` has its rows) and send it; once Kafka answered for every row and
         the batch before settled, mark what was published and set aside what was refused; return how many."""
         async with UnitOfWork(self._engine) as uow:
-            claim = await outbox.claim(
-                uow.connection, self._settings.relay_batch_size, slots, busy, missing=self._missing
-            )
+            claim = await outbox.claim(uow.connection, self._batch_size, slots, busy, missing=self._missing)
             claimed.set_result(claim)
             rows = claim.rows
             if not rows:
@@ -222,7 +230,7 @@ class Relay:
                 published += more
             elif failed:
                 error = failed[0][1]
-            crash_point("after-publish", self._settings.fault_crash_at)
+            crash_point("after-publish", self._crash_at)
             # What Kafka acknowledged is marked even when others failed: else it would go out again each round.
             await outbox.mark_published(uow.connection, [row.id for row in published])
             codes = [(row, set_aside_code(refusal)) for row, refusal in refused]

@@ -22,16 +22,15 @@ import hashlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any
 
 import structlog
 from aiolimiter import AsyncLimiter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.config import Settings
-from service.explain import explain
+from service.explain import Names, explain
 from service.policy.handling import DecodeFailure
 from service.policy.headers import from_json, to_json
 from service.policy.records import id_bytes, pack_key
@@ -42,76 +41,12 @@ from service.store import reprocess as store
 from service.store.outbox import OutboxMessage
 from service.store.reprocess import Candidate, ItemState
 from service.store.uow import UnitOfWork
+from service.worker.reprocess_run import Options, Progress, Report, Selection
 
 log = structlog.get_logger("reprocess")
 
 _MIN_JUDGED = 5
 _OUR_HEADERS = {"message-id", "failure-id", "origin-timestamp", "reprocess-run-id", "reprocess-attempt", "consumer"}
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which quarantined records a run takes."""
-
-    failure_ids: tuple[str, ...] = ()
-    error_code: str | None = None
-    since: datetime | None = None
-    until: datetime | None = None
-    # (failure id, status) as an operator saw them in a dry run: a record found otherwise now is not sent.
-    seen: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class Options:
-    """How a run behaves."""
-
-    reason: str
-    actor: str
-    rate: float = 10.0
-    sample: int | None = None
-    dry_run: bool = False
-    max_failure_rate: float = 0.2
-    max_lag: int = 10_000
-    verify_timeout: float = 120.0
-
-
-@dataclass
-class Report:
-    """What a run did; printed as JSON with --json and stored in `reprocess_runs.counts`."""
-
-    run_id: str | None
-    selected: int
-    undecodable: list[str] = field(default_factory=list)
-    published: int = 0
-    reprocessed: int = 0
-    failed_again: int = 0
-    noop: int = 0
-    unverified: int = 0
-    skipped: int = 0  # not sent: resolved or otherwise changed since it was selected (`reprocess show` says how)
-    outcome: str = "completed"
-    stop_reason: str | None = None
-    selection: list[str] = field(default_factory=list)
-    statuses: dict[str, str] = field(default_factory=dict)  # each selected record's status when it was selected
-
-    def counts(self) -> dict[str, Any]:
-        """The numbers for the audit row."""
-        return {key: value for key, value in asdict(self).items() if key not in {"selection", "run_id", "statuses"}}
-
-
-class Progress(Protocol):
-    """Where a run reports progress: a rich bar on a terminal, plain lines otherwise, a console page."""
-
-    def opened(self, run_id: str) -> None:
-        """The run's audit row exists (before anything is sent)."""
-
-    def start(self, stage: str, total: int) -> None:
-        """A stage begins."""
-
-    def advance(self, published: int, verified: int) -> None:
-        """Counts moved."""
-
-    def finish(self) -> None:
-        """The stage ended."""
 
 
 @dataclass
@@ -130,16 +65,20 @@ class Reprocessor:
 
     def __init__(
         self,
-        settings: Settings,
         engine: AsyncEngine,
         lag: Callable[[], Awaitable[int]],
         decode: Callable[[bytes | None], Any],
+        *,
+        consumer_name: str,
+        topic: str,
+        names: Names,
     ) -> None:
-        self._settings = settings
         self._engine = engine
         self._decode = decode  # the domain's (Handler.decode): a stored payload that no longer decodes is skipped
         self._lag = lag
-        self._consumer = settings.consumer_name
+        self._consumer = consumer_name
+        self._topic = topic  # the reprocess topic the copies go to
+        self._names = names  # the settings' class: the variables a failed run's reason names
 
     async def run(
         self, selection: Selection, options: Options, progress: Progress, confirm: Callable[[str], bool]
@@ -194,7 +133,7 @@ class Reprocessor:
         except Exception as error:
             # The run cannot go on (the broker or the database went away mid-run): its audit row says so, with
             # the reason in one line, instead of staying `running`; the error still ends the command.
-            report.outcome, report.stop_reason = "failed", explain(error, self._settings)
+            report.outcome, report.stop_reason = "failed", explain(error, self._names)
             await self._finish(report)
             raise
         await self._finish(report)
@@ -303,12 +242,11 @@ class Reprocessor:
             stamp = _epoch_ms(candidate.envelope.get("source", {}).get("timestamp"))
             if stamp is not None:
                 headers.append(("origin-timestamp", str(stamp).encode()))
-            topic = self._settings.topics.reprocess
             [item.outbox_id] = await outbox.add(
                 c,
                 [
                     OutboxMessage(
-                        topic,
+                        self._topic,
                         candidate.ordering_key,
                         to_json(headers),
                         candidate.payload or b"",

@@ -12,14 +12,14 @@ import structlog
 from aiokafka.errors import KafkaError
 
 from service.adapters import topics
-from service.config import Settings
 from service.errors import TopicsProblem
 from service.policy import backoff
+from service.policy.topics import not_ready_line
 from service.stopping import sleep_unless_stopped
 
 log = structlog.get_logger("topics")
 
-Look = Callable[[Settings, Sequence[str]], Awaitable[topics.Found]]
+Look = Callable[[Sequence[str]], Awaitable[topics.Found]]  # which of the names the broker lacks or will not describe
 _FIRST_DELAY_SECONDS = 1.0
 _LONGEST_DELAY_SECONDS = 30.0  # the longest a process keeps working after `topics apply` made its topics
 
@@ -27,9 +27,10 @@ _LONGEST_DELAY_SECONDS = 30.0  # the longest a process keeps working after `topi
 class TopicsCheck:
     """The process's start-up check; `ready` is what /readyz says of it (service/containers.py)."""
 
-    def __init__(self, settings: Settings, look: Look = topics.look) -> None:
-        self._settings = settings
+    def __init__(self, look: Look, *, source: str, program: str) -> None:
         self._look = look
+        self._source = source  # the source topic: its producers, not `topics apply`, create it
+        self._program = program  # the console script a fix names
         self.ready = True  # a process that checks nothing (effects) waits for nothing
 
     async def wait(self, names: Sequence[str], stop: asyncio.Event) -> bool:
@@ -41,7 +42,7 @@ class TopicsCheck:
         while not stop.is_set():
             delay = backoff.exponential(_FIRST_DELAY_SECONDS, looks + 1, _LONGEST_DELAY_SECONDS)
             try:
-                found = await self._look(self._settings, names)
+                found = await self._look(names)
             except (KafkaError, OSError, TimeoutError) as error:
                 error_name = type(error).__name__
                 log.warning("kafka_unavailable", client="topics check", error=error_name, retry_in_seconds=delay)
@@ -57,7 +58,7 @@ class TopicsCheck:
                     "topics_missing",
                     missing=list(found.missing),
                     not_authorized=[f"DESCRIBE on topic {name}" for name in found.not_authorized],
-                    fix=str(topics.not_ready(self._settings, found)),
+                    fix=not_ready_line(found.missing, found.not_authorized, source=self._source, program=self._program),
                     retry_in_seconds=delay,
                 )
             await sleep_unless_stopped(stop, delay)

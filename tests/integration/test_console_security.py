@@ -37,7 +37,7 @@ from service.console.web import Wiring
 from service.containers import Container
 from service.orders.domain import DOMAIN
 from service.store import quarantine
-from service.worker.reprocess import Options, Progress, Report, Selection
+from service.worker.reprocess_run import Options, Progress, Report, Selection
 from tests.conftest import KAFKA
 from tests.support import Topics, cli, rows, settings_for
 

@@ -26,7 +26,7 @@ from service.orders.domain import DOMAIN
 from service.policy.records import SourceRecord
 from service.policy.redelivery import tier_headers
 from service.policy.retry import AttemptHistory
-from service.worker.reprocess import Options, Progress, Report, Selection
+from service.worker.reprocess_run import Options, Progress, Report, Selection
 from tests.support import (
     Topics,
     cli,

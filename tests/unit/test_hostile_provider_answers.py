@@ -10,7 +10,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from service.adapters.http import MAX_RETRY_AFTER, Answer, judge, path_segment, retry_after
+from service.adapters.answers import MAX_RETRY_AFTER, judge, retry_after
+from service.adapters.http import Answer, path_segment
 from service.codes import ErrorCode
 from service.orders.codes import OrderCode
 from service.orders.effects import order_effects

@@ -31,6 +31,19 @@ from service.worker.publishing import TopicMissing, _resolve, refusals, set_asid
 from service.worker.relay import Relay
 
 
+def _relay(one_by_one: Any) -> Relay:
+    """A relay whose one-by-one producer is `one_by_one`, with nothing else to reach (no database, no metrics)."""
+    return Relay(
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        lambda: None,  # type: ignore[arg-type,return-value]
+        lambda: one_by_one,
+        start_client=None,  # type: ignore[arg-type]
+        batch_size=1,
+        names=OrderSettings,
+    )
+
+
 @pytest.mark.parametrize(
     ("error", "code"),
     [
@@ -99,7 +112,7 @@ async def test_a_row_alone_is_set_aside_for_a_corrupt_answer_only_when_the_broke
             b"large": [MessageSizeTooLargeError()],
         }
     )
-    relay = Relay(None, None, None, lambda: None, lambda: producer)  # type: ignore[arg-type]
+    relay = _relay(producer)
     rows = [
         ClaimedRow(n, "t", "K", (), value, None)
         for n, value in enumerate([b"once", b"twice", b"invalid", b"large", b"fine"])
@@ -123,7 +136,7 @@ async def test_a_row_alone_is_set_aside_for_a_corrupt_answer_only_when_the_broke
 async def test_an_unexpected_server_error_stops_the_rows_and_sets_none_aside() -> None:
     # Given rows of one key whose lone sends get the broker's UNKNOWN_SERVER_ERROR (a fault that lasts a while)
     producer = _ScriptedProducer({b"1": [UnknownError()] * 5, b"2": [UnknownError()] * 5})
-    relay = Relay(None, None, None, lambda: None, lambda: producer)  # type: ignore[arg-type]
+    relay = _relay(producer)
     rows = [ClaimedRow(n, "t", "K", (), value, None) for n, value in enumerate([b"1", b"2"])]
 
     # When the relay sends them one by one
@@ -148,7 +161,7 @@ def test_invalid_record_is_told_apart_from_an_unexpected_server_error() -> None:
 def test_a_relay_that_published_since_its_last_start_backs_off_from_the_first_step_again() -> None:
     # Given a relay that has committed 3 batches, restarted after an outage of 4 failed starts that had grown its
     # backoff to 16 s
-    relay = Relay(None, None, None, lambda: None, lambda: None)  # type: ignore[arg-type]
+    relay = _relay(None)
     relay._batches = 3
 
     # When it fails again, having published nothing since that start, or having published a batch
@@ -181,7 +194,7 @@ class _ListingProducer:
 
 async def test_a_missing_topic_is_claimed_again_once_the_broker_lists_it_and_not_while_no_broker_answers() -> None:
     # Given a relay that found two topics missing
-    relay = Relay(None, None, None, lambda: None, lambda: None)  # type: ignore[arg-type]
+    relay = _relay(None)
     relay._missed([(ClaimedRow(1, "a", "K", (), b"", None), TopicMissing("a"))])
     relay._missed(
         [(ClaimedRow(2, "b", "K", (), b"", None), TopicMissing("b")), (ClaimedRow(3, "c", "K", (), b"", None), None)]
@@ -247,7 +260,7 @@ async def test_a_pass_of_corrupt_answers_pauses_once_not_once_a_row(monkeypatch:
     monkeypatch.setattr(relay_module.asyncio, "sleep", pause)
     corrupt = {value: [CorruptRecordException(), CorruptRecordException()] for value in (b"1", b"2", b"3")}
     producer = _ScriptedProducer(corrupt)
-    relay = Relay(None, None, None, lambda: None, lambda: producer)  # type: ignore[arg-type]
+    relay = _relay(producer)
     rows = [ClaimedRow(n, "t", None, (), value, None) for n, value in enumerate([b"ok", b"1", b"2", b"3"])]
 
     # When the relay sends them one by one
@@ -270,7 +283,7 @@ async def test_corrupt_answers_on_a_partition_that_takes_nothing_end_the_pass_un
     # compacted topic on a broker before Kafka 2.5: the relay cannot tell which)
     monkeypatch.setattr(relay_module, "_SUSPECT_PAUSE_SECONDS", 0.0)
     producer = _ScriptedProducer({value: [CorruptRecordException()] * 100 for value in (b"1", b"2")})
-    relay = Relay(None, None, None, lambda: None, lambda: producer)  # type: ignore[arg-type]
+    relay = _relay(producer)
     rows = [ClaimedRow(n, "t", "K", (), value, None) for n, value in enumerate([b"1", b"2"])]
 
     # When the relay sends them one by one in three passes (its backoff between them)
@@ -332,7 +345,7 @@ async def test_a_later_aiokafkas_own_invalid_record_error_is_a_refusal_too(monke
     monkeypatch.setitem(kafka_errors.kafka_errors, 87, TheirInvalidRecord)
     register_error_codes()
     producer = _ScriptedProducer({b"keyless": [TheirInvalidRecord()]})
-    relay = Relay(None, None, None, lambda: None, lambda: producer)  # type: ignore[arg-type]
+    relay = _relay(producer)
 
     # When a row gets it, sent alone
     published, refused, error = await relay._one_by_one([ClaimedRow(1, "t", None, (), b"keyless", None)])

@@ -311,7 +311,7 @@ class _Broker:
         self.answers = list(answers)
         self.looks = 0
 
-    async def look(self, settings: Settings, names: Sequence[str]) -> Found:
+    async def look(self, names: Sequence[str]) -> Found:
         self.looks += 1
         return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
 
@@ -326,7 +326,7 @@ async def test_a_process_is_not_ready_while_its_topics_are_missing_and_says_so_o
     # Given a broker that lacks a tier topic for two looks, then has it
     missing = Found(("shop.retry.1s",), ())
     broker = _Broker([missing, missing, Found((), ())])
-    check = TopicsCheck(_settings(), look=broker.look)
+    check = TopicsCheck(broker.look, source="shop", program="order-service")
     stop = asyncio.Event()
     # (the backoff's steps are logged, not waited: a unit test does not sleep)
     monkeypatch.setattr("service.worker.topics_check.sleep_unless_stopped", _no_sleep)
@@ -353,7 +353,7 @@ async def test_a_process_is_not_ready_while_its_topics_are_missing_and_says_so_o
 
 async def test_a_stopped_process_stops_waiting_for_its_topics() -> None:
     broker = _Broker([Found(("shop",), ())])
-    check = TopicsCheck(_settings(), look=broker.look)
+    check = TopicsCheck(broker.look, source="shop", program="order-service")
     stop = asyncio.Event()
 
     waiting = asyncio.create_task(check.wait(["shop"], stop))
@@ -366,7 +366,7 @@ async def test_a_stopped_process_stops_waiting_for_its_topics() -> None:
 
 async def test_a_process_that_needs_no_topic_is_ready_at_once() -> None:
     broker = _Broker([Found(("shop",), ())])
-    check = TopicsCheck(_settings(), look=broker.look)
+    check = TopicsCheck(broker.look, source="shop", program="order-service")
 
     assert await check.wait([], asyncio.Event()) is True
     assert check.ready is True
