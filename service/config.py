@@ -89,7 +89,7 @@ class Settings(BaseSettings):
         return f"{cls.model_config.get('env_prefix', '')}{name.upper()}"
 
     # A secret: it may hold the password (contract §11); see `database` for what connects.
-    database_url: Annotated[SecretStr, _DATABASE] = SecretStr("postgresql+asyncpg://postgres@127.0.0.1:55432/orders")
+    database_url: Annotated[SecretStr, _DATABASE] = SecretStr("postgresql+asyncpg://postgres@127.0.0.1:55432/service")
     database_password: Annotated[SecretStr | None, _DATABASE] = None
     kafka_bootstrap_servers: Annotated[str, _KAFKA] = "127.0.0.1:19092"
     # Kafka's security (contract §11): every client the service builds takes these (service/adapters/kafka.py).
@@ -109,7 +109,7 @@ class Settings(BaseSettings):
     topic_partitions: Annotated[int | None, _TOPICS] = Field(default=None, ge=1, le=100_000)
     topic_replication_factor: Annotated[int | None, _TOPICS] = Field(default=None, ge=1, le=100)
     consumer_name: Annotated[str, _CONSUMER_NAME] = Field(default=PROGRAM, min_length=1, max_length=200)
-    source_topic: Annotated[str, _TOPIC_NAMES] = Field(default="orders", pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    source_topic: Annotated[str, _TOPIC_NAMES] = Field(default="events", pattern=r"^[A-Za-z0-9._-]{1,200}$")
     retry_tiers: Annotated[str, read_by(Reader.CONSUMER, Reader.RELAY, Reader.TOPICS)] = "30s,5m"
     max_attempts: Annotated[int | None, _BUDGET] = Field(default=None, ge=1, le=1000)
     max_elapsed: Annotated[Duration | None, _BUDGET] = None
@@ -276,7 +276,7 @@ class Topics:
         self.retry_prefix = f"{source}.retry."  # every retry tier's topic name starts so
 
     def retry(self, delay_label: str) -> str:
-        """The retry tier topic for one delay, e.g. `orders.retry.30s`."""
+        """The retry tier topic for one delay, e.g. `<source>.retry.30s`."""
         return f"{self.retry_prefix}{delay_label}"
 
 

@@ -25,8 +25,14 @@ class OrderSettings(Settings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX)
     program: ClassVar[str] = PROGRAM
 
+    database_url: Annotated[SecretStr, read_as_the_core_does("database_url")] = SecretStr(
+        "postgresql+asyncpg://postgres@127.0.0.1:55432/orders"
+    )
     consumer_name: Annotated[str, read_as_the_core_does("consumer_name")] = Field(
         default=PROGRAM, min_length=1, max_length=200
+    )
+    source_topic: Annotated[str, read_as_the_core_does("source_topic")] = Field(
+        default="orders", pattern=r"^[A-Za-z0-9._-]{1,200}$"
     )
 
     # The customers' look-ups are the consumer's; payments and emails are effects, called by the effect worker and

@@ -2,7 +2,7 @@
 
 Integration tests and the demo start it (in-process, or as a separate process through
 `serve_from_command_line`) and point the service at its URL. A domain describes its fake API as a `FakeApi`
-(`service/testing/routes.py`) and mounts it; the orders' is `service/orders/fakes.py`. Faults are queued per
+(`service/testing/routes.py`) and mounts it (a domain's `fakes` module). Faults are queued per
 route and each one is consumed by exactly one call, so a test can script "the first two calls fail, the third
 one times out" deterministically. A latency per route slows every call of it, like a slow provider.
 `/_control/*` lets another process do all of that over HTTP. Every route handler runs on the server's one

@@ -51,17 +51,18 @@ def test_help_shows_no_type_placeholders(path: tuple[str, ...], capsys: pytest.C
 
 def test_every_variable_a_command_says_it_reads_is_a_setting() -> None:
     from service.cli.environment import RUNS, reads
-    from service.names import ENV_PREFIX
 
     SETTINGS = DOMAIN.settings
-    settings = {f"{ENV_PREFIX}{name.upper()}" for name in SETTINGS.model_fields}
+    settings = {SETTINGS.variable(name) for name in SETTINGS.model_fields}
     listed = {variable for path in RUNS for variable in reads(path, SETTINGS)}
 
     assert listed - settings == set()
-    assert "ORDERS_KAFKA_BOOTSTRAP_SERVERS" in reads("consume")
-    assert "ORDERS_DATABASE_URL" in reads("quarantine list")  # a group's commands read what the group reads
+    assert "ORDERS_KAFKA_BOOTSTRAP_SERVERS" in reads("consume", SETTINGS)
+    assert "ORDERS_DATABASE_URL" in reads("quarantine list", SETTINGS)  # a group's commands read what the group reads
     assert "ORDERS_CUSTOMERS_URL" in reads("consume", SETTINGS)  # and the domain's
-    assert "ORDERS_CUSTOMERS_URL" not in reads("consume")
+    # The core's own settings class names the core's variables, and none of a domain's
+    assert "SERVICE_KAFKA_BOOTSTRAP_SERVERS" in reads("consume")
+    assert not [variable for variable in reads("consume") if "CUSTOMERS" in variable]
 
 
 @pytest.mark.parametrize("settings_cls", _settings_classes(), ids=lambda cls: cls.__name__)

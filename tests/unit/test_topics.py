@@ -295,13 +295,13 @@ def test_the_not_ready_line_names_the_topics_and_what_to_run() -> None:
 
 
 def test_the_topics_commands_read_no_database() -> None:
-    assert "ORDERS_DATABASE_URL" not in reads("topics plan")
-    assert "ORDERS_DATABASE_URL" not in reads("topics")
+    assert "ORDERS_DATABASE_URL" not in reads("topics plan", OrderSettings)
+    assert "ORDERS_DATABASE_URL" not in reads("topics", OrderSettings)
     assert {"ORDERS_TOPIC_PARTITIONS", "ORDERS_TOPIC_REPLICATION_FACTOR", "ORDERS_DEDUP_WINDOW"} <= set(
-        reads("topics apply")
+        reads("topics apply", OrderSettings)
     )
-    assert "ORDERS_CONSUMER_NAME" in reads("topics acls")
-    assert "ORDERS_DATABASE_URL" in reads("consume")
+    assert "ORDERS_CONSUMER_NAME" in reads("topics acls", OrderSettings)
+    assert "ORDERS_DATABASE_URL" in reads("consume", OrderSettings)
 
 
 class _Broker:
