@@ -20,8 +20,8 @@ from service.adapters.topics import declared
 from service.cli import application
 from service.config import load_settings, secret_fields
 from service.metrics import Metrics
-from service.orders.settings import ENV_PREFIX
 from service.orders.domain import DOMAIN
+from service.orders.settings import ENV_PREFIX
 from service.orders.settings import OrderSettings as Settings
 from service.policy.topics import kafka_acls_commands, service_acls
 

@@ -25,8 +25,8 @@ import yaml
 from service.cli import application
 from service.config import load_settings, secret_fields
 from service.durations import parse_duration
-from service.orders.settings import ENV_PREFIX
 from service.orders.domain import DOMAIN
+from service.orders.settings import ENV_PREFIX
 from service.orders.settings import OrderSettings as Settings
 
 ROOT = Path(__file__).resolve().parents[2]
