@@ -21,6 +21,7 @@ from service.config import Settings
 from service.health import HealthServer
 from service.metrics import Metrics
 from service.policy.effects import EffectPolicy
+from service.policy.owners import Owners, parse_owners
 from service.policy.retry import RetryPolicy
 from service.ports import Domain, EffectRegistry, Handler, Plumbing
 from service.store.uow import create_engine, ping
@@ -28,10 +29,12 @@ from service.worker.consumer import CONTEXT_LOOKUPS, ConsumerLoop
 from service.worker.downtime import Downtime
 from service.worker.effects import EffectWorker
 from service.worker.gauges import GaugeRefresher
-from service.worker.processor import Processor
+from service.worker.middleware import FaultPoints
+from service.worker.processor import Processor, RoundSettings
 from service.worker.reconciler import Reconciler
 from service.worker.relay import Relay
 from service.worker.reprocess import Reprocessor
+from service.worker.round_store import PostgresRounds
 from service.worker.topics_check import TopicsCheck
 
 
@@ -108,6 +111,34 @@ def _topics(settings: Settings, policy: RetryPolicy) -> list[str]:
     return [settings.topics.source, *tiers, settings.topics.reprocess]
 
 
+def _round_settings(settings: Settings) -> RoundSettings:
+    """What a consumer's rounds take from the settings."""
+    return RoundSettings(
+        topics=settings.topics,
+        consumer=settings.consumer_name,
+        ordering=settings.ordering,
+        processing_timeout=settings.processing_timeout,
+        quarantine_owners=parse_owners(settings.quarantine_owners),
+        faults=FaultPoints(fail_at=settings.fault_fail_at, crash_at=settings.fault_crash_at),
+    )
+
+
+def _processor(
+    settings: RoundSettings,
+    engine: AsyncEngine,
+    handler: Handler[Any, Any, Any],
+    owners: Owners,
+    policy: RetryPolicy,
+    metrics: Metrics,
+    clock: Callable[[], datetime],
+    rng: random.Random,
+    downtime: Downtime,
+) -> Processor:
+    """A consumer's processor, its rounds on PostgreSQL; one handler serves both (its aggregate store the rounds')."""
+    store = PostgresRounds(engine, settings.consumer, handler)
+    return Processor(settings, store, handler, owners, policy, metrics, clock, rng, downtime)
+
+
 def _handler(domain: Domain, plumbing: Plumbing) -> Handler[Any, Any, Any]:
     return domain.handler(plumbing)
 
@@ -142,8 +173,8 @@ class Container(containers.DeclarativeContainer):
     failing_field = providers.Callable(getattr, domain, "failing_field")  # (path, rule) of a bad record's first field
     effect_policy = providers.Singleton(EffectPolicy, max_attempts=settings.provided.effect_max_attempts)
     processor = providers.Factory(
-        Processor,
-        settings=settings,
+        _processor,
+        settings=providers.Callable(_round_settings, settings),
         engine=engine,
         handler=handler,
         owners=providers.Callable(getattr, domain, "owners"),
