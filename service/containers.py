@@ -14,6 +14,7 @@ from dependency_injector import containers, providers
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import explain
 from service.adapters import kafka
 from service.adapters.breakers import Breakers
 from service.adapters.http import HttpClient
@@ -25,7 +26,7 @@ from service.policy.owners import Owners, parse_owners
 from service.policy.retry import RetryPolicy
 from service.ports import Domain, EffectRegistry, Handler, Plumbing
 from service.store.uow import create_engine, ping
-from service.worker.consumer import CONTEXT_LOOKUPS, ConsumerLoop
+from service.worker.consumer import CONTEXT_LOOKUPS, ConsumerLoop, KafkaDiagnosis
 from service.worker.downtime import Downtime
 from service.worker.effects import EffectWorker
 from service.worker.gauges import GaugeRefresher
@@ -139,6 +140,14 @@ def _processor(
     return Processor(settings, store, handler, owners, policy, metrics, clock, rng, downtime)
 
 
+def _kafka_diagnosis(settings: Settings) -> KafkaDiagnosis:
+    """The consumer's Kafka client started, and its failures explained, with the process's settings."""
+    return KafkaDiagnosis(
+        start=functools.partial(kafka.start_with_backoff, settings=settings),
+        reason=functools.partial(explain.kafka_reason, names=settings),
+    )
+
+
 def _handler(domain: Domain, plumbing: Plumbing) -> Handler[Any, Any, Any]:
     return domain.handler(plumbing)
 
@@ -195,7 +204,7 @@ class Container(containers.DeclarativeContainer):
         topics=providers.Callable(_topics, settings, policy),
         batch_size=settings.provided.batch_size,
         breakers=breakers,
-        settings=settings,
+        kafka=providers.Callable(_kafka_diagnosis, settings),
     )
     effect_worker = providers.Factory(
         EffectWorker,
