@@ -14,6 +14,7 @@ from dependency_injector import containers, providers
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service import explain
 from service.adapters import kafka, topics
 from service.adapters.breakers import Breakers
 from service.adapters.http import HttpClient
@@ -21,17 +22,20 @@ from service.config import Settings
 from service.health import HealthServer
 from service.metrics import Metrics
 from service.policy.effects import EffectPolicy
+from service.policy.owners import Owners, parse_owners
 from service.policy.retry import RetryPolicy
 from service.ports import Domain, EffectRegistry, Handler, Plumbing
 from service.store.uow import create_engine, ping
-from service.worker.consumer import CONTEXT_LOOKUPS, ConsumerLoop
+from service.worker.consumer import CONTEXT_LOOKUPS, ConsumerLoop, KafkaDiagnosis
 from service.worker.downtime import Downtime
 from service.worker.effects import EffectWorker, call_budget
 from service.worker.gauges import GaugeRefresher
-from service.worker.processor import Processor
+from service.worker.middleware import FaultPoints
+from service.worker.processor import Processor, RoundSettings
 from service.worker.reconciler import Reconciler
 from service.worker.relay import Relay
 from service.worker.reprocess import Reprocessor
+from service.worker.round_store import PostgresRounds
 from service.worker.topics_check import TopicsCheck
 
 
@@ -113,6 +117,42 @@ def _names(settings: Settings) -> type[Settings]:
     return type(settings)
 
 
+def _round_settings(settings: Settings) -> RoundSettings:
+    """What a consumer's rounds take from the settings."""
+    return RoundSettings(
+        topics=settings.topics,
+        consumer=settings.consumer_name,
+        ordering=settings.ordering,
+        processing_timeout=settings.processing_timeout,
+        quarantine_owners=parse_owners(settings.quarantine_owners),
+        faults=FaultPoints(fail_at=settings.fault_fail_at, crash_at=settings.fault_crash_at),
+    )
+
+
+def _processor(
+    settings: RoundSettings,
+    engine: AsyncEngine,
+    handler: Handler[Any, Any, Any],
+    owners: Owners,
+    policy: RetryPolicy,
+    metrics: Metrics,
+    clock: Callable[[], datetime],
+    rng: random.Random,
+    downtime: Downtime,
+) -> Processor:
+    """A consumer's processor, its rounds on PostgreSQL; one handler serves both (its aggregate store the rounds')."""
+    store = PostgresRounds(engine, settings.consumer, handler)
+    return Processor(settings, store, handler, owners, policy, metrics, clock, rng, downtime)
+
+
+def _kafka_diagnosis(settings: Settings) -> KafkaDiagnosis:
+    """The consumer's Kafka client started, and its failures explained, with the process's settings."""
+    return KafkaDiagnosis(
+        start=functools.partial(kafka.start_with_backoff, settings=settings),
+        reason=functools.partial(explain.kafka_reason, names=settings),
+    )
+
+
 def _handler(domain: Domain, plumbing: Plumbing) -> Handler[Any, Any, Any]:
     return domain.handler(plumbing)
 
@@ -147,8 +187,8 @@ class Container(containers.DeclarativeContainer):
     failing_field = providers.Callable(getattr, domain, "failing_field")  # (path, rule) of a bad record's first field
     effect_policy = providers.Singleton(EffectPolicy, max_attempts=settings.provided.effect_max_attempts)
     processor = providers.Factory(
-        Processor,
-        settings=settings,
+        _processor,
+        settings=providers.Callable(_round_settings, settings),
         engine=engine,
         handler=handler,
         owners=providers.Callable(getattr, domain, "owners"),
@@ -169,7 +209,7 @@ class Container(containers.DeclarativeContainer):
         topics=providers.Callable(_topics, settings, policy),
         batch_size=settings.provided.batch_size,
         breakers=breakers,
-        settings=settings,
+        kafka=providers.Callable(_kafka_diagnosis, settings),
     )
     # What the workers below take of the settings: only the values each uses.
     names = providers.Callable(_names, settings)

@@ -11,17 +11,17 @@ one before). An offset is committed only after its record left the processor (it
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.errors import KafkaError
 from sqlalchemy.exc import DBAPIError
 
 from service.adapters.breakers import Breakers
 from service.adapters.kafka import start_with_backoff, stop_quietly, to_source
-from service.config import Settings
 from service.errors import InfrastructureUnavailable
 from service.explain import kafka_reason
 from service.metrics import Metrics
@@ -30,8 +30,10 @@ from service.policy.breaker import Breaker, State
 from service.policy.delivery import Delivery, RetryState
 from service.stopping import sleep_unless_stopped, wait_unless_stopped
 from service.worker.lanes import Lanes, Taken
+from service.worker.offsets import Offsets
 from service.worker.processor import LOOKUP_CONCURRENCY, Processor
 from service.worker.spacing import SPACING_SECONDS
+from service.worker.unreadable import skip_unreadable
 
 log = structlog.get_logger("consumer")
 
@@ -63,11 +65,20 @@ _FETCHED_ROUNDS = 3
 _RELEASE_EVERY_SECONDS = 0.5
 _RELEASE_KEYS = 50  # parked keys released at most at once
 _RELEASE_PER_KEY = 100  # ... and records of each
-# Unreadable records skipped in one go on one partition (the next fetch goes on); the wait for each probe.
-_MAX_UNREADABLE = 10_000
-_PROBE_WAIT_MS = 1_000
 # How long a revoked partition waits for the rounds in flight before it goes: well inside the rebalance timeout.
 _HAND_OVER_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class KafkaDiagnosis:
+    """How the loop starts its Kafka client and says why Kafka failed; the composition root binds both to the
+    process's settings (its TLS, its login, the variables a reason names)."""
+
+    start: Callable[[Callable[[], Awaitable[Any]], asyncio.Event, str], Awaitable[bool]] = start_with_backoff
+    reason: Callable[[list[BaseException], str | None], str | None] = kafka_reason
+
+
+_UNDIAGNOSED = KafkaDiagnosis()
 
 
 class ConsumerLoop:
@@ -86,12 +97,12 @@ class ConsumerLoop:
         topics: list[str],
         batch_size: int,
         breakers: Breakers | None = None,
-        settings: Settings | None = None,
+        kafka: KafkaDiagnosis = _UNDIAGNOSED,
     ) -> None:
         self._processor = processor
         self._breakers = breakers
-        self._settings = settings  # (to say why the broker cannot be reached: its TLS, its login)
-        self._names = settings if settings is not None else Settings  # (the variables a reason names)
+        self._kafka = kafka
+        self._arrived = asyncio.Event()
         self._metrics = metrics
         self._make_consumer = make_consumer
         self._topics = topics
@@ -99,15 +110,11 @@ class ConsumerLoop:
         self._round_size = batch_size * _ROUND_BATCHES
         self._lanes = Lanes(self._round_size, bound=self._round_size * _FETCHED_ROUNDS)
         self._paused: set[TopicPartition] = set()
-        self._uncommitted: dict[TopicPartition, int] = {}
+        self._offsets = Offsets(self._arrived.set, kafka.reason)
         self._next_release = 0.0
         self._round_started = float("-inf")  # when the last round started (loop time)
         self._filled_by: float | None = None  # while a round waits for a round's worth: the latest it starts
-        self._committing: asyncio.Task[None] | None = None
-        self._committed: dict[TopicPartition, int] = {}
         self._fetched_to: dict[TopicPartition, int] = {}  # the offset of the next record to fetch, per partition
-        self._next_lag_report = 0.0
-        self._arrived = asyncio.Event()
         self._room = asyncio.Event()  # set when records leave the lanes: the fetcher may fetch again
         self._rounds: dict[asyncio.Task[None], set[str]] = {}  # round -> message ids, orders and keys
         self._error: Exception | None = None
@@ -118,7 +125,7 @@ class ConsumerLoop:
             self._breakers.listen(self._breaker_moved)
         consumer = self._make_consumer()
         consumer.subscribe(self._topics, listener=_Rebalance(self, consumer))
-        if not await start_with_backoff(consumer.start, stop, "consumer", self._settings):
+        if not await self._kafka.start(consumer.start, stop, "consumer"):
             await stop_quietly(consumer)
             return
         log.info("consumer_started", topics=self._topics)
@@ -127,8 +134,8 @@ class ConsumerLoop:
         try:
             while not stop.is_set() and not fetching.done():
                 self._raise_from_failed_rounds()
-                if self._uncommitted:
-                    self._commit_soon(consumer)
+                if self._offsets.owed:
+                    self._offsets.commit_soon(consumer)
                 await self._release_parked(loop.time())
                 now = loop.time()
                 spaced_until = self._round_started + _ROUND_SPACING_SECONDS
@@ -140,15 +147,12 @@ class ConsumerLoop:
                         continue
                     if not self._rounds:
                         self._reconcile_pauses(consumer, now)
-                        self._report_lag(consumer, now)
+                        self._offsets.report_lag(consumer, self._lanes, self._metrics, now)
                 await self._wait(stop, now, spaced_until)
         finally:
             fetching.cancel()
             await asyncio.gather(fetching, *self._rounds.keys(), return_exceptions=True)
-            if self._committing is not None:
-                await self._committing
-            if self._uncommitted:
-                await self._commit(consumer)
+            await self._offsets.finish(consumer)
             await self._processor.let_go()
             await consumer.stop()
             log.info("consumer_stopped")
@@ -181,12 +185,15 @@ class ConsumerLoop:
             try:
                 batches = await consumer.getmany(timeout_ms=_FETCH_WAIT_MS, max_records=min(room, self._batch_size))
             except UnicodeDecodeError:
-                await self._skip_unreadable(consumer)
+                await skip_unreadable(
+                    consumer, self._fetched_to, self._is_paused, self._lanes.add, self._processor.unreadable, self._take
+                )
+                self._arrived.set()
                 continue
             except KafkaError as error:
                 # An ACL the broker refuses (contract §11: one line naming the operation and the resource, then
                 # wait and ask again, never a crash loop): nothing is fetched, so nothing goes wrong meanwhile.
-                why = kafka_reason([error], doing="READ", names=self._names) or type(error).__name__
+                why = self._kafka.reason([error], "READ") or type(error).__name__
                 refused += 1
                 wait = outage_wait(refused)
                 log.warning("kafka_fetch_refused", reason=why, retry_in_seconds=wait)
@@ -199,6 +206,9 @@ class ConsumerLoop:
             self._reconcile_pauses(consumer, loop.time())
             self._arrived.set()
 
+    def _is_paused(self, partition: TopicPartition) -> bool:
+        return partition in self._paused
+
     def _take(self, batches: dict[TopicPartition, list[Any]]) -> None:
         """Fetched records into their lanes; remember where each partition's next record is."""
         delivery = self._processor.pending
@@ -208,61 +218,6 @@ class ConsumerLoop:
                     (partition.topic, partition.partition), [delivery(to_source(record)) for record in records]
                 )
                 self._fetched_to[partition] = records[-1].offset + 1
-
-    async def _skip_unreadable(self, consumer: AIOKafkaConsumer) -> None:
-        try:
-            await self._skip_unreadable_records(consumer)
-        except IllegalStateError:
-            # A rebalance took a partition meanwhile: the next fetch fails again if the batch is still ours.
-            log.info("unreadable_skip_interrupted")
-
-    async def _skip_unreadable_records(self, consumer: AIOKafkaConsumer) -> None:
-        """A record batch the Kafka client cannot decode (a header name that is not UTF-8): without this, every
-        fetch fails on it again, for ever.
-
-        The client decodes a whole batch to return any of it, and a failed fetch may have moved other partitions
-        past records it never returned: every partition goes back to the next record this loop took. Then each
-        partition is read alone to find the one that fails; from its position, each offset the client cannot
-        read is handed to the processor as an `UNREADABLE_RECORD` (quarantined by its coordinates: read it with
-        another client, e.g. kcat, to see it) until a record reads again. Records of that batch the client could
-        have read are among them: the client cannot return them.
-        """
-        assigned = consumer.assignment()
-        for partition in assigned:
-            if partition in self._fetched_to:
-                consumer.seek(partition, self._fetched_to[partition])
-            elif not (await consumer.seek_to_committed(partition)).get(partition):
-                await consumer.seek_to_beginning(partition)
-        for partition in sorted(assigned):
-            if partition in self._paused or partition not in consumer.assignment():
-                continue
-            position = await consumer.position(partition)
-            high = consumer.highwater(partition)
-            if high is not None and position >= high:
-                continue  # nothing to read there: not the one that failed, and probing it would only wait
-            skipped = 0
-            while skipped < _MAX_UNREADABLE:
-                try:
-                    batches = await consumer.getmany(partition, timeout_ms=_PROBE_WAIT_MS, max_records=1)
-                except UnicodeDecodeError:
-                    # Where the client stands now: a rebalance during the probe may have given the partition back
-                    # from its committed offset, before the records this probe already found unreadable.
-                    position = await consumer.position(partition)
-                    self._lanes.add(
-                        (partition.topic, partition.partition),
-                        [self._processor.unreadable(partition.topic, partition.partition, position)],
-                    )
-                    position += 1
-                    skipped += 1
-                    self._fetched_to[partition] = position
-                    consumer.seek(partition, position)
-                    continue
-                self._take(batches)
-                break
-            if skipped:
-                log.warning("unreadable_records", topic=partition.topic, partition=partition.partition, records=skipped)
-                break  # found it: the other partitions are fetched as usual
-        self._arrived.set()
 
     async def _wait(self, stop: asyncio.Event, now: float, spaced_until: float) -> None:
         """Wait for fetched records, a finished round, the next due time, the end of the rounds' spacing or of a
@@ -286,21 +241,16 @@ class ConsumerLoop:
         try:
             if self._rounds:
                 await asyncio.wait(list(self._rounds), timeout=_HAND_OVER_SECONDS)
-            revoked = set(partitions)
-            if any(partition in revoked for partition in self._uncommitted):
-                if self._committing is not None and not self._committing.done():
-                    await asyncio.wait([self._committing], timeout=_HAND_OVER_SECONDS)
-                await self._commit(consumer)
+            await self._offsets.hand_over(consumer, set(partitions), _HAND_OVER_SECONDS)
         finally:
             self.forget(partitions)  # whatever happened above: the next owner has these partitions
 
     def forget(self, partitions: list[TopicPartition]) -> None:
         """Drop the lanes of revoked partitions: their records were not terminal; the next owner gets them."""
         self._lanes.forget((partition.topic, partition.partition) for partition in partitions)
+        self._offsets.forget(partitions)
         for partition in partitions:
             self._paused.discard(partition)
-            self._uncommitted.pop(partition, None)
-            self._committed.pop(partition, None)
             self._fetched_to.pop(partition, None)
         self._room.set()
 
@@ -321,16 +271,14 @@ class ConsumerLoop:
             return
         finally:
             self._rounds.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
-            for lane, offset in self._lanes.settle(due, left, retried).items():
-                partition = TopicPartition(*lane)
-                self._uncommitted[partition] = max(self._uncommitted.get(partition, 0), offset)
+            self._offsets.settle(self._lanes.settle(due, left, retried))
             self._arrived.set()
             self._room.set()
-        if self._uncommitted:
-            self._commit_soon(consumer)
+        if self._offsets.owed:
+            self._offsets.commit_soon(consumer)
         now = asyncio.get_running_loop().time()
         self._reconcile_pauses(consumer, now)
-        self._report_lag(consumer, now)
+        self._offsets.report_lag(consumer, self._lanes, self._metrics, now)
 
     def _raise_from_failed_rounds(self) -> None:
         """A round that raised (a bug, not a record failure) stops the consumer, as it would in-line."""
@@ -386,23 +334,6 @@ class ConsumerLoop:
                 behind += high - fetched_to
         return behind
 
-    def _report_lag(self, consumer: AIOKafkaConsumer, now: float) -> None:
-        """Lag per partition: the broker's high watermark minus our committed offset (once a second)."""
-        if now < self._next_lag_report:
-            return
-        for partition in consumer.assignment():
-            high = consumer.highwater(partition)
-            if high is None:
-                continue  # nothing fetched from it yet: report it as soon as something is
-            self._next_lag_report = now + 1.0
-            done = self._committed.get(partition)
-            if done is None:
-                head = self._lanes.head((partition.topic, partition.partition))
-                done = head.record.offset if head else high
-            self._metrics.consumer_lag.labels(topic=partition.topic, partition=str(partition.partition)).set(
-                max(0, high - done)
-            )
-
     async def _release_parked(self, now: float) -> None:
         """Load parked records of keys that are free again into lanes of their own (ORDERS_ORDERING=key)."""
         if now < self._next_release:
@@ -427,35 +358,6 @@ class ConsumerLoop:
             self._lanes.add(delivery.lane, [delivery])
         if released:
             log.info("parked_released", records=len(released), keys=len({p.key for p in released}))
-
-    def _commit_soon(self, consumer: AIOKafkaConsumer) -> None:
-        """Commit offsets in the background while the next round runs; one commit in flight at a time."""
-        if self._committing is None or self._committing.done():
-            self._committing = asyncio.create_task(self._commit(consumer))
-
-    async def _commit(self, consumer: AIOKafkaConsumer) -> None:
-        """Commit what is terminal; on failure keep it and try again later (the inbox makes redelivery safe)."""
-        assigned = consumer.assignment()
-        for partition in [p for p in self._uncommitted if p not in assigned]:
-            del self._uncommitted[partition]  # revoked: its next owner commits it
-        offsets = dict(self._uncommitted)
-        if not offsets:
-            return
-        try:
-            await consumer.commit(offsets)
-        except KafkaError as error:
-            log.warning(
-                "offset_commit_failed", error=type(error).__name__, reason=kafka_reason([error], names=self._names)
-            )
-            return
-        for partition, offset in offsets.items():
-            self._committed[partition] = offset
-            if self._uncommitted.get(partition) == offset:
-                del self._uncommitted[partition]
-        if self._uncommitted:
-            # Rounds that ended while this commit was out: nothing else may wake the loop to commit theirs (after a
-            # drain's last round, not for half a second). A failed commit is tried again at the next wake-up.
-            self._arrived.set()
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]

@@ -7,52 +7,49 @@ shared transaction: its inbox row is the proof it was applied once, and a record
 the write instead of rolling back its neighbours. A failing record holds back the records behind it in its
 lane (its partition, or its key's parked records), never other lanes.
 
-The decisions are pure (service/policy/round.py: where each delivery goes and what it writes;
-service/policy/next_step.py: what follows a failure); this class does the I/O around them: the round's look-up,
-the domain's outside look-ups, the transaction, the logs and metrics. The consumer loop owns the lanes (and
-with them each delivery's retry state) and the Kafka side.
+A round is: fetch the facts → look up what the messages need outside → lock → decide → apply → commit. The decisions
+are pure (service/policy/decide.py: the one value a write holds; service/policy/next_step.py: what follows a
+failure); this class calls them between the I/O of a `RoundStore` (service/worker/round_store.py), the domain's
+look-ups (wrapped in their timeout and failure classification, service/worker/middleware.py), and the logs and
+metrics. The consumer loop owns the lanes (and with them each delivery's retry state) and the Kafka side.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import secrets
-import socket
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.codes import Code, ErrorCode
-from service.config import Settings
-from service.errors import ConcurrentWrite, InfrastructureUnavailable, RecordFailure
-from service.faults import crash_point, fail_point
+from service.config import Topics
+from service.errors import ConcurrentWrite, InfrastructureUnavailable
 from service.metrics import Metrics
-from service.policy import ordering, redelivery
+from service.policy import redelivery
 from service.policy.backoff import outage_wait
 from service.policy.classify import Failure
+from service.policy.decide import decide
 from service.policy.delivery import Delivery, RetryState
 from service.policy.handling import DecodeFailure
 from service.policy.headers import from_json
 from service.policy.next_step import Budgets
-from service.policy.owners import Owners, parse_owners
+from service.policy.owners import Owners
 from service.policy.records import SourceRecord, unpack_key
 from service.policy.retry import RetryPolicy
-from service.policy.round import Facts, Outcome, Round, RoundPlan, Write, plan_round, ready, survey, to_lock
+from service.policy.round import Outcome, Round, RoundPlan, Write, ready, survey, to_lock
 from service.ports import Handler
 from service.stopping import sleep_unless_stopped
-from service.store import batch, inbox, lookups, parking, quarantine, retries
 from service.store.parking import StoredParked
-from service.store.quarantine import RecordKey
-from service.store.uow import UnitOfWork, is_passing, one_statement
+from service.store.uow import is_passing
 from service.worker.downtime import Downtime
 from service.worker.failures import Failures
+from service.worker.middleware import FaultPoints, classified, faulty_commit, faulty_write, timed
+from service.worker.round_store import RoundStore
 from service.worker.writes import RowMaker
 
 log = structlog.get_logger("processor")
@@ -61,9 +58,19 @@ Clock = Callable[[], datetime]
 
 LOOKUP_CONCURRENCY = 16  # a round's context look-ups (a directory the domain asks) at once
 _MAX_CONFLICT_ROUNDS = 5
-# A member's claim on the parked records it releases; renewed every release cycle (half a second) while they are
-# in its memory, so it only runs out when the member is gone or stalled, and another member then takes them.
-_RELEASE_LEASE = timedelta(seconds=30)
+_NO_FAULTS = FaultPoints()
+
+
+@dataclass(frozen=True, slots=True)
+class RoundSettings:
+    """What a consumer's rounds take from the settings (built by the composition root, service/containers.py)."""
+
+    topics: Topics
+    consumer: str  # ORDERS_CONSUMER_NAME
+    ordering: str  # ORDERS_ORDERING
+    processing_timeout: timedelta  # a look-up's longest wait
+    quarantine_owners: Mapping[str, str] = field(default_factory=dict)  # error code -> owner, over the domain's
+    faults: FaultPoints = _NO_FAULTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +90,8 @@ class Processor:
 
     def __init__(
         self,
-        settings: Settings,
-        engine: AsyncEngine,
+        settings: RoundSettings,
+        store: RoundStore,
         handler: Handler[Any, Any, Any],
         owners: Owners,
         policy: RetryPolicy,
@@ -93,19 +100,19 @@ class Processor:
         rng: random.Random,
         downtime: Downtime,
     ) -> None:
-        self._settings = settings
-        self._engine = engine
+        self._store = store
         self._handler = handler
         self._metrics = metrics
         self._clock = clock
         self._topics = settings.topics
-        self._consumer = settings.consumer_name
-        overrides = parse_owners(settings.quarantine_owners)
-        self._rows = RowMaker(settings.topics, self._consumer, owners, overrides, handler)
+        self._consumer = settings.consumer
+        self._ordering = settings.ordering
+        self._timeout = settings.processing_timeout.total_seconds()
+        self._rows = RowMaker(settings.topics, self._consumer, owners, settings.quarantine_owners, handler).rows
+        self._faulty_write = faulty_write(settings.faults)
+        self._faulty_commit = faulty_commit(settings.faults)
         self._downtime = downtime
         self._failures = Failures(Budgets.of(policy), metrics, clock, rng, downtime)
-        # Who claims parked records for release: one process, one lease holder (several members share a table).
-        self._member = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
     def pending(self, record: SourceRecord) -> Delivery:
         """A fetched record as a delivery; a tier copy carries its origin and history in headers. A tier or reprocess
@@ -157,27 +164,11 @@ class Processor:
     async def releasable(self, busy: set[str], keys: int = 50, per_key: int = 100) -> list[Delivery]:
         """Claim parked records of keys that are free again, oldest first; `busy` keys are already in memory
         (their claims are renewed). Another member's claimed keys are left to it until its lease ends."""
-        async with UnitOfWork(self._engine) as uow:
-            stored = await parking.releasable(
-                uow.connection,
-                self._consumer,
-                self._member,
-                exclude=busy,
-                keys=keys,
-                per_key=per_key,
-                lease=_RELEASE_LEASE,
-            )
-            await uow.commit()
-        return [self.unparked(row) for row in stored]
+        return [self.unparked(row) for row in await self._store.releasable(busy, keys, per_key)]
 
     async def let_go(self) -> None:
         """Give up this member's claims on parked records (on the way out), so another member takes them now."""
-        try:
-            async with UnitOfWork(self._engine) as uow:
-                await parking.unclaim(uow.connection, self._member)
-                await uow.commit()
-        except InfrastructureUnavailable:
-            pass  # the leases end on their own
+        await self._store.let_go()
 
     async def attempt(self, due: Sequence[Delivery], stop: asyncio.Event) -> frozenset[Delivery]:
         """Attempt deliveries once, each in the retry state it arrived with; return those that left.
@@ -208,9 +199,10 @@ class Processor:
         return _NOTHING
 
     async def _attempt(self, due: Mapping[Delivery, RetryState]) -> Attempted:
-        round_ = survey(due, await self._facts(due), self._settings.ordering)
+        key_ordering = self._ordering == "key"
+        round_ = survey(due, await self._store.facts(due, keys=key_ordering), self._ordering)
         looked_up, failures = await self._look_up(round_)
-        writable = ready(round_, failures, hold_behind_tier=self._settings.ordering == "key")
+        writable = ready(round_, failures, hold_behind_tier=key_ordering)
         done: frozenset[Delivery] = frozenset()
         if writable:
             try:
@@ -224,25 +216,6 @@ class Processor:
                     # One bad record must not fail its neighbours: apply them one at a time.
                     done = await self._write_one_by_one(writable, round_, looked_up, failures)
         return Attempted(done, self._failures.decide(round_, failures))
-
-    async def _facts(self, due: Mapping[Delivery, RetryState]) -> Facts:
-        keys = {d.key for d in due if d.key} if self._settings.ordering == "key" else set()
-        # Which aggregates exist decides what the handler looks up and which aggregates the write must lock.
-        aggregate_ids = {d.aggregate_id for d in due if d.aggregate_id}
-        async with one_statement(self._engine) as connection:
-            known = await lookups.known(
-                connection,
-                self._consumer,
-                self._handler.rows.lookup,
-                {d.message_id for d in due},
-                aggregates=aggregate_ids,
-                keys=keys,
-            )
-        states = {
-            key: ordering.KeyState(known.heads.get(key), key in known.blocked, key in known.parked)
-            for key in known.heads.keys() | known.blocked | known.parked
-        }
-        return Facts(known.seen, known.steps, known.head_ids, known.parked_ids, known.aggregates, states)
 
     async def _look_up(self, round_: Round) -> tuple[dict[str, Any], dict[Delivery, Failure]]:
         """Ask the handler's downstream what the round's messages need, before the transaction: concurrently,
@@ -262,23 +235,16 @@ class Processor:
         if not wanted:
             return looked_up, failures
         limit = asyncio.Semaphore(LOOKUP_CONCURRENCY)
-        timeout = self._settings.processing_timeout.total_seconds()
+        call = classified(downstream)(timed(self._timeout)(self._handler.look_up))
 
         async def look_up(key: str) -> None:
             async with limit:
-                try:
-                    async with asyncio.timeout(timeout):
-                        looked_up[key] = await self._handler.look_up(key)
-                    return
-                except TimeoutError:
-                    failure = Failure(ErrorCode.PROCESSING_TIMEOUT, downstream=downstream)
-                except RecordFailure as error:
-                    failure = Failure(error.code, error.retry_after, error.downstream, error.charged)
-                except Exception as error:
-                    log.debug("lookup_failed", exc_info=error)
-                    failure = Failure(ErrorCode.UNEXPECTED_ERROR)
+                answer = await call(key)
+            if isinstance(answer, Failure):
                 for delivery in wanted[key]:
-                    failures[delivery] = failure
+                    failures[delivery] = answer
+            else:
+                looked_up[key] = answer
 
         await asyncio.gather(*(look_up(key) for key in wanted))
         return looked_up, failures
@@ -328,54 +294,17 @@ class Processor:
     async def _write(
         self, writable: list[Delivery], round_: Round, looked_up: dict[str, Any], *, last_resort: bool = False
     ) -> frozenset[Delivery]:
-        """Plan the writable deliveries and write the plan in one transaction, then commit it (`last_resort`: the
-        one delivery's quarantine with an envelope of nothing but its identities, see `_write_failed`)."""
-        async with UnitOfWork(self._engine) as uow:
-            c = uow.connection
-            current = await self._handler.lock(c, to_lock(writable, round_, self._handler.creates))
-            plan = plan_round(writable, round_, looked_up, current, self._handler, last_resort=last_resort)
-            rows = self._rows.rows(plan, round_.due, self._clock())
-            if rows.quarantined and not last_resort:
-                fail_point("quarantine-write", self._settings.fault_fail_at)
-            reopened = await inbox.reopen(c, self._consumer, rows.reopened)
-            if len(reopened) != len(rows.reopened):
-                raise ConcurrentWrite("a quarantined message was moved concurrently")
-            await quarantine.mark_reprocessed(c, self._consumer, plan.reprocessed)
-            await parking.unblock_failures(c, self._consumer, plan.reprocessed)
-            for again, failed_code, history in rows.requarantined:
-                await quarantine.requarantine(
-                    c,
-                    RecordKey(self._consumer, again.origin.failure_id),
-                    failed_code.value,
-                    history.attempts,
-                    history.last_failed_at,
-                )
-            await batch.write(
-                c,
-                self._consumer,
-                self._handler.rows,
-                inbox_rows=rows.inbox_rows,
-                created=plan.created,
-                changed=plan.changed,
-                new_effects=plan.effects,
-                quarantined=rows.quarantined,
-                messages=rows.messages,
+        """Lock, decide what the writable deliveries write, apply it and commit, in one transaction (`last_resort`:
+        the one delivery's quarantine with an envelope of nothing but its identities, see `_write_failed`)."""
+        async with self._store.transaction() as transaction:
+            current = await transaction.lock(to_lock(writable, round_, self._handler.creates))
+            write = decide(
+                writable, round_, looked_up, current, self._clock(), self._handler, self._rows, last_resort=last_resort
             )
-            await parking.park(c, self._consumer, rows.parked)
-            await parking.unpark(c, plan.unparked)
-            await parking.unclaim(c, self._member, plan.unclaimed)
-            await parking.block(c, self._consumer, plan.blocks)
-            await retries.upsert(c, self._consumer, rows.retrying)
-            if rows.retrying:
-                # A member that lost the partition while it wrote may hand over a record the new owner has already
-                # finished: no retry row may outlive its record's terminal state.
-                await retries.drop_finished(c, self._consumer, [row.message_id for row in rows.retrying])
-            await retries.finish(c, self._consumer, plan.finished)
-            crash_point("mid-write", self._settings.fault_crash_at)
-            await uow.commit()
-        crash_point("after-commit", self._settings.fault_crash_at)
-        self._report(plan, round_.due)
-        return frozenset([step.delivery for step in plan.steps])
+            await self._faulty_write(transaction.apply)(write)
+            await self._faulty_commit(transaction.commit)()
+        self._report(write.plan, round_.due)
+        return frozenset([step.delivery for step in write.plan.steps])
 
     def _report(self, plan: RoundPlan, due: Mapping[Delivery, RetryState]) -> None:
         """Log each delivery that left other than processed (at info; a duplicate at debug), and count the outcomes

@@ -1,4 +1,5 @@
-"""The rows of a round: a plan's steps (service/policy/round.py) as the values the store writes.
+"""The rows of a round: a plan's steps (service/policy/round.py) as the values the store writes (the `RowBuilder`
+that service/policy/decide.py takes; pure).
 
 No decision is made here: each step says what its delivery writes, and this module only builds the rows for
 it (inbox rows, outbox messages with their headers and documents, quarantine rows with their envelopes,
@@ -8,7 +9,6 @@ parked records, retry rows), in lane order.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -29,19 +29,7 @@ from service.store.outbox import OutboxMessage
 from service.store.parking import ParkedRecord
 from service.store.quarantine import QuarantineRow
 from service.store.retries import RetryRow
-
-
-@dataclass(slots=True)
-class Rows:
-    """A round's rows, built once per write and handed to the store."""
-
-    inbox_rows: list[InboxRow] = field(default_factory=list)
-    reopened: list[InboxRow] = field(default_factory=list)  # quarantined messages a reprocess applied: moved
-    requarantined: list[tuple[Delivery, ErrorCode, AttemptHistory]] = field(default_factory=list)
-    messages: list[OutboxMessage] = field(default_factory=list)
-    quarantined: list[QuarantineRow] = field(default_factory=list)
-    parked: list[ParkedRecord] = field(default_factory=list)
-    retrying: list[RetryRow] = field(default_factory=list)
+from service.store.round_write import Rows
 
 
 class RowMaker:
