@@ -201,12 +201,17 @@ class Release:
     released: parking.Released | None
 
 
+async def key_holders(connection: AsyncConnection, key: str, consumer: str | None) -> list[str]:
+    """The consumer names under which a key is held or has parked records (only `consumer`, when named)."""
+    return [name for name in await parking.holders(connection, key) if consumer in (None, name)]
+
+
 async def release_key(
     connection: AsyncConnection, key: str, consumer: str | None, default_consumer: str, actor: str
 ) -> Release:
     """Free a held key under the consumer its records are stored with (`consumer` when given); audited. When
     several consumers hold it and none was named, nothing changes (`released` is None, `consumer` names them)."""
-    names = [name for name in await parking.holders(connection, key) if consumer in (None, name)]
+    names = await key_holders(connection, key, consumer)
     if len(names) > 1:
         return Release(", ".join(names), None)
     chosen = names[0] if names else (consumer or default_consumer)

@@ -43,19 +43,30 @@ def outbox_set_aside(as_json: JsonFlag = False) -> None:
 def outbox_put_back(
     row_id: Annotated[int, typer.Argument(metavar="ID", help="The outbox id `outbox set-aside` shows.")],
     author: Annotated[str | None, typer.Option("--author", help="Who puts it back (default: $USER).")] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say whether it would be put back; change nothing.")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
-    """Hand a set-aside row to the relay again, once the broker takes it (e.g. its size limit was raised)."""
+    """Hand a set-aside row to the relay again, once the broker takes it (e.g. its size limit was raised); an id
+    with no set-aside row exits 1."""
     settings = configured()
     who = who_acts(author)
 
     async def put_back(connection: Any) -> bool:
+        if dry_run:
+            return await outbox.is_set_aside(connection, row_id)
         done = await outbox.put_back(connection, row_id)
         await audit.record(connection, who, "outbox.put_back", {"id": row_id}, {"put_back": done})
         return done
 
-    done = run_async(lambda _: with_connection(settings, put_back, commit=True))
+    found = run_async(lambda _: with_connection(settings, put_back, commit=not dry_run))
+    if not found:
+        typer.echo(f"outbox put-back: no set-aside row with id {row_id}", err=True)
+        raise typer.Exit(1)
     if as_json:
-        print_json({"id": row_id, "put_back": done})
-        return
-    typer.echo(f"{row_id}: handed to the relay again" if done else f"{row_id}: no set-aside row with this id")
+        print_json({"id": row_id, "put_back": not dry_run, **({"dry_run": True} if dry_run else {})})
+    elif dry_run:
+        typer.echo(f"outbox put-back (dry run): {row_id} would be handed to the relay again; nothing changed")
+    else:
+        typer.echo(f"{row_id}: handed to the relay again")

@@ -57,30 +57,52 @@ def parked_release(
     key: Annotated[str, typer.Argument(help="The ordering key to free; its parked records are then applied in order.")],
     consumer: ConsumerOption = None,
     author: Annotated[str | None, typer.Option("--author", help="Who releases it (default: $USER).")] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Say which consumer's key it would free; change nothing.")
+    ] = False,
     as_json: JsonFlag = False,
 ) -> None:
     """Free a key whatever holds it (a quarantined head, or a head in a retry tier, which keeps retrying on its
     own), under the consumer name its records are stored with; a running consumer of that name then applies its
-    parked records in order."""
+    parked records in order. A key that nothing holds and nothing waits behind exits 1."""
     settings = configured()
     who = who_acts(author)
 
-    outcome = run_async(
-        lambda _: with_connection(
-            settings, lambda c: operations.release_key(c, key, consumer, settings.consumer_name, who), commit=True
+    async def release(connection: Any) -> tuple[list[str], operations.Release | None]:
+        names = await operations.key_holders(connection, key, consumer)
+        if dry_run or len(names) > 1:
+            return names, None
+        # A key nothing holds goes through release_key all the same: the attempt is audited, having changed nothing.
+        return names, await operations.release_key(connection, key, consumer, settings.consumer_name, who)
+
+    names, outcome = run_async(lambda _: with_connection(settings, release, commit=not dry_run))
+    if not names:
+        under = f" under consumer {consumer}" if consumer else ""
+        typer.echo(f"parked release: nothing holds {key}{under} and nothing is parked behind it", err=True)
+        raise typer.Exit(1)
+    if len(names) > 1:
+        typer.echo(
+            f"parked release: {key} is held under several consumers ({', '.join(names)}): pass --consumer", err=True
         )
-    )
-    chosen, released = outcome.consumer, outcome.released
-    if released is None:
-        typer.echo(f"parked release: {key} is held under several consumers ({chosen}): pass --consumer", err=True)
         raise typer.Exit(2)
+    if outcome is None or outcome.released is None:
+        if as_json:
+            print_json({"key": key, "consumer": names[0], "dry_run": True})
+        else:
+            typer.echo(f"parked release (dry run): would free {key} under consumer {names[0]}; nothing changed")
+        return
+    _report(key, outcome.consumer, outcome.released, as_json=as_json)
+
+
+def _report(key: str, chosen: str, released: parking.Released, *, as_json: bool) -> None:
+    """What a release freed the key from, as a line (the consumer on stderr) or a JSON document."""
     if as_json:
         print_json(
             {
                 "key": key,
                 "consumer": chosen,
                 "released": released.freed,
-                "blockedBy": released.blocked_by,
+                "blocked_by": released.blocked_by,
                 "retrying": released.retrying,
                 "parked": released.parked,
             }
@@ -94,7 +116,5 @@ def parked_release(
         typer.echo(
             f"{key}: released (was held by {heads} in a retry tier, which retries on its own); {released.parked} parked"
         )
-    elif released.parked:
-        typer.echo(f"{key}: nothing held it; its {released.parked} parked records are released by a running consumer")
     else:
-        typer.echo(f"{key}: nothing held it and nothing is parked behind it")
+        typer.echo(f"{key}: nothing held it; its {released.parked} parked records are released by a running consumer")

@@ -180,6 +180,9 @@ _PUT_BACK = text(
     "UPDATE outbox SET set_aside_at = NULL, set_aside_code = NULL"
     " WHERE id = :id AND set_aside_at IS NOT NULL AND published_at IS NULL"
 )
+_IS_SET_ASIDE = text(
+    "SELECT EXISTS (SELECT FROM outbox WHERE id = :id AND set_aside_at IS NOT NULL AND published_at IS NULL)"
+)
 
 
 # What one claim's rows may hold, payloads, headers and keys: five batches in flight hold at most 80 MiB and five rows.
@@ -346,6 +349,11 @@ async def set_aside_rows(connection: AsyncConnection, limit: int = 100) -> list[
     """The rows set aside and not published, oldest first."""
     result = await connection.execute(_SET_ASIDE_ROWS, {"limit": limit})
     return [SetAsideRow(**row._mapping) for row in result]
+
+
+async def is_set_aside(connection: AsyncConnection, row_id: int) -> bool:
+    """Whether a set-aside, unpublished row has this id (what `put_back` would hand to the relay)."""
+    return bool((await connection.execute(_IS_SET_ASIDE, {"id": row_id})).scalar())
 
 
 async def put_back(connection: AsyncConnection, row_id: int) -> bool:

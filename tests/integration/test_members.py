@@ -221,7 +221,7 @@ async def test_parked_release_frees_a_key_held_by_a_retrying_head_which_keeps_it
         "key": "U",
         "consumer": settings.consumer_name,
         "released": True,
-        "blockedBy": None,
+        "blocked_by": None,
         "retrying": ["U.1"],
         "parked": 2,
     }
@@ -234,9 +234,13 @@ async def test_parked_release_frees_a_key_held_by_a_retrying_head_which_keeps_it
     assert again.stdout.strip() == "U: nothing held it; its 2 parked records are released by a running consumer"
 
 
-async def test_parked_release_of_a_key_nothing_holds_says_so(settings: Settings, engine: AsyncEngine) -> None:
-    released = await cli(settings, "parked", "release", "NOBODY")
-    assert released.stdout.strip() == "NOBODY: nothing held it and nothing is parked behind it"
+async def test_parked_release_of_a_key_nothing_holds_says_so_and_exits_1(
+    settings: Settings, engine: AsyncEngine
+) -> None:
+    released = await cli(settings, "parked", "release", "NOBODY", check=False)
+    assert released.returncode == 1
+    assert released.stdout == ""
+    assert released.stderr.strip() == "parked release: nothing holds NOBODY and nothing is parked behind it"
 
 
 async def test_a_parked_record_delivered_again_is_parked_once(
