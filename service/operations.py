@@ -235,6 +235,12 @@ async def failed_effects(connection: AsyncConnection, keys: Sequence[str], kind:
     return [one for one in picked if one in set(keys)] if keys else picked
 
 
+async def unknown_effects(connection: AsyncConnection, keys: Sequence[str]) -> list[str]:
+    """The keys that name no effect: what a retry of them reports as not found (and its dry run too)."""
+    found = await effects_store.states(connection, keys)
+    return [one for one in dict.fromkeys(keys) if one not in found]
+
+
 async def retry_effects(
     connection: AsyncConnection,
     selection: Sequence[str],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -95,7 +95,7 @@ def effects_show(
     settings = configured()
     row = run_async(lambda _: with_connection(settings, lambda c: effects_store.get(c, key)))
     if row is None:
-        typer.echo(f"no effect with idempotency key {key}", err=True)
+        typer.echo(_no_effect(key), err=True)
         raise typer.Exit(1)
     if as_json:
         print_json(row)
@@ -134,8 +134,21 @@ def effects_retry(
     def destination(kind: str) -> str:
         return retry_state(specs.get(kind))
 
-    selection = run_async(lambda _: with_connection(settings, lambda c: operations.failed_effects(c, key or [], kind)))
-    if not go_ahead("effects retry", "retry", selection, dry_run=dry_run, yes=yes, noun="effects"):
+    async def look(connection: Any) -> tuple[list[str], list[str]]:
+        selection = await operations.failed_effects(connection, key or [], kind)
+        return selection, await operations.unknown_effects(connection, selection) if dry_run else []
+
+    selection, unknown = run_async(lambda _: with_connection(settings, look))
+    if dry_run:
+        # What the real run would do: retry the effects that exist, and name (exit 1) each key that names none.
+        found = [one for one in selection if one not in unknown]
+        go_ahead("effects retry", "retry", found, dry_run=True, yes=yes, noun="effects")
+        for one in unknown:
+            typer.echo(_no_effect(one), err=True)
+        if unknown:
+            raise typer.Exit(1)
+        return
+    if not go_ahead("effects retry", "retry", selection, dry_run=False, yes=yes, noun="effects"):
         return
 
     outcomes = run_async(
@@ -163,7 +176,7 @@ def effects_retry(
         )
     for one, (was, went) in outcomes.items():
         if was is None:
-            typer.echo(f"no effect with idempotency key {one}", err=True)
+            typer.echo(_no_effect(one), err=True)
         elif went is None and was.startswith("failed"):
             typer.echo(f"{one}: not retried: {was}", err=True)
         elif went is None:
@@ -171,3 +184,8 @@ def effects_retry(
             typer.echo(f"{one} is {was}, not failed: nothing to retry{hint}", err=True)
     if len(retried) < len(outcomes):
         raise typer.Exit(1)
+
+
+def _no_effect(key: str) -> str:
+    """The line naming a key that names no effect."""
+    return f"no effect with idempotency key {key}"

@@ -174,7 +174,7 @@ def quarantine_show(
 
     row = run_async(lambda _: with_connection(settings, look, commit=revealing))
     if row is None:
-        typer.echo(f"no quarantined record with failure id {failure_id}{_under(consumer)}", err=True)
+        typer.echo(_no_record(failure_id, consumer), err=True)
         raise typer.Exit(1)
     payload = row.get("payload")
     if row["error_code"] == "INVALID_FIELD":
@@ -262,8 +262,11 @@ def quarantine_annotate(
     who = who_acts(author)
     wanted = wanted_of(failure_id, from_file, error_code, key, older_than, consumer)
     chosen = run_async(lambda _: with_connection(settings, lambda c: picked(c, wanted, "quarantine annotate")))
+    if dry_run:
+        _dry_run("quarantine annotate", "annotate", chosen, consumer)
+        return
     selection = chosen.named
-    if not go_ahead("quarantine annotate", "annotate", selection, dry_run=dry_run, yes=yes):
+    if not go_ahead("quarantine annotate", "annotate", selection, dry_run=False, yes=yes):
         return
 
     added = run_async(
@@ -276,7 +279,7 @@ def quarantine_annotate(
         for one in added:
             typer.echo(f"{one}: note added")
     for one in missing:
-        typer.echo(f"no quarantined record with failure id {one}{_under(consumer)}", err=True)
+        typer.echo(_no_record(one, consumer), err=True)
     if missing or not selection:
         raise typer.Exit(1)
 
@@ -306,7 +309,10 @@ def quarantine_resolve(
     who = who_acts(author)
     wanted = wanted_of(failure_id, from_file, error_code, key, older_than, consumer)
     chosen = run_async(lambda _: with_connection(settings, lambda c: picked(c, wanted, "quarantine resolve")))
-    if not go_ahead("quarantine resolve", "resolve", chosen.named, dry_run=dry_run, yes=yes):
+    if dry_run:
+        _dry_run("quarantine resolve", "resolve", chosen, consumer)
+        return
+    if not go_ahead("quarantine resolve", "resolve", chosen.named, dry_run=False, yes=yes):
         return
 
     outcomes = run_async(
@@ -326,13 +332,23 @@ def quarantine_resolve(
             typer.echo(f"{one}: resolved")
     for one, previous in outcomes.items():
         if previous is None:
-            typer.echo(f"no quarantined record with failure id {one}{_under(consumer)}", err=True)
+            typer.echo(_no_record(one, consumer), err=True)
         elif previous != "open":
             typer.echo(f"{one} is {previous}, not open: nothing to resolve", err=True)
     if len(resolved) < len(outcomes) or not outcomes:
         raise typer.Exit(1)
 
 
-def _under(consumer: str | None) -> str:
-    """How a line names the consumer an operator asked for (nothing when they named none)."""
-    return f" under consumer {consumer}" if consumer else ""
+def _dry_run(command: str, verb: str, chosen: operations.Picked, consumer: str | None) -> None:
+    """Say what the real run would do: the records it would change, then each named failure id that has no
+    record, which makes it exit 1 as the real run does."""
+    go_ahead(command, verb, list(chosen.failure_ids), dry_run=True, yes=False)
+    for one in chosen.missing:
+        typer.echo(_no_record(one, consumer), err=True)
+    if chosen.missing:
+        raise typer.Exit(1)
+
+
+def _no_record(failure_id: str, consumer: str | None) -> str:
+    """The line naming a failure id that has no record (under the consumer an operator named, if any)."""
+    return f"no quarantined record with failure id {failure_id}" + (f" under consumer {consumer}" if consumer else "")

@@ -306,10 +306,9 @@ async def get(connection: AsyncConnection, key: str) -> dict[str, Any] | None:
     return dict(row._mapping) if row is not None else None
 
 
-_LOCK_FOR_RETRY = text(
-    "SELECT idempotency_key, kind, state FROM effects"
-    " WHERE idempotency_key = ANY(CAST(:keys AS text[])) ORDER BY idempotency_key FOR UPDATE"
-)
+# The named effects (an absent key names none): what a retry finds, and what its dry run reports.
+_NAMED = "SELECT idempotency_key, kind, state FROM effects WHERE idempotency_key = ANY(CAST(:keys AS text[]))"
+_LOCK_FOR_RETRY = text(_NAMED + " ORDER BY idempotency_key FOR UPDATE")
 # The effects of the retried one's aggregate whose kinds (`:kinds`) wait for its kind, locked.
 _LOCK_DEPENDENTS = text(
     "SELECT d.idempotency_key, d.state FROM effects d JOIN effects f USING (aggregate_id)"
@@ -323,6 +322,12 @@ _RETRY = text(
     WHERE idempotency_key = :key
     """
 )
+
+
+async def states(connection: AsyncConnection, keys: Sequence[str]) -> dict[str, str]:
+    """The state of each named effect; a key that names no effect is absent."""
+    rows = await connection.execute(text(_NAMED), {"keys": list(keys)})
+    return {row.idempotency_key: row.state for row in rows.all()}
 
 
 async def retry(
