@@ -5,24 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import getpass
-import json
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
-from rich.table import Column, Table
 from typer.exceptions import TyperException
 
-from service import logs
+from service import inert, logs
+from service.cli.layout import print_table, print_tsv
+from service.cli.layout import tables as tables  # what every command prints tables with
 from service.config import ConfigurationError, Settings, load_settings
 from service.containers import Container
 from service.explain import explain
 from service.jsonable import jsonable
+from service.moments import utc as utc  # the one timestamp style of every output
 from service.ports import Domain
 from service.store.uow import UnitOfWork
 
@@ -133,35 +133,23 @@ async def with_connection(settings: Settings, query: Callable[[Any], Awaitable[T
 
 
 def print_json(value: Any) -> None:
-    """Print a value as indented JSON with sorted keys."""
-    sys.stdout.write(json.dumps(jsonable(value), indent=2, sort_keys=True) + "\n")
+    """Print a value as indented JSON with sorted keys: exact values, every invisible character of record content
+    as a `\\uXXXX` escape (`service.inert.json_text`)."""
+    sys.stdout.write(inert.json_text(jsonable(value), indent=2, sort_keys=True) + "\n")
 
 
-def tables() -> Console:
-    """A console for tables of record content (keys, ids): shown as they are, never read as Rich markup."""
-    return Console(markup=False, highlight=False)
-
-
-def show_rows(headers: Sequence[str], rows: Sequence[Sequence[str]], *, footer: str | None = None) -> None:
-    """Rows for an operator: a table on a terminal (long values fold, never cut: ids are pasted into other
-    commands), tab-separated values with a header line when piped (tabs and newlines inside values escaped)."""
+def show_rows(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], *, footer: str | None = None, prose: Collection[int] = ()
+) -> None:
+    """Rows for an operator: a table on a terminal (ids and codes never cut: they are pasted into other commands;
+    the `prose` columns wrap at words; too narrow a terminal gets one block of lines per row), tab-separated values
+    with a header line when piped; record content escaped either way (`service.inert.shown`)."""
     if sys.stdout.isatty():
-        table = Table(*(Column(header, overflow="fold") for header in headers))
-        for row in rows:
-            table.add_row(*row)
-        tables().print(table)
+        print_table(headers, rows, prose=prose)
     else:
-        for row in (headers, *rows):
-            sys.stdout.write("\t".join(value.replace("\t", "\\t").replace("\n", "\\n") for value in row) + "\n")
+        print_tsv(headers, rows)
     if footer:
         typer.echo(footer, err=not sys.stdout.isatty())
-
-
-def utc(moment: datetime | None) -> str:
-    """A timestamp in UTC, ISO 8601, to the second."""
-    if moment is None:
-        return "-"
-    return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def who_acts(given: str | None) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import typer
@@ -15,14 +14,13 @@ from service.cli.common import (
     print_json,
     run_async,
     show_rows,
-    tables,
     utc,
     who_acts,
     with_connection,
 )
+from service.cli.layout import print_sections
 from service.cli.selection import go_ahead
 from service.cli.serve import serve_parts
-from service.jsonable import jsonable
 from service.store import effects as effects_store
 from service.worker.effect_kinds import retry_state, waiting_for
 
@@ -83,6 +81,7 @@ def effects_list(
             for row in rows
         ],
         footer=f"{len(rows)} of {total} shown",
+        prose={4},
     )
 
 
@@ -100,9 +99,7 @@ def effects_show(
     if as_json:
         print_json(row)
         return
-    console = tables()
-    for name, value in jsonable(row).items():
-        console.print(f"{name}: {json.dumps(value) if isinstance(value, dict | list) else value}")
+    print_sections(row)
 
 
 @app.command("retry")

@@ -38,6 +38,7 @@ def parked_list(consumer: ConsumerOption = None, as_json: JsonFlag = False) -> N
             (row["consumer_name"], row["ordering_key"], str(row["parked"]), utc(row["oldest_parked_at"]), _holder(row))
             for row in held
         ],
+        prose={4},
     )
 
 

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import csv
-import json
 import sys
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
-from service import operations
+from service import inert, operations
 from service.cli.common import (
     JsonFlag,
     configured,
@@ -26,6 +22,7 @@ from service.cli.common import (
     who_acts,
     with_connection,
 )
+from service.cli.record import print_record
 from service.cli.selection import (
     AgeOption,
     CodeOption,
@@ -38,7 +35,6 @@ from service.cli.selection import (
     picked,
     wanted_of,
 )
-from service.jsonable import jsonable
 from service.store import quarantine, quarantine_reads
 
 app = typer.Typer(help="Operate the quarantine queue.", no_args_is_help=True)
@@ -95,12 +91,13 @@ def quarantine_list(
         print_json(rows)
         return
     if as_csv:
-        # For a spreadsheet or a hand-over to a producing team: every column of the selection, UTC timestamps.
+        # For a spreadsheet or a hand-over to a producing team: every column of the selection, UTC timestamps, each
+        # cell escaped as TSV's are (an escape sequence in a key must not act where the file is printed).
         writer = csv.writer(sys.stdout)
         columns = list(rows[0]) if rows else ["failure_id", "message_id", "error_code", "status"]
         writer.writerow(columns)
         for row in rows:
-            writer.writerow([utc(v) if isinstance(v, datetime) else ("" if v is None else v) for v in row.values()])
+            writer.writerow([_cell(value) for value in row.values()])
         return
     show_rows(
         (
@@ -190,28 +187,14 @@ def quarantine_show(
     if as_json:
         print_json(row)
         return
-    console = Console()
-    timeline = row.pop("timeline")
-    for name, value in jsonable(row).items():
-        # The values come from records: never let them be read as Rich markup.
-        shown = json.dumps(value) if isinstance(value, dict | list) else str(value)
-        console.print(f"[bold]{name}[/bold]: {escape(shown)}")
-    console.print("[bold]timeline[/bold] (UTC, in the order it happened):")
-    for event in timeline:
-        console.print(f"  {utc(event['at'])}  {escape(happened(event))}")
+    print_record(row)
 
 
-def happened(event: dict[str, Any]) -> str:
-    """One timeline event in words: `failed (attempt 3, DOWNSTREAM_5XX)`, `resolved by eve: dropped`."""
-    facts = [f"attempt {event['attempts']}"] if event.get("attempts") else []
-    if event.get("error_code"):
-        facts.append(event["error_code"])
-    said = str(event["event"]) + (f" ({', '.join(facts)})" if facts else "")
-    if event.get("actor"):
-        said += f" by {event['actor']}"
-    if event.get("detail"):
-        said += f": {event['detail']}"
-    return said
+def _cell(value: Any) -> str:
+    """One CSV cell: a timestamp in UTC, nothing as empty, content escaped (`service.inert.shown`)."""
+    if isinstance(value, datetime):
+        return utc(value)
+    return "" if value is None else inert.shown(value)
 
 
 @app.command("stats")
@@ -223,18 +206,14 @@ def quarantine_stats(as_json: JsonFlag = False) -> None:
         print_json(summary)
         return
     age = summary["oldest_open_age_seconds"]
-    console = Console()
-    console.print(f"open: {summary['open']}   oldest open: {timedelta(seconds=int(age)) if age is not None else '-'}")
-    table = Table("error code", "owner", "open", "total", "last hour")
-    for group in summary["by_code"]:
-        table.add_row(
-            group["error_code"],
-            group["owner"],
-            str(group["open"]),
-            str(group["total"]),
-            str(group["rate_per_hour"]),
-        )
-    console.print(table)
+    typer.echo(f"open: {summary['open']}   oldest open: {timedelta(seconds=int(age)) if age is not None else '-'}")
+    show_rows(
+        ("error code", "owner", "open", "total", "last hour"),
+        [
+            (group["error_code"], group["owner"], str(group["open"]), str(group["total"]), str(group["rate_per_hour"]))
+            for group in summary["by_code"]
+        ],
+    )
 
 
 @app.command("annotate")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 from dataclasses import asdict
 from typing import Annotated, Any
@@ -21,15 +20,14 @@ from service.cli.common import (
     print_json,
     run_async,
     show_rows,
-    tables,
     timestamp,
     use,
     utc,
     who_acts,
     with_connection,
 )
+from service.cli.layout import print_sections
 from service.config import Settings
-from service.jsonable import jsonable
 from service.store import reprocess as reprocess_store
 from service.worker.reprocess_run import Options, Selection
 
@@ -254,6 +252,7 @@ def reprocess_list(
             for row in rows
         ],
         footer=f"{len(rows)} of {total} shown",
+        prose={2, 9},
     )
 
 
@@ -273,9 +272,7 @@ def reprocess_show(
         print_json(run)
         return
     items = run.pop("items")
-    console = tables()
-    for name, value in jsonable(run).items():
-        console.print(f"{name}: {json.dumps(value) if isinstance(value, dict | list) else value}")
+    print_sections(run)
     show_rows(
         ("failure id", "message id", "stage", "attempt", "outcome", "published (UTC)", "settled (UTC)", "detail"),
         [
@@ -292,4 +289,5 @@ def reprocess_show(
             for item in items
         ],
         footer=f"{len(items)} items",
+        prose={7},
     )
