@@ -5,10 +5,12 @@ are, a control character (`ESC ] 52 ; c ; …` writes the operator's clipboard, 
 bidi override (U+202E reverses the text after it) or an invisible character could hide, spoof or act. Every
 output path shows such content through this module, losslessly:
 
-- `shown` is the one form for people and for tab-separated values: every character that `str.isprintable`
-  rejects (C0, DEL, C1, bidi marks, overrides and isolates, zero-width and other format characters, line and
-  paragraph separators, non-ASCII spaces) as `\\t`, `\\n`, `\\r`, `\\xNN`, `\\uNNNN` or `\\UNNNNNNNN`, and a
-  backslash as `\\\\`, so that the escaped text is unambiguous and `unshown` gives the exact value back;
+- `shown` is the form for people (tables, `show`, plain lines, every console element): every character that
+  `str.isprintable` rejects (C0, DEL, C1, bidi marks, overrides and isolates, zero-width and other format
+  characters, line and paragraph separators, non-ASCII spaces) as `\\t`, `\\n`, `\\r`, `\\xNN`, `\\uNNNN` or
+  `\\UNNNNNNNN`; visible text, a backslash included, is left as it is;
+- `escaped` is the form for tab-separated and comma-separated values: `shown` with a backslash written as
+  `\\\\` too, so that the escaped text is unambiguous and `unescaped` gives the exact value back;
 - `json_text` is JSON as `json.dumps` writes it with `ensure_ascii=False` (`Zürich` stays readable), but with
   every character `str.isprintable` rejects written as a `\\uXXXX` escape: `json.loads` reads the exact value.
 """
@@ -45,16 +47,25 @@ def is_inert(text: str) -> bool:
 
 
 def shown(value: object) -> str:
-    """Record content as one line of visible text that decodes back exactly (`unshown`): what every table, `show`
-    section, plain line, TSV or CSV cell and console element prints."""
+    """Record content as one line of visible text, for a person: what every table, `show` section, plain line and
+    console element prints."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else _escaped(char) for char in text)
+
+
+def escaped(value: object) -> str:
+    """Record content as one TSV or CSV cell that decodes back exactly (`unescaped`): `shown`, and a backslash
+    as `\\\\`."""
     text = value if isinstance(value, str) else str(value)
     if text.isprintable() and "\\" not in text:
         return text
     return "".join(char if char.isprintable() and char != "\\" else _escaped(char) for char in text)
 
 
-def unshown(text: str) -> str:
-    """The exact value `shown` escaped; a backslash that starts no escape `shown` writes is a ValueError."""
+def unescaped(text: str) -> str:
+    """The exact value `escaped` wrote; a backslash that starts no escape `escaped` writes is a ValueError."""
 
     def one(match: re.Match[str]) -> str:
         escape = match.group()

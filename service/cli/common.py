@@ -143,7 +143,7 @@ def show_rows(
 ) -> None:
     """Rows for an operator: a table on a terminal (ids and codes never cut: they are pasted into other commands;
     the `prose` columns wrap at words; too narrow a terminal gets one block of lines per row), tab-separated values
-    with a header line when piped; record content escaped either way (`service.inert.shown`)."""
+    with a header line when piped (reversibly escaped: `service.inert.escaped`); record content escaped either way."""
     if sys.stdout.isatty():
         print_table(headers, rows, prose=prose)
     else:

@@ -71,10 +71,11 @@ def _narrowest(headers: Sequence[str], cells: Sequence[Sequence[str]], prose: Co
 
 
 def print_tsv(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """Rows as tab-separated values with a header line: each cell escaped by `service.inert.shown` (a tab, a
-    newline, a backslash and every invisible character as its backslash escape; `service.inert.unshown` decodes)."""
+    """Rows as tab-separated values with a header line: each cell escaped by `service.inert.escaped` (a tab, a
+    newline, a backslash and every invisible character as its backslash escape; `service.inert.unescaped` decodes
+    it)."""
     for row in (headers, *rows):
-        sys.stdout.write("\t".join(inert.shown(value) for value in row) + "\n")
+        sys.stdout.write("\t".join(inert.escaped(value) for value in row) + "\n")
 
 
 def section(console: Console, title: str, lines: Iterable[str]) -> None:

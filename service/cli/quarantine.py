@@ -191,10 +191,10 @@ def quarantine_show(
 
 
 def _cell(value: Any) -> str:
-    """One CSV cell: a timestamp in UTC, nothing as empty, content escaped (`service.inert.shown`)."""
+    """One CSV cell: a timestamp in UTC, nothing as empty, content escaped as TSV's (`service.inert.escaped`)."""
     if isinstance(value, datetime):
         return utc(value)
-    return "" if value is None else inert.shown(value)
+    return "" if value is None else inert.escaped(value)
 
 
 @app.command("stats")

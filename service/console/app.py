@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 import jinja2
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.config import Settings
 from service.console import routes, views
 from service.console.sessions import LoginLimiter, Sessions
-from service.console.web import Refused, State, Wiring, caller, log, render, safe_next
+from service.console.web import InertJSON, Refused, State, Wiring, caller, log, render, safe_next
 from service.explain import explain
 from service.policy.operators import parse_tokens
 
@@ -92,6 +92,7 @@ def _environment(program: str) -> jinja2.Environment:
     environment.filters["age"] = views.age
     environment.filters["utc"] = views.utc
     environment.filters["printable"] = views.printable
+    environment.filters["moment"] = views.header_moment
     environment.globals["program"] = program
     return environment
 
@@ -140,7 +141,7 @@ async def _refused(request: Request, error: Exception) -> Response:
     assert isinstance(error, Refused)
     headers = {"retry-after": str(error.retry_after)} if error.retry_after is not None else None
     if request.url.path.startswith("/api/") or request.headers.get("authorization"):
-        return JSONResponse({"error": error.reason}, status_code=error.status, headers=headers)
+        return InertJSON({"error": error.reason}, status_code=error.status, headers=headers)
     if error.status == 401:
         wanted = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         return RedirectResponse(f"/login?{urlencode({'next': safe_next(wanted)})}", status_code=303)

@@ -10,7 +10,7 @@ from urllib.parse import urlencode
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 
 from service import operations
 from service.console import views
@@ -23,6 +23,7 @@ from service.console.asking import (
     whole,
 )
 from service.console.web import (
+    InertJSON,
     Refused,
     caller,
     changing,
@@ -343,7 +344,7 @@ async def api_quarantine(request: Request) -> Response:
             limit=limit,
             offset=offset,
         )
-    return JSONResponse({"items": jsonable(rows), "total": total, "limit": limit, "offset": offset})
+    return InertJSON({"items": jsonable(rows), "total": total, "limit": limit, "offset": offset})
 
 
 async def api_record(request: Request) -> Response:
@@ -353,7 +354,7 @@ async def api_record(request: Request) -> Response:
     consumer = field(query_fields(request), "consumer") or None
     record = await _record(request, request.path_params["failure_id"], consumer)
     context = _record_context(request, record)
-    return JSONResponse(jsonable({**context["record"], "failing_field": context["failing_field"]}))
+    return InertJSON(jsonable({**context["record"], "failing_field": context["failing_field"]}))
 
 
 async def api_stats(request: Request) -> Response:
@@ -361,7 +362,7 @@ async def api_stats(request: Request) -> Response:
     caller(request)
     async with reading(request) as connection:
         summary = await quarantine_reads.stats(connection)
-    return JSONResponse(jsonable(summary))
+    return InertJSON(jsonable(summary))
 
 
 async def audit_page(request: Request) -> Response:

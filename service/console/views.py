@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from service import inert
+from service.moments import epoch_millis
+from service.moments import utc as utc  # the one timestamp style of every output
+
 HEX_LIMIT = 64 * 1024  # bytes shown as hex at most; the rest is counted, not shown
 TEXT_LIMIT = 256 * 1024  # characters of a text payload shown at most
 _SHOWN_CONTROL = set("\n\t")
@@ -35,26 +39,22 @@ def age(seconds: float | None) -> str:
     return f"{secs}s"
 
 
-def utc(moment: datetime | None) -> str:
-    """A timestamp in UTC to the second, ISO 8601 (`2026-12-01T10:00:00Z`); `-` for none."""
-    if moment is None:
-        return "-"
-    return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
 def printable(value: Any) -> str:
-    """Record content (a key, a header, an id) as one line of visible text: control characters and NUL as
-    `\\xNN` escapes, so that nothing hides or breaks a line; HTML escaping is the template's."""
-    text = value if isinstance(value, str) else str(value)
-    return "".join(
-        char if char.isprintable() else f"\\x{ord(char):02x}" if ord(char) < 256 else f"\\u{ord(char):04x}"
-        for char in text
-    )
+    """Record content (a key, a header, an id) as one line of visible text: control characters, bidi overrides and
+    every other invisible character as escapes (`service.inert.shown`); HTML escaping is the template's."""
+    return inert.shown(value)
 
 
 def pretty(document: Any) -> str:
-    """A JSON document (an envelope, an effect's payload) indented, for a `<pre>`; escaping is the template's."""
-    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    """A JSON document (an envelope, an effect's payload) indented, for a `<pre>`, every invisible character as a
+    JSON escape (`service.inert.json_text`); HTML escaping is the template's."""
+    return inert.json_text(document, indent=2, sort_keys=True, default=str)
+
+
+def header_moment(value: Any) -> str:
+    """The UTC time a header value of epoch milliseconds names (`2026-12-01T10:00:00Z`); empty for any other."""
+    moment = epoch_millis(value)
+    return utc(moment) if moment is not None else ""
 
 
 @dataclass(frozen=True)
@@ -84,18 +84,9 @@ def payload_view(payload: bytes | memoryview | None) -> PayloadView:
     except ValueError:
         document = None
     if isinstance(document, dict | list):
-        shown = _visible_json(json.dumps(document, indent=2, ensure_ascii=False))
+        shown = inert.json_text(document, indent=2)
         return PayloadView("json", shown[:TEXT_LIMIT], len(raw), min(len(shown), TEXT_LIMIT), len(shown) > TEXT_LIMIT)
     return PayloadView("text", text[:TEXT_LIMIT], len(raw), min(len(text), TEXT_LIMIT), len(text) > TEXT_LIMIT)
-
-
-def _visible_json(shown: str) -> str:
-    """Indented JSON with every character a reader would not see (`\\u202e` reversing the text after it, a
-    zero-width space, an escaped NUL decoded) escaped again, as JSON writes it: such a character can only be
-    inside a string, so the document reads back the same."""
-    if shown.replace("\n", "").isprintable():
-        return shown
-    return "".join(char if char.isprintable() or char == "\n" else json.dumps(char)[1:-1] for char in shown)
 
 
 def _hex(raw: bytes) -> PayloadView:

@@ -13,9 +13,10 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.templating import Jinja2Templates
 
+from service import inert
 from service.config import Settings
 from service.console.sessions import COOKIE, LoginLimiter, Session, Sessions
 from service.policy.operators import Operator, match
@@ -26,6 +27,14 @@ from service.worker.reprocess_run import Options, Progress, Report, Selection
 log = structlog.get_logger("console")
 
 Reprocess = Callable[[Settings, Selection, Options, Progress], Awaitable[Report]]
+
+
+class InertJSON(JSONResponse):
+    """A JSON answer of the console's API: exact values, every invisible character of record content as a `\\uXXXX`
+    escape (`service.inert.json_text`), so that a client printing it cannot be steered by the content."""
+
+    def render(self, content: Any) -> bytes:
+        return inert.json_text(content).encode("utf-8")
 
 
 @dataclass(frozen=True)

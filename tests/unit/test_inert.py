@@ -42,12 +42,14 @@ hostile = st.lists(st.one_of(st.text(), st.sampled_from(SEQUENCES), st.sampled_f
 
 @PROPERTY
 @given(hostile)
-def test_shown_text_holds_no_dangerous_character_and_decodes_back_exactly(value: str) -> None:
-    shown = inert.shown(value)
+def test_shown_and_escaped_text_hold_no_dangerous_character_and_escaped_text_decodes_back_exactly(value: str) -> None:
+    shown, escaped = inert.shown(value), inert.escaped(value)
 
-    assert dangerous(shown) == []
-    assert "\n" not in shown
-    assert inert.unshown(shown) == value
+    assert dangerous(shown) == dangerous(escaped) == []
+    assert "\n" not in shown + escaped
+    assert inert.unescaped(escaped) == value
+    if value.isprintable():
+        assert shown == value
 
 
 @PROPERTY
@@ -70,7 +72,7 @@ def test_tsv_cells_hold_no_dangerous_character_and_decode_back_exactly(rows: lis
     lines = printed.getvalue().splitlines()
     cells = [line.split("\t") for line in lines]
     assert all(dangerous(cell) == [] for line in cells for cell in line)
-    assert [tuple(inert.unshown(cell) for cell in line) for line in cells[1:]] == rows
+    assert [tuple(inert.unescaped(cell) for cell in line) for line in cells[1:]] == rows
 
 
 @PROPERTY
@@ -93,20 +95,26 @@ def test_readable_text_is_shown_as_it_is_and_json_keeps_non_ascii_letters_readab
     [
         ("a\x1b]52;c;eA==\x07", "a\\x1b]52;c;eA==\\x07"),
         ("\u202eevil", "\\u202eevil"),
-        ("tab\there\nnext\\", "tab\\there\\nnext\\\\"),
+        ("tab\there\nnext", "tab\\there\\nnext"),
         ("\x9b", "\\x9b"),
         ("\U000e0041", "\\U000e0041"),
     ],
 )
 def test_each_dangerous_character_is_shown_as_its_escape(value: str, shown: str) -> None:
-    assert inert.shown(value) == shown
-    assert inert.unshown(shown) == value
+    assert inert.shown(value) == inert.escaped(value) == shown
+    assert inert.unescaped(shown) == value
+
+
+def test_only_escaped_text_doubles_a_backslash() -> None:
+    assert inert.shown("C:\\x1b") == "C:\\x1b"
+    assert inert.escaped("C:\\x1b") == "C:\\\\x1b"
+    assert inert.unescaped("C:\\\\x1b") == "C:\\x1b"
 
 
 @pytest.mark.parametrize("text", ["\\", "\\q", "\\x1", "ab\\u12"])
 def test_a_backslash_that_starts_no_escape_is_not_an_escaped_value(text: str) -> None:
     with pytest.raises(ValueError, match="starts no escape"):
-        inert.unshown(text)
+        inert.unescaped(text)
 
 
 def _lines_of(width: int, headers: tuple[str, ...], rows: list[tuple[str, ...]], prose: set[int]) -> list[str]:
