@@ -138,6 +138,12 @@ def print_json(value: Any) -> None:
     sys.stdout.write(inert.json_text(jsonable(value), indent=2, sort_keys=True) + "\n")
 
 
+def echo(message: str, *, err: bool = False) -> None:
+    """Print a line that names record content (a key, an id): every invisible character in it escaped
+    (`service.inert.shown`), so that a key holding an escape sequence cannot act on the terminal."""
+    typer.echo("\n".join(inert.shown(line) for line in message.split("\n")), err=err)
+
+
 def show_rows(
     headers: Sequence[str], rows: Sequence[Sequence[str]], *, footer: str | None = None, prose: Collection[int] = ()
 ) -> None:

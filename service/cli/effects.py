@@ -11,6 +11,7 @@ from service.cli.common import (
     JsonFlag,
     configured,
     domain,
+    echo,
     print_json,
     run_async,
     show_rows,
@@ -94,7 +95,7 @@ def effects_show(
     settings = configured()
     row = run_async(lambda _: with_connection(settings, lambda c: effects_store.get(c, key)))
     if row is None:
-        typer.echo(_no_effect(key), err=True)
+        echo(_no_effect(key), err=True)
         raise typer.Exit(1)
     if as_json:
         print_json(row)
@@ -141,7 +142,7 @@ def effects_retry(
         found = [one for one in selection if one not in unknown]
         go_ahead("effects retry", "retry", found, dry_run=True, yes=yes, noun="effects")
         for one in unknown:
-            typer.echo(_no_effect(one), err=True)
+            echo(_no_effect(one), err=True)
         if unknown:
             raise typer.Exit(1)
         return
@@ -173,12 +174,12 @@ def effects_retry(
         )
     for one, (was, went) in outcomes.items():
         if was is None:
-            typer.echo(_no_effect(one), err=True)
+            echo(_no_effect(one), err=True)
         elif went is None and was.startswith("failed"):
-            typer.echo(f"{one}: not retried: {was}", err=True)
+            echo(f"{one}: not retried: {was}", err=True)
         elif went is None:
             hint = f"; `{program} reconcile` resolves it" if was == "uncertain" else ""
-            typer.echo(f"{one} is {was}, not failed: nothing to retry{hint}", err=True)
+            echo(f"{one} is {was}, not failed: nothing to retry{hint}", err=True)
     if len(retried) < len(outcomes):
         raise typer.Exit(1)
 

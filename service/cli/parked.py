@@ -11,6 +11,7 @@ from service.cli.common import (
     ConsumerOption,
     JsonFlag,
     configured,
+    echo,
     print_json,
     run_async,
     show_rows,
@@ -79,7 +80,7 @@ def parked_release(
     names, outcome = run_async(lambda _: with_connection(settings, release, commit=not dry_run))
     if not names:
         under = f" under consumer {consumer}" if consumer else ""
-        typer.echo(f"parked release: nothing holds {key}{under} and nothing is parked behind it", err=True)
+        echo(f"parked release: nothing holds {key}{under} and nothing is parked behind it", err=True)
         raise typer.Exit(1)
     if len(names) > 1:
         typer.echo(
@@ -90,7 +91,7 @@ def parked_release(
         if as_json:
             print_json({"key": key, "consumer": names[0], "dry_run": True})
         else:
-            typer.echo(f"parked release (dry run): would free {key} under consumer {names[0]}; nothing changed")
+            echo(f"parked release (dry run): would free {key} under consumer {names[0]}; nothing changed")
         return
     _report(key, outcome.consumer, outcome.released, as_json=as_json)
 
@@ -109,13 +110,13 @@ def _report(key: str, chosen: str, released: parking.Released, *, as_json: bool)
             }
         )
         return
-    typer.echo(f"consumer {chosen}:", err=True)
+    echo(f"consumer {chosen}:", err=True)
     if released.blocked_by:
-        typer.echo(f"{key}: released (was held by quarantined head {released.blocked_by}); {released.parked} parked")
+        echo(f"{key}: released (was held by quarantined head {released.blocked_by}); {released.parked} parked")
     elif released.retrying:
         heads = ", ".join(released.retrying)
         typer.echo(
             f"{key}: released (was held by {heads} in a retry tier, which retries on its own); {released.parked} parked"
         )
     else:
-        typer.echo(f"{key}: nothing held it; its {released.parked} parked records are released by a running consumer")
+        echo(f"{key}: nothing held it; its {released.parked} parked records are released by a running consumer")

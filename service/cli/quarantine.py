@@ -14,6 +14,7 @@ from service.cli.common import (
     JsonFlag,
     configured,
     domain,
+    echo,
     print_json,
     run_async,
     show_rows,
@@ -171,7 +172,7 @@ def quarantine_show(
 
     row = run_async(lambda _: with_connection(settings, look, commit=revealing))
     if row is None:
-        typer.echo(_no_record(failure_id, consumer), err=True)
+        echo(_no_record(failure_id, consumer), err=True)
         raise typer.Exit(1)
     payload = row.get("payload")
     if row["error_code"] == "INVALID_FIELD":
@@ -256,9 +257,9 @@ def quarantine_annotate(
         print_json({"consumer": chosen.consumer, "annotated": added, "skipped": {one: "not found" for one in missing}})
     else:
         for one in added:
-            typer.echo(f"{one}: note added")
+            echo(f"{one}: note added")
     for one in missing:
-        typer.echo(_no_record(one, consumer), err=True)
+        echo(_no_record(one, consumer), err=True)
     if missing or not selection:
         raise typer.Exit(1)
 
@@ -308,12 +309,12 @@ def quarantine_resolve(
         )
     else:
         for one in resolved:
-            typer.echo(f"{one}: resolved")
+            echo(f"{one}: resolved")
     for one, previous in outcomes.items():
         if previous is None:
-            typer.echo(_no_record(one, consumer), err=True)
+            echo(_no_record(one, consumer), err=True)
         elif previous != "open":
-            typer.echo(f"{one} is {previous}, not open: nothing to resolve", err=True)
+            echo(f"{one} is {previous}, not open: nothing to resolve", err=True)
     if len(resolved) < len(outcomes) or not outcomes:
         raise typer.Exit(1)
 
@@ -323,7 +324,7 @@ def _dry_run(command: str, verb: str, chosen: operations.Picked, consumer: str |
     record, which makes it exit 1 as the real run does."""
     go_ahead(command, verb, list(chosen.failure_ids), dry_run=True, yes=False)
     for one in chosen.missing:
-        typer.echo(_no_record(one, consumer), err=True)
+        echo(_no_record(one, consumer), err=True)
     if chosen.missing:
         raise typer.Exit(1)
 

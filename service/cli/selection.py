@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from service.cli.common import domain
+from service.cli.common import domain, echo
 from service.durations import parse_duration
 from service.operations import Picked, SelectionTooLarge, SeveralConsumers, Wanted
 
@@ -94,7 +94,7 @@ def go_ahead(command: str, verb: str, selection: list[str], *, dry_run: bool, ye
     if not dry_run and (len(selection) == 1 or yes):
         return True
     sample = ", ".join(selection[:5]) + (" …" if len(selection) > 5 else "")
-    typer.echo(f"{command}: {len(selection)} {noun} selected: {sample}")
+    echo(f"{command}: {len(selection)} {noun} selected: {sample}")
     if dry_run:
         return False
     if not sys.stdin.isatty() or not typer.confirm(f"{verb} {len(selection)} {noun}?", err=True):

@@ -303,3 +303,34 @@ async def test_a_one_megabyte_payload_page_loads_shows_its_size_and_keeps_its_wi
     assert 0 < shown["characters"] < MEGABYTE
     await expect(page.locator("#payload p.hint")).to_contain_text(f"the first {shown['characters']}")
     await assert_harmless(page, seen, "the revealed 1 MB payload")
+
+
+async def test_a_right_to_left_override_is_shown_escaped_in_the_envelope_the_facts_and_the_headers(
+    console_settings: Settings,
+    serve_console: ServeConsole,
+    page: Page,
+    log_in: LogIn,
+    operator_token: str,
+) -> None:
+    # Given a record whose key and message id hold a right-to-left override (U+202E), which would show the text
+    # after it reversed, and an escape sequence
+    key = "A-1\u202eevil\x1b[2J"
+    at = datetime.now(UTC) - timedelta(hours=1)
+    stamp = int(at.timestamp() * 1000)
+    hostile = SourceRecord(SOURCE, 0, 0, stamp, key.encode(), b"nope", (("message-id", key.encode()),))
+    await quarantine_at(console_settings, [hostile], at)
+    url = await serve_console(console_settings)
+    await log_in(page, url, operator_token)
+
+    # When an operator opens its page
+    await page.goto(f"{url}/quarantine/{quote(failure_id(0))}")
+
+    # Then the envelope's <pre>, the facts and the headers show the override and the escape as escapes, and the
+    # page holds neither anywhere
+    escaped = "A-1\\u202eevil\\x1b[2J"
+    assert escaped.replace("\\x1b", "\\u001b") in await page.locator("pre.document").inner_text()
+    await expect(page.locator("dl.facts dd.id")).to_have_text([escaped, escaped])  # its message id and key
+    await expect(page.locator("table.headers")).to_contain_text(escaped)
+    text_of_page = await page.locator("html").inner_text()
+    assert "\u202e" not in text_of_page
+    assert "\x1b" not in text_of_page

@@ -201,3 +201,17 @@ async def test_piped_tsv_csv_and_json_print_escapes_and_decode_back_to_the_exact
     assert record["source_headers"][0] == list(HOSTILE_HEADER)
     assert [note["note"] for note in record["annotations"]] == [HOSTILE_NOTE]
     assert "Zürich" in shown  # readable: only the invisible characters are escaped
+
+
+async def test_a_line_naming_a_hostile_key_or_effect_prints_it_as_escapes(hostile: Settings) -> None:
+    # When an operator names a hostile key nothing holds, and a hostile effect key that names nothing
+    released = await cli(hostile, "parked", "release", HOSTILE_KEY, "--dry-run", "--author", "ann", check=False)
+    retried = await cli(
+        hostile, "effects", "retry", f"B-2/{HOSTILE_KEY}", "--reason", "r", "--author", "ann", check=False
+    )
+
+    # Then each says so in one line that holds the key as escapes
+    assert released.returncode == retried.returncode == 1
+    for said in (released.stderr, retried.stderr):
+        assert dangerous(said) == [], said
+        assert inert.shown(HOSTILE_KEY) in said
