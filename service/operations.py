@@ -237,11 +237,20 @@ async def release_key(
     return Release(chosen, released)
 
 
-async def failed_effects(connection: AsyncConnection, keys: Sequence[str], kind: str | None) -> list[str]:
-    """The effects a retry means: the named keys, or the failed effects of `kind` (among the named, if any)."""
-    if kind is None:
+async def failed_effects(
+    connection: AsyncConnection,
+    keys: Sequence[str],
+    kind: str | None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[str]:
+    """The effects a retry means: the named keys, or the failed effects of `kind` and failed in [since, until)
+    (among the named, if any)."""
+    if kind is None and since is None and until is None:
         return list(dict.fromkeys(keys))
-    rows, _ = await effects_store.listing(connection, ["failed"], kind=kind, limit=LARGEST_SELECTION)
+    rows, _ = await effects_store.listing(
+        connection, ["failed"], kind=kind, since=since, until=until, limit=LARGEST_SELECTION
+    )
     picked = [row["idempotency_key"] for row in rows]
     return [one for one in picked if one in set(keys)] if keys else picked
 

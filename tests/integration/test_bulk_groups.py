@@ -97,3 +97,34 @@ async def test_a_range_that_ends_before_it_starts_or_a_bad_time_is_one_line_and_
         assert "--since" in refused.stderr or "--until" in refused.stderr
     assert await scalar(engine, "SELECT count(*) FROM quarantine WHERE status = 'open'") == 4
     assert await scalar(engine, "SELECT count(*) FROM quarantine_annotations") == 0
+
+
+async def test_effects_retry_selects_the_failed_effects_of_a_range_of_failure_times(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics
+) -> None:
+    # Given two failed captures, one failed 3 h ago and one 10 min ago
+    settings = settings_for(database_url, kafka, topics)
+    async with engine.begin() as connection:
+        for key, minutes in (("K-1/payment.capture", 180), ("K-2/payment.capture", 10)):
+            await connection.execute(
+                text(
+                    "INSERT INTO effects (idempotency_key, aggregate_id, kind, state, payload, attempts, updated_at)"
+                    " VALUES (:key, :aggregate, 'payment.capture', 'failed', '{}', 5,"
+                    " now() - make_interval(mins => :m))"
+                ),
+                {"key": key, "aggregate": key.split("/")[0], "m": minutes},
+            )
+
+    # When an operator dry-runs a retry of what failed in the last hour, then of what failed before
+    recent = await cli(settings, "effects", "retry", "--since", "1h", "--reason", "provider fixed", "--dry-run")
+    older = await cli(settings, "effects", "retry", "--until", "1h", "--reason", "provider fixed", "--dry-run")
+    backwards = await cli(
+        settings, "effects", "retry", "--since", "1h", "--until", "2h", "--reason", "r", "--yes", check=False
+    )
+
+    # Then each names the one effect in its range, and a range ending before it starts is exit 2
+    assert recent.stdout == "effects retry: 1 effects selected: K-2/payment.capture\n"
+    assert older.stdout == "effects retry: 1 effects selected: K-1/payment.capture\n"
+    assert backwards.returncode == 2
+    assert "--until" in backwards.stderr
+    assert await scalar(engine, "SELECT count(*) FROM effects WHERE state = 'failed'") == 2
