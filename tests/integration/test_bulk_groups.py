@@ -128,3 +128,12 @@ async def test_effects_retry_selects_the_failed_effects_of_a_range_of_failure_ti
     assert backwards.returncode == 2
     assert "--until" in backwards.stderr
     assert await scalar(engine, "SELECT count(*) FROM effects WHERE state = 'failed'") == 2
+
+
+async def test_a_ramp_with_a_sample_is_refused_as_exit_2(database_url: str, kafka: str, topics: Topics) -> None:
+    settings = settings_for(database_url, kafka, topics)
+    args = ("reprocess", "--error-code", "MALFORMED_PAYLOAD", "--ramp", "--sample", "2", "--reason", "r", "--yes")
+    refused = await cli(settings, *args, check=False)
+    assert refused.returncode == 2
+    assert "--ramp" in refused.stderr
+    assert "Traceback" not in refused.stderr
