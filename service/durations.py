@@ -1,9 +1,10 @@
-"""Durations as the contract writes them: `500ms`, `30s`, `5m`, `1h`, `7d`."""
+"""Durations as the contract writes them (`500ms`, `30s`, `5m`, `1h`, `7d`), and points in time as operators
+write them (RFC 3339, or a duration ago)."""
 
 from __future__ import annotations
 
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -28,3 +29,26 @@ def format_duration(value: timedelta) -> str:
         if ms and ms % factor == 0:
             return f"{ms // factor}{unit}"
     return f"{ms}ms"
+
+
+def moment_of(text: str, now: datetime) -> datetime:
+    """A point in time as an operator writes it: RFC 3339 with its zone (`2026-12-01T08:00:00Z`), or a duration
+    before `now` (`2h`: two hours ago); raise ValueError naming both forms otherwise."""
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        found = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{text!r} is neither an RFC 3339 timestamp nor {FORMAT_HINT} (ago)") from None
+    if found.tzinfo is None:
+        raise ValueError(f"{text!r} needs a time zone (e.g. Z)")
+    return found
+
+
+def time_range(since: datetime | None, until: datetime | None) -> tuple[datetime | None, datetime | None]:
+    """A [since, until) range, checked: ValueError when it ends before it starts."""
+    if since is not None and until is not None and until < since:
+        raise ValueError(f"until ({until.isoformat()}) is before since ({since.isoformat()})")
+    return since, until

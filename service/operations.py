@@ -63,19 +63,24 @@ class Picked:
 
 @dataclass(frozen=True)
 class Wanted:
-    """What an operator asked for: failure ids, or open records matching code, key and age (or both: the ids
-    among the matching ones), of one consumer when it is named."""
+    """What an operator asked for: failure ids, or open records matching code, key, age, owner and a range of
+    first-failed times [since, until) (or both: the ids among the matching ones), of one consumer when it is
+    named."""
 
     ids: tuple[str, ...] = ()
     error_code: str | None = None
     key: str | None = None
     older_than: timedelta | None = None
     consumer: str | None = None
+    owner: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
 
     @property
     def selecting(self) -> bool:
         """Whether the filters select records (rather than only naming them)."""
-        return self.error_code is not None or self.key is not None or self.older_than is not None
+        filters = (self.error_code, self.key, self.older_than, self.owner, self.since, self.until)
+        return any(one is not None for one in filters)
 
     async def pick(self, connection: AsyncConnection) -> Picked:
         """The records this selection means, now: SelectionTooLarge when the filters match too many, and
@@ -93,6 +98,9 @@ class Wanted:
             status="open",
             older_than=self.older_than,
             key=self.key,
+            owner=self.owner,
+            since=self.since,
+            until=self.until,
             consumer=self.consumer,
             limit=LARGEST_SELECTION,
         )
@@ -110,6 +118,9 @@ class Wanted:
             "key": self.key,
             "older_than_seconds": self.older_than.total_seconds() if self.older_than else None,
             "consumer": self.consumer,
+            "owner": self.owner,
+            "since": self.since.isoformat() if self.since else None,
+            "until": self.until.isoformat() if self.until else None,
         }
 
 
@@ -226,11 +237,20 @@ async def release_key(
     return Release(chosen, released)
 
 
-async def failed_effects(connection: AsyncConnection, keys: Sequence[str], kind: str | None) -> list[str]:
-    """The effects a retry means: the named keys, or the failed effects of `kind` (among the named, if any)."""
-    if kind is None:
+async def failed_effects(
+    connection: AsyncConnection,
+    keys: Sequence[str],
+    kind: str | None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[str]:
+    """The effects a retry means: the named keys, or the failed effects of `kind` and failed in [since, until)
+    (among the named, if any)."""
+    if kind is None and since is None and until is None:
         return list(dict.fromkeys(keys))
-    rows, _ = await effects_store.listing(connection, ["failed"], kind=kind, limit=LARGEST_SELECTION)
+    rows, _ = await effects_store.listing(
+        connection, ["failed"], kind=kind, since=since, until=until, limit=LARGEST_SELECTION
+    )
     picked = [row["idempotency_key"] for row in rows]
     return [one for one in picked if one in set(keys)] if keys else picked
 
@@ -271,9 +291,10 @@ async def reprocess_owners(
     since: datetime | None,
     until: datetime | None,
     consumer: str | None,
+    owner: str | None = None,
 ) -> list[tuple[str, str]]:
     """The (consumer name, source topic) pairs a reprocess selection was quarantined under (`consumer`: only it)."""
     found = await reprocess_store.owners(
-        connection, failure_ids=tuple(failure_ids), error_code=error_code, since=since, until=until
+        connection, failure_ids=tuple(failure_ids), error_code=error_code, since=since, until=until, owner=owner
     )
     return [pair for pair in found if consumer in (None, pair[0])]

@@ -9,7 +9,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -20,6 +20,7 @@ from service.cli.layout import print_table, print_tsv
 from service.cli.layout import tables as tables  # what every command prints tables with
 from service.config import ConfigurationError, Settings, load_settings
 from service.containers import Container
+from service.durations import moment_of
 from service.explain import explain
 from service.jsonable import jsonable
 from service.moments import utc as utc  # the one timestamp style of every output
@@ -172,16 +173,13 @@ def who_acts(given: str | None) -> str:
 
 
 def timestamp(value: str | None, option: str) -> datetime | None:
-    """An RFC 3339 flag value with its time zone; anything else is a bad flag (exit 2)."""
+    """An RFC 3339 flag value with its time zone, or a duration ago (`2h`); anything else is a bad flag (exit 2)."""
     if value is None:
         return None
     try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise typer.BadParameter(f"{value!r} is not an RFC 3339 timestamp", param_hint=option) from None
-    if moment.tzinfo is None:
-        raise typer.BadParameter(f"{value!r} needs a time zone (e.g. Z)", param_hint=option)
-    return moment
+        return moment_of(value, datetime.now(UTC))
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint=option) from None
 
 
 ConsumerOption = Annotated[

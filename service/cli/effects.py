@@ -20,7 +20,7 @@ from service.cli.common import (
     with_connection,
 )
 from service.cli.layout import print_sections
-from service.cli.selection import go_ahead
+from service.cli.selection import first_failed_range, go_ahead
 from service.cli.serve import serve_parts
 from service.store import effects as effects_store
 from service.worker.effect_kinds import retry_state, waiting_for
@@ -109,6 +109,14 @@ def effects_retry(
         list[str] | None, typer.Argument(help="Idempotency keys of failed effects (or select with --kind).")
     ] = None,
     kind: Annotated[str | None, typer.Option("--kind", help="Select every failed effect of this kind.")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Select the effects that failed at or after this (RFC 3339, or a duration ago)."),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option("--until", help="Select the effects that failed before this (RFC 3339, or a duration ago)."),
+    ] = None,
     reason: Annotated[str, typer.Option("--reason", help="Why it should be tried again (kept in the audit).")] = "",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be retried; change nothing.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Retry a selection without asking.")] = False,
@@ -121,8 +129,9 @@ def effects_retry(
     settings = configured()
     if not reason.strip():
         raise typer.BadParameter("say why: --reason", param_hint="--reason")
-    if not key and kind is None:
-        raise typer.BadParameter("name idempotency keys, or select with --kind")
+    after, before = first_failed_range(since, until)
+    if not key and kind is None and after is None and before is None:
+        raise typer.BadParameter("name idempotency keys, or select with --kind, --since or --until")
     who = who_acts(author)
 
     registered = domain().effect_specs
@@ -133,7 +142,7 @@ def effects_retry(
         return retry_state(specs.get(kind))
 
     async def look(connection: Any) -> tuple[list[str], list[str]]:
-        selection = await operations.failed_effects(connection, key or [], kind)
+        selection = await operations.failed_effects(connection, key or [], kind, after, before)
         return selection, await operations.unknown_effects(connection, selection) if dry_run else []
 
     selection, unknown = run_async(lambda _: with_connection(settings, look))

@@ -29,7 +29,10 @@ from service.cli.selection import (
     CodeOption,
     FileOption,
     KeyOption,
+    OwnerOption,
     RecordConsumerOption,
+    SinceOption,
+    UntilOption,
     age_of,
     check_code,
     go_ahead,
@@ -226,6 +229,9 @@ def quarantine_annotate(
     error_code: CodeOption = None,
     key: KeyOption = None,
     older_than: AgeOption = None,
+    owner: OwnerOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
     from_file: FileOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be annotated; change nothing.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Annotate a selection without asking.")] = False,
@@ -234,13 +240,15 @@ def quarantine_annotate(
     as_json: JsonFlag = False,
 ) -> None:
     """Append a note to quarantined records (append-only), one by id or a selection of open ones (code, key, age,
-    a file of ids), with --dry-run first; a selection of several is asked about first and exactly the records
-    counted then get the note."""
+    owner, first failed --since/--until, a file of ids), with --dry-run first; a selection of several is asked
+    about first and exactly the records counted then get the note."""
     settings = configured()
     if not note.strip():
         raise typer.BadParameter("say what you found or did: --note", param_hint="--note")
     who = who_acts(author)
-    wanted = wanted_of(failure_id, from_file, error_code, key, older_than, consumer)
+    wanted = wanted_of(
+        failure_id, from_file, error_code, key, older_than, consumer, owner=owner, since=since, until=until
+    )
     chosen = run_async(lambda _: with_connection(settings, lambda c: picked(c, wanted, "quarantine annotate")))
     if dry_run:
         _dry_run("quarantine annotate", "annotate", chosen, consumer)
@@ -273,6 +281,9 @@ def quarantine_resolve(
     error_code: CodeOption = None,
     key: KeyOption = None,
     older_than: AgeOption = None,
+    owner: OwnerOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
     from_file: FileOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be resolved; change nothing.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Resolve a selection without asking.")] = False,
@@ -280,14 +291,17 @@ def quarantine_resolve(
     consumer: RecordConsumerOption = None,
     as_json: JsonFlag = False,
 ) -> None:
-    """Close open records without reprocessing them, one by id or a selection (code, key, age, a file of ids),
-    with --dry-run first; frees the keys they held (<PREFIX>ORDERING=key). A selection of several is asked about
-    first, and exactly the records counted then are resolved (one no longer open is left as it is)."""
+    """Close open records without reprocessing them, one by id or a selection (code, key, age, owner, first
+    failed --since/--until, a file of ids), with --dry-run first; frees the keys they held (<PREFIX>ORDERING=key).
+    A selection of several is asked about first, and exactly the records counted then are resolved (one no longer
+    open is left as it is)."""
     settings = configured()
     if not reason.strip():
         raise typer.BadParameter("say why: --reason", param_hint="--reason")
     who = who_acts(author)
-    wanted = wanted_of(failure_id, from_file, error_code, key, older_than, consumer)
+    wanted = wanted_of(
+        failure_id, from_file, error_code, key, older_than, consumer, owner=owner, since=since, until=until
+    )
     chosen = run_async(lambda _: with_connection(settings, lambda c: picked(c, wanted, "quarantine resolve")))
     if dry_run:
         _dry_run("quarantine resolve", "resolve", chosen, consumer)

@@ -20,13 +20,13 @@ from service.cli.common import (
     print_json,
     run_async,
     show_rows,
-    timestamp,
     use,
     utc,
     who_acts,
     with_connection,
 )
 from service.cli.layout import print_sections
+from service.cli.selection import OwnerOption, SinceOption, UntilOption, check_code, first_failed_range
 from service.config import Settings
 from service.store import reprocess as reprocess_store
 from service.worker.reprocess_run import Options, Selection
@@ -85,10 +85,19 @@ def reprocess(
         list[str] | None, typer.Option("--failure-id", help="A failure id to reprocess (repeatable).")
     ] = None,
     error_code: Annotated[str | None, typer.Option("--error-code", help="Open records with this code.")] = None,
-    since: Annotated[str | None, typer.Option("--since", help="First failed at or after (RFC 3339).")] = None,
-    until: Annotated[str | None, typer.Option("--until", help="First failed before (RFC 3339).")] = None,
+    owner: OwnerOption = None,
+    since: SinceOption = None,
+    until: UntilOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the volume and selection; write nothing.")] = False,
     sample: Annotated[int | None, typer.Option("--sample", min=1, help="Verify a sample of N first.")] = None,
+    ramp: Annotated[
+        bool,
+        typer.Option(
+            "--ramp",
+            help="Send batches of 1, 2, 5, 20, 50 and 100 records, each once the one before is verified, then the "
+            "rest at --rate; stop on the first failure (exit 3). Not with --sample.",
+        ),
+    ] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Continue after the sample without asking.")] = False,
     rate: Annotated[float, typer.Option("--rate", min=0.01, help="Records per second (token bucket).")] = 10.0,
     max_failure_rate: Annotated[
@@ -118,9 +127,13 @@ def reprocess(
     settings = configured()
     if not reason or not reason.strip():
         raise typer.BadParameter("say why this run is needed: --reason", param_hint="--reason")
-    if not (failure_id or error_code or since or until):
-        raise typer.BadParameter("select something: --failure-id, --error-code, --since or --until")
-    selection = Selection(tuple(failure_id or ()), error_code, timestamp(since, "--since"), timestamp(until, "--until"))
+    if not (failure_id or error_code or owner or since or until):
+        raise typer.BadParameter("select something: --failure-id, --error-code, --owner, --since or --until")
+    if ramp and sample:
+        raise typer.BadParameter("a ramp starts with a batch of one: leave out --sample", param_hint="--ramp")
+    check_code(error_code)
+    after, before = first_failed_range(since, until)
+    selection = Selection(tuple(failure_id or ()), error_code, after, before, owner=owner or None)
     settings = _as_owner_of(settings, selection, consumer)
     options = Options(
         reason=reason,
@@ -131,6 +144,7 @@ def reprocess(
         max_failure_rate=max_failure_rate,
         max_lag=max_lag,
         verify_timeout=verify_timeout,
+        ramp=ramp,
     )
     progress = _BarProgress() if sys.stderr.isatty() and not as_json else _PlainProgress()
 
@@ -194,7 +208,13 @@ def _as_owner_of(settings: Settings, selection: Selection, consumer: str | None)
         lambda _: with_connection(
             settings,
             lambda c: operations.reprocess_owners(
-                c, selection.failure_ids, selection.error_code, selection.since, selection.until, consumer
+                c,
+                selection.failure_ids,
+                selection.error_code,
+                selection.since,
+                selection.until,
+                consumer,
+                selection.owner,
             ),
         )
     )

@@ -1,22 +1,34 @@
-"""Selecting quarantined records for a bulk command (ids, a file of ids, code, key, age), and asking first."""
+"""Selecting quarantined records for a bulk command (ids, a file of ids, code, key, age, owner, a range of
+first-failed times), and asking first."""
 
 from __future__ import annotations
 
 import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from service.cli.common import domain, echo
-from service.durations import parse_duration
+from service.cli.common import domain, echo, timestamp
+from service.durations import parse_duration, time_range
 from service.operations import Picked, SelectionTooLarge, SeveralConsumers, Wanted
 
 CodeOption = Annotated[str | None, typer.Option("--error-code", help="Select the open records with this code.")]
 KeyOption = Annotated[str | None, typer.Option("--key", help="Select the open records of this ordering key.")]
 AgeOption = Annotated[
     str | None, typer.Option("--older-than", help="Select the open records first failed this long ago (1h).")
+]
+OwnerOption = Annotated[
+    str | None, typer.Option("--owner", help="Select the open records this owner owns (the console's owner).")
+]
+SinceOption = Annotated[
+    str | None,
+    typer.Option("--since", help="Select the records first failed at or after this (RFC 3339, or a duration ago: 2h)."),
+]
+UntilOption = Annotated[
+    str | None,
+    typer.Option("--until", help="Select the records first failed before this (RFC 3339, or a duration ago: 30m)."),
 ]
 FileOption = Annotated[
     Path | None, typer.Option("--from-file", help="Failure ids, one per line ('-': standard input).")
@@ -54,6 +66,10 @@ def wanted_of(
     key: str | None,
     older_than: str | None,
     consumer: str | None = None,
+    *,
+    owner: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
 ) -> Wanted:
     """What the flags ask for (a bad one is exit 2), with the file of ids read."""
     named = list(ids or [])
@@ -64,10 +80,24 @@ def wanted_of(
             raise typer.BadParameter(f"cannot read {from_file}: {error}", param_hint="--from-file") from None
         named += [line.strip() for line in text.splitlines() if line.strip()]
     check_code(error_code)
-    wanted = Wanted(tuple(dict.fromkeys(named)), error_code, key, age_of(older_than), consumer or None)
+    after, before = first_failed_range(since, until)
+    wanted = Wanted(
+        tuple(dict.fromkeys(named)), error_code, key, age_of(older_than), consumer or None, owner or None, after, before
+    )
     if not wanted.ids and not wanted.selecting:
-        raise typer.BadParameter("name failure ids, --from-file, or select with --error-code / --key / --older-than")
+        raise typer.BadParameter(
+            "name failure ids, --from-file, or select with --error-code / --key / --older-than / --owner / --since / "
+            "--until"
+        )
     return wanted
+
+
+def first_failed_range(since: str | None, until: str | None) -> tuple[datetime | None, datetime | None]:
+    """The --since / --until flags as a range of first-failed times; one that ends before it starts is exit 2."""
+    try:
+        return time_range(timestamp(since, "--since"), timestamp(until, "--until"))
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="--until") from None
 
 
 async def picked(connection: Any, wanted: Wanted, command: str) -> Picked:

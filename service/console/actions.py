@@ -20,6 +20,8 @@ from service.console.asking import (
     duration,
     error_code,
     field,
+    first_failed_range,
+    reprocess_selection,
 )
 from service.console.web import (
     Refused,
@@ -45,19 +47,24 @@ PICKED_AT_MOST = 900_000
 
 def _wanted(request: Request, fields: dict[str, list[str]]) -> operations.Wanted:
     """The records an action means: the ticked ones, or (`scope=matching`) every open one matching the list's
-    code, key and age filters (the ticked ones among them, if any), of the named consumer (when the list is
-    filtered by one): the CLI's selection rule."""
+    code, key, age, owner and first-failed range (the ticked ones among them, if any), of the named consumer
+    (when the list is filtered by one): the CLI's selection rule. A failure group from the overview is its code
+    and owner."""
     ids = tuple(dict.fromkeys(one.strip() for one in fields.get("failure_id", []) if one.strip()))
-    prefix = "match_" if field(fields, "scope") == "matching" else ""
-    wanted = operations.Wanted(
-        ids,
-        error_code(request, field(fields, f"{prefix}error_code")) if prefix else None,
-        (field(fields, f"{prefix}key") or None) if prefix else None,
-        duration(field(fields, f"{prefix}older_than"), "older_than") if prefix else None,
-        field(fields, "consumer") or None,
-    )
+    wanted = operations.Wanted(ids, consumer=field(fields, "consumer") or None)
+    if field(fields, "scope") == "matching":
+        since, until = first_failed_range(field(fields, "match_since"), field(fields, "match_until"), "match_")
+        wanted = dataclasses.replace(
+            wanted,
+            error_code=error_code(request, field(fields, "match_error_code")),
+            key=field(fields, "match_key") or None,
+            older_than=duration(field(fields, "match_older_than"), "older_than"),
+            owner=field(fields, "match_owner") or None,
+            since=since,
+            until=until,
+        )
     if not wanted.ids and not wanted.selecting:
-        raise Refused(400, "select records: tick them in the list, or filter by code, key or age")
+        raise Refused(400, "select records: tick them in the list, or filter by code, key, age, owner or time")
     return wanted
 
 
@@ -286,26 +293,29 @@ async def reprocess(request: Request) -> Response:
     reason = field(fields, "reason") or field(fields, "text")
     if not reason:
         raise Refused(400, "say why this run is needed: the reason is empty")
-    ids = tuple(dict.fromkeys(one.strip() for one in fields.get("failure_id", []) if one.strip()))
-    code = error_code(request, field(fields, "match_error_code")) if field(fields, "scope") == "matching" else None
-    if not ids and code is None:
-        raise Refused(400, "select records to reprocess: tick them in the list, or filter by code")
+    selection = reprocess_selection(request, fields)
+    code = selection.error_code
     rate = _rate(field(fields, "rate"))
     consumer = field(fields, "consumer") or None
-    selection = Selection(ids, code, None, None)
     listed = dry_run_list(fields)
     if listed is not None:
         # Exactly what the dry run listed, each held to the status it had then (a record resolved since is skipped).
         named = tuple(listed.get("failure_ids", ()))
         seen = tuple(zip(named, listed.get("statuses", ()), strict=False))
         selection, consumer = Selection(named, None, None, None, seen), listed.get("consumer")
-    elif code is not None and _confirmed(fields):
+    elif (code, selection.owner, selection.since, selection.until) != (None, None, None, None) and _confirmed(fields):
         fields = {name: values for name, values in fields.items() if name != "confirm"}  # a dry run first
     state = state_of(request)
     settings = state.wiring.settings
     async with reading(request) as connection:
         pairs = await operations.reprocess_owners(
-            connection, selection.failure_ids, selection.error_code, None, None, consumer
+            connection,
+            selection.failure_ids,
+            selection.error_code,
+            selection.since,
+            selection.until,
+            consumer,
+            selection.owner,
         )
     if len(pairs) > 1:
         names = ", ".join(f"{name} ({topic})" for name, topic in pairs)
@@ -313,7 +323,7 @@ async def reprocess(request: Request) -> Response:
     owner = settings
     if pairs:
         owner = settings.model_copy(update={"consumer_name": pairs[0][0], "source_topic": pairs[0][1]})
-    options = Options(reason=reason, actor=who.operator.name, rate=rate)
+    options = Options(reason=reason, actor=who.operator.name, rate=rate, ramp=field(fields, "ramp") == "yes")
     if any(not run.done for run in state.runs.values()):
         # One run at a time from a console: a second (a double click, a second tab) could send records twice.
         raise Refused(409, "a reprocess run started here is still running: wait for it to finish (Reprocess runs)")
@@ -325,6 +335,9 @@ async def reprocess(request: Request) -> Response:
             "consumer": owner.consumer_name,
             "target topic": owner.topics.reprocess,
             "rate": f"{rate:g} records/s",
+            "ramp": "batches of 1, 2, 5, 20, 50, 100, each once the one before is verified; stops on the first failure"
+            if options.ramp
+            else "no",
             "skipped (no longer decodes)": str(len(report.undecodable)),
             "reason": reason,
         }

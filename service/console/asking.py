@@ -11,8 +11,9 @@ from typing import Any
 from starlette.requests import Request
 
 from service.console.web import Refused, state_of
-from service.durations import parse_duration
+from service.durations import moment_of, parse_duration, time_range
 from service.store import quarantine, quarantine_reads
+from service.worker.reprocess_run import Selection
 
 
 def field(fields: dict[str, list[str]], name: str, default: str = "") -> str:
@@ -39,6 +40,25 @@ def moment(value: str, name: str) -> datetime | None:
     return found if found.tzinfo is not None else found.replace(tzinfo=UTC)
 
 
+def since_or_ago(value: str, name: str) -> datetime | None:
+    """A point in time as the CLI's --since / --until take it: RFC 3339 (UTC when it names no zone) or a duration
+    ago (`2h`); a bad one is 400 naming the field."""
+    if not value:
+        return None
+    try:
+        return moment_of(value, datetime.now(UTC))
+    except ValueError:
+        return moment(value, name)
+
+
+def first_failed_range(since: str, until: str, prefix: str = "") -> tuple[datetime | None, datetime | None]:
+    """A form's range of first-failed times; one that ends before it starts is 400."""
+    try:
+        return time_range(since_or_ago(since, f"{prefix}since"), since_or_ago(until, f"{prefix}until"))
+    except ValueError as error:
+        raise Refused(400, f"{prefix}until: {error}") from None
+
+
 def duration(value: str, name: str) -> timedelta | None:
     """A duration (`1h`); a bad one is 400 naming the field."""
     if not value:
@@ -61,14 +81,15 @@ def quarantine_filters(request: Request, fields: dict[str, list[str]]) -> quaran
     status = field(fields, "status")
     if status and status not in quarantine.STATUSES:
         raise Refused(400, f"status: {status!r} is not one of {', '.join(quarantine.STATUSES)}")
+    since, until = first_failed_range(field(fields, "since"), field(fields, "until"))
     return quarantine_reads.Filters(
         error_code=error_code(request, field(fields, "error_code")),
         status=status or None,
         older_than=duration(field(fields, "older_than"), "older_than"),
         key=field(fields, "key") or None,
         message_id=field(fields, "message_id") or None,
-        since=moment(field(fields, "since"), "since"),
-        until=moment(field(fields, "until"), "until"),
+        since=since,
+        until=until,
         owner=field(fields, "owner") or None,
         consumer=field(fields, "consumer") or None,
     )
@@ -97,3 +118,19 @@ def page_start(sort: str, value: str, failure_id: str, consumer: str) -> tuple[A
 def cursor(value: Any) -> str:
     """A sort value as a next-page link carries it."""
     return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def reprocess_selection(request: Request, fields: dict[str, list[str]]) -> Selection:
+    """The records a reprocess form means: the ticked ones, or (`scope=matching`) the open ones of the list's code,
+    owner and first-failed range (a failure group from the overview is its code and owner)."""
+    ids = tuple(dict.fromkeys(one.strip() for one in fields.get("failure_id", []) if one.strip()))
+    if field(fields, "scope") != "matching":
+        if not ids:
+            raise Refused(400, "select records to reprocess: tick them in the list, or filter by code")
+        return Selection(ids)
+    since, until = first_failed_range(field(fields, "match_since"), field(fields, "match_until"), "match_")
+    code = error_code(request, field(fields, "match_error_code"))
+    owner = field(fields, "match_owner") or None
+    if not ids and (code, owner, since, until) == (None, None, None, None):
+        raise Refused(400, "select records to reprocess: tick them in the list, or filter by code, owner or time")
+    return Selection(ids, code, since, until, owner=owner)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
@@ -268,8 +268,12 @@ async def uncertain(connection: AsyncConnection, limit: int, waits: Sequence[tup
     return [_row(row) for row in result]
 
 
-# Fixed SQL whatever the filters: the kind's filter is off when :kind is NULL.
-_FILTERS = "state = ANY(CAST(:states AS text[])) AND (CAST(:kind AS text) IS NULL OR kind = :kind)"
+# Fixed SQL whatever the filters: the kind's and the time range's filters are off when their parameter is NULL.
+_FILTERS = """
+    state = ANY(CAST(:states AS text[])) AND (CAST(:kind AS text) IS NULL OR kind = :kind)
+    AND (CAST(:since AS timestamptz) IS NULL OR updated_at >= :since)
+    AND (CAST(:until AS timestamptz) IS NULL OR updated_at < :until)
+"""
 _LISTING = text(
     f"""
     SELECT idempotency_key, aggregate_id, kind, state, attempts, reconcile_count, last_error_code, provider_ref,
@@ -281,11 +285,26 @@ _COUNT = text(f"SELECT count(*) FROM effects WHERE {_FILTERS}")
 
 
 async def listing(
-    connection: AsyncConnection, states: Sequence[str], *, kind: str | None = None, limit: int = 100, offset: int = 0
+    connection: AsyncConnection,
+    states: Sequence[str],
+    *,
+    kind: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 100,
+    offset: int = 0,
 ) -> tuple[list[dict[str, Any]], int]:
-    """Effects in these states, oldest first: one page of them, and how many match in all."""
+    """Effects in these states (last changed in [since, until) when given), oldest first: one page of them, and how
+    many match in all."""
     # An empty kind is no filter.
-    params = {"states": list(states), "kind": kind or None, "limit": limit, "offset": offset}
+    params = {
+        "states": list(states),
+        "kind": kind or None,
+        "since": since,
+        "until": until,
+        "limit": limit,
+        "offset": offset,
+    }
     rows = [dict(row._mapping) for row in await connection.execute(_LISTING, params)]
     total = (await connection.execute(_COUNT, params)).scalar_one()
     return rows, int(total)

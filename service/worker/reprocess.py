@@ -6,7 +6,8 @@ stored bytes no longer decode, optionally tries a deterministic sample first, pu
 `consumer` header, so that another consumer name reading the topic passes over the copy), and verifies each item
 by its business state — inbox status, quarantine status and the order's effects — never by Kafka delivery. It
 stops, with the reason, when too many items fail again, when an item that was already applied gains an effect (an
-unexpected duplicate), or when the consumer falls behind.
+unexpected duplicate), or when the consumer falls behind. A ramped run (`Options.ramp`) sends the records in the
+growing batches of service/policy/ramp.py, each once the one before is verified, and stops on the first failure.
 
 An item is sent in one transaction that locks its quarantine row and finds it as it was when the run selected it
 (or when an operator saw it, `Selection.seen`); a record resolved or otherwise changed meanwhile is not sent but
@@ -21,7 +22,7 @@ import dataclasses
 import hashlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -31,6 +32,7 @@ from aiolimiter import AsyncLimiter
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.explain import Names, explain
+from service.policy import ramp
 from service.policy.handling import DecodeFailure
 from service.policy.headers import from_json, to_json
 from service.policy.records import id_bytes, pack_key
@@ -58,6 +60,7 @@ class _Item:
     outbox_id: int | None = None
     published_at: float | None = None
     outcome: str | None = None
+    detail: str = ""
 
 
 class Reprocessor:
@@ -92,6 +95,7 @@ class Reprocessor:
                 since=selection.since,
                 until=selection.until,
                 consumer=self._consumer,
+                owner=selection.owner,
             )
         seen = dict(selection.seen)
         # What the operator saw is what the run holds each record to (it was selected then, by them).
@@ -142,12 +146,15 @@ class Reprocessor:
     async def _stages(
         self, report: Report, usable: list[Any], options: Options, progress: Progress, confirm: Callable[[str], bool]
     ) -> None:
+        if options.ramp:
+            await self._ramp(report, usable, options, progress)
+            return
         sample, rest = _split(usable, options.sample)
         stages = [("sample", sample), ("main", rest)] if sample else [("main", rest)]
-        for stage, items in stages:
-            if not items:
+        for stage, candidates in stages:
+            if not candidates:
                 continue
-            reason = await self._stage(report, stage, items, options, progress)
+            reason = await self._stage(report, [_Item(one, stage) for one in candidates], options, progress)
             if reason is not None:
                 report.outcome, report.stop_reason = "stopped", reason
                 return
@@ -161,6 +168,20 @@ class Reprocessor:
                     report.outcome, report.stop_reason = "stopped", "not confirmed after the sample"
                     return
 
+    async def _ramp(self, report: Report, usable: list[Candidate], options: Options, progress: Progress) -> None:
+        """Send the selection in the ramp's batches, each once the one before is verified; stop on a failure."""
+        batches = ramp.plan(len(usable))
+        settled: list[list[ramp.Settled]] = []
+        stopped: str | None = None
+        while isinstance(step := ramp.next_step(batches, settled, stopped), ramp.Batch):
+            items = [_Item(one, step.stage) for one in usable[step.start : step.start + step.size]]
+            stopped = await self._stage(report, items, options, progress)
+            settled.append(
+                [ramp.Settled(i.candidate.failure_id, i.outcome, i.detail) for i in items if i.outcome is not None]
+            )
+        if isinstance(step, ramp.Stop):
+            report.outcome, report.stop_reason = "stopped", step.reason
+
     async def _finish(self, report: Report) -> None:
         assert report.run_id is not None
         async with UnitOfWork(self._engine) as uow:
@@ -168,15 +189,13 @@ class Reprocessor:
             await uow.commit()
         log.info("reprocess_finished", run_id=report.run_id, outcome=report.outcome, stop_reason=report.stop_reason)
 
-    async def _stage(
-        self, report: Report, stage: str, candidates: Sequence[Candidate], options: Options, progress: Progress
-    ) -> str | None:
-        """Publish and verify one stage; return a stop reason, or None."""
+    async def _stage(self, report: Report, items: list[_Item], options: Options, progress: Progress) -> str | None:
+        """Publish and verify one stage (or a ramp's batch) until each item is verified or the verification times
+        out; return a stop reason, or None."""
         assert report.run_id is not None
-        items = [_Item(candidate, stage) for candidate in candidates]
         # A token bucket of one token every 1/rate seconds: a steady rate, no initial burst.
         limiter = AsyncLimiter(1, 1 / options.rate)
-        progress.start(stage, len(items))
+        progress.start(items[0].stage, len(items))
         try:
             for item in items:
                 await limiter.acquire()
@@ -212,7 +231,7 @@ class Reprocessor:
             item.attempt = await store.attempts_so_far(c, candidate.record) + 1
             if status != candidate.status:
                 item.outcome = "skipped"
-                detail = f"not sent: {status or 'gone'} now, {candidate.status} when selected"
+                item.detail = detail = f"not sent: {status or 'gone'} now, {candidate.status} when selected"
                 await store.add_item(
                     c,
                     run_id=run_id,
@@ -288,7 +307,7 @@ class Reprocessor:
                     outcome, detail = "unverified", "no business change seen before the verification timeout"
                 if outcome is None:
                     continue
-                item.outcome = outcome
+                item.outcome, item.detail = outcome, detail
                 await store.settle_item(c, report.run_id, item.candidate.failure_id, outcome, detail)
                 self._count(report, outcome)
                 if outcome == "unexpected_duplicate":

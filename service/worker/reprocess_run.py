@@ -18,6 +18,7 @@ class Selection:
     until: datetime | None = None
     # (failure id, status) as an operator saw them in a dry run: a record found otherwise now is not sent.
     seen: tuple[tuple[str, str], ...] = ()
+    owner: str | None = None
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Options:
     max_failure_rate: float = 0.2
     max_lag: int = 10_000
     verify_timeout: float = 120.0
+    ramp: bool = False  # batches of service/policy/ramp.py's schedule, each sent once the one before is verified
 
 
 @dataclass
