@@ -60,6 +60,7 @@ _CONSOLE = read_by(Reader.CONSOLE)
 _TESTS = read_by(Reader.TESTS)
 # The retry budget: the consumer spends it, and the tier topics' retention outlasts it.
 _BUDGET = read_by(Reader.CONSUMER, Reader.TOPICS)
+_RETENTION = read_by(Reader.RECONCILER)
 # The source topic names every topic: whatever reads, writes or declares one reads it.
 _TOPIC_NAMES = read_by(
     Reader.CONSUMER,
@@ -137,6 +138,14 @@ class Settings(BaseSettings):
     console_tokens: Annotated[SecretStr, _CONSOLE] = SecretStr("")
     console_behind_tls: Annotated[bool, _CONSOLE] = False
     console_session_ttl: Annotated[Duration, _CONSOLE] = timedelta(hours=8)
+    # How long the reconciler keeps what operators no longer need (docs/runbook.md, Retention and erasure): the
+    # original bytes and header values of closed quarantined records, then the closed records with their timelines,
+    # the audit log, reprocess and reconcile runs, and ended console sessions. Open records are never purged.
+    retention_quarantine_payload: Annotated[Duration, _RETENTION] = timedelta(days=30)
+    retention_quarantine: Annotated[Duration, _RETENTION] = timedelta(days=90)
+    retention_audit: Annotated[Duration, _RETENTION] = timedelta(days=400)
+    retention_runs: Annotated[Duration, _RETENTION] = timedelta(days=90)
+    retention_console_sessions: Annotated[Duration, _RETENTION] = timedelta(days=7)
     # Test instrumentation only (see service/faults.py): a named point where the process kills itself.
     fault_crash_at: Annotated[Literal["after-commit", "mid-write", "after-publish"] | None, _TESTS] = None
     # Test instrumentation only: a named write that fails as if the store refused its content.
