@@ -26,6 +26,7 @@ from service.cli.common import (
     who_acts,
     with_connection,
 )
+from service.cli.erase import quarantine_erase
 from service.cli.selection import (
     AgeOption,
     CodeOption,
@@ -42,6 +43,7 @@ from service.jsonable import jsonable
 from service.store import quarantine, quarantine_reads
 
 app = typer.Typer(help="Operate the quarantine queue.", no_args_is_help=True)
+app.command("erase")(quarantine_erase)
 
 
 @app.command("list")
@@ -196,6 +198,9 @@ def quarantine_show(
         # The values come from records: never let them be read as Rich markup.
         shown = json.dumps(value) if isinstance(value, dict | list) else str(value)
         console.print(f"[bold]{name}[/bold]: {escape(shown)}")
+    if row.get("erased_at") is not None:
+        erased = f"erased at {utc(row['erased_at'])} by {row['erased_by']}: its payload and header values are gone"
+        console.print(escape(erased))
     console.print("[bold]timeline[/bold] (UTC, in the order it happened):")
     for event in timeline:
         console.print(f"  {utc(event['at'])}  {escape(happened(event))}")

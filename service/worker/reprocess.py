@@ -104,7 +104,9 @@ class Reprocessor:
         )
         usable = []
         for candidate in candidates:
-            if isinstance(self._decode(candidate.payload), DecodeFailure):
+            if candidate.erased is not None:
+                report.erased[candidate.failure_id] = candidate.erased
+            elif isinstance(self._decode(candidate.payload), DecodeFailure):
                 report.undecodable.append(candidate.failure_id)
             else:
                 usable.append(candidate)
