@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service import erasing
 from service.cli.common import JsonFlag, configured, print_json, run_async, who_acts, with_connection
-from service.cli.selection import FileOption, RecordConsumerOption, go_ahead, wanted_of
+from service.cli.selection import FileOption, go_ahead, wanted_of
 from service.operations import SeveralConsumers
 from service.store.quarantine import RecordKey
 
@@ -27,7 +27,14 @@ def quarantine_erase(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be erased; change nothing.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Erase a selection of several without asking.")] = False,
     author: Annotated[str | None, typer.Option("--author", help="Who erases (default: $USER).")] = None,
-    consumer: RecordConsumerOption = None,
+    consumer: Annotated[
+        str | None,
+        typer.Option(
+            "--consumer",
+            help="Only this consumer name's records. A failure id several consumer names quarantined needs it (exit 2 "
+            "without); --key without it takes the key's records of every consumer name.",
+        ),
+    ] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Remove the original bytes and header values of the records named (ids, a file of ids, or every record of

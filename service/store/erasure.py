@@ -22,6 +22,9 @@ _ALREADY = text(
     WHERE consumer_name = :consumer AND failure_id = ANY(CAST(:failure_ids AS text[])) AND erased_at IS NOT NULL
     """
 )
+_IS_ERASED = text(
+    "SELECT erased_at IS NOT NULL FROM quarantine WHERE consumer_name = :consumer AND failure_id = :failure_id"
+)
 _ERASE = text(
     f"""
     WITH erased AS (
@@ -54,3 +57,9 @@ async def erase(connection: AsyncConnection, consumer: str, failure_ids: list[st
     """Remove the bytes and header values of these records of `consumer` not erased yet; the ones erased now."""
     found = await connection.execute(_ERASE, {"consumer": consumer, "failure_ids": failure_ids, "actor": actor})
     return [row.failure_id for row in found]
+
+
+async def is_erased(connection: AsyncConnection, record: RecordKey) -> bool:
+    """Whether this record's bytes were removed."""
+    params = {"consumer": record.consumer_name, "failure_id": record.failure_id}
+    return bool((await connection.execute(_IS_ERASED, params)).scalar())
