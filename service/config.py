@@ -42,6 +42,18 @@ def _positive(value: timedelta) -> timedelta:
 
 Duration = Annotated[timedelta, BeforeValidator(_to_timedelta), AfterValidator(_positive)]
 
+RETENTION_MIN = timedelta(hours=1)
+RETENTION_MAX = timedelta(days=36_500)  # a century: PostgreSQL's timestamps take `now() - period` far beyond
+
+
+def _retention_range(value: timedelta) -> timedelta:
+    if not RETENTION_MIN <= value <= RETENTION_MAX:
+        raise ValueError(f"must be {format_duration(RETENTION_MIN)} … {format_duration(RETENTION_MAX)}")
+    return value
+
+
+Retention = Annotated[Duration, AfterValidator(_retention_range)]
+
 DEDUP_WINDOW_MIN = timedelta(seconds=20)
 DEDUP_WINDOW_MAX = timedelta(days=7)
 # Beyond the retry horizon, a record may still come again: a consumer restart redelivers uncommitted offsets,
@@ -60,6 +72,7 @@ _CONSOLE = read_by(Reader.CONSOLE)
 _TESTS = read_by(Reader.TESTS)
 # The retry budget: the consumer spends it, and the tier topics' retention outlasts it.
 _BUDGET = read_by(Reader.CONSUMER, Reader.TOPICS)
+_RETENTION = read_by(Reader.RECONCILER)
 # The source topic names every topic: whatever reads, writes or declares one reads it.
 _TOPIC_NAMES = read_by(
     Reader.CONSUMER,
@@ -137,6 +150,14 @@ class Settings(BaseSettings):
     console_tokens: Annotated[SecretStr, _CONSOLE] = SecretStr("")
     console_behind_tls: Annotated[bool, _CONSOLE] = False
     console_session_ttl: Annotated[Duration, _CONSOLE] = timedelta(hours=8)
+    # How long the reconciler keeps what operators no longer need (docs/runbook.md, Retention and erasure): the
+    # original bytes and header values of closed quarantined records, then the closed records with their timelines,
+    # the audit log, reprocess and reconcile runs, and ended console sessions. Open records are never purged.
+    retention_quarantine_payload: Annotated[Retention, _RETENTION] = timedelta(days=30)
+    retention_quarantine: Annotated[Retention, _RETENTION] = timedelta(days=90)
+    retention_audit: Annotated[Retention, _RETENTION] = timedelta(days=400)
+    retention_runs: Annotated[Retention, _RETENTION] = timedelta(days=90)
+    retention_console_sessions: Annotated[Retention, _RETENTION] = timedelta(days=7)
     # Test instrumentation only (see service/faults.py): a named point where the process kills itself.
     fault_crash_at: Annotated[Literal["after-commit", "mid-write", "after-publish"] | None, _TESTS] = None
     # Test instrumentation only: a named write that fails as if the store refused its content.

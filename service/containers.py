@@ -25,6 +25,7 @@ from service.policy.effects import EffectPolicy
 from service.policy.owners import Owners, parse_owners
 from service.policy.retry import RetryPolicy
 from service.ports import Domain, EffectRegistry, Handler, Plumbing
+from service.store.retention import Retention
 from service.store.uow import create_engine, ping
 from service.worker.consumer import CONTEXT_LOOKUPS, ConsumerLoop, KafkaDiagnosis
 from service.worker.downtime import Downtime
@@ -238,6 +239,7 @@ class Container(containers.DeclarativeContainer):
         topics=topic_names,
         lease=settings.provided.effect_lease,
         dedup_window=settings.provided.dedup_window,
+        retention=providers.Callable(Retention.of, settings),
         lookup_budget=call_seconds,
         program=settings.provided.program,
         consumer_name=settings.provided.consumer_name,

@@ -23,6 +23,7 @@ from service.cli.common import (
     who_acts,
     with_connection,
 )
+from service.cli.erase import quarantine_erase
 from service.cli.record import print_record
 from service.cli.selection import (
     AgeOption,
@@ -42,6 +43,7 @@ from service.cli.selection import (
 from service.store import quarantine, quarantine_reads
 
 app = typer.Typer(help="Operate the quarantine queue.", no_args_is_help=True)
+app.command("erase")(quarantine_erase)
 
 
 @app.command("list")

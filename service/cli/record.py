@@ -21,6 +21,9 @@ def print_record(row: dict[str, Any]) -> None:
         ("resolved by", row["resolved_by"]),
         ("resolved at", row["resolved_at"]),
     ]
+    erased = [
+        ("erased", f"at {utc(row['erased_at'])} by {row.get('erased_by')}: its payload and header values are gone")
+    ]
     layout.section(
         console,
         "facts",
@@ -35,6 +38,7 @@ def print_record(row: dict[str, Any]) -> None:
                 ("owner", row["owner"]),
                 ("status", row["status"]),
                 *(resolved if row["resolution"] else []),
+                *erased,
                 ("attempts", row["attempts"]),
                 ("repeat failures", row["repeat_failures"]),
                 ("first failed", row["first_failed_at"]),
@@ -72,6 +76,11 @@ def print_record(row: dict[str, Any]) -> None:
         "timeline (UTC, in the order it happened)",
         [f"{utc(event['at'])}  {inert.shown(happened(event))}" for event in row["timeline"]],
     )
+
+
+def _erasure(row: dict[str, Any]) -> str:
+    """When and by whom a record's payload and header values were erased."""
+    return f"erased at {utc(row['erased_at'])} by {row.get('erased_by')}: its payload and header values are gone"
 
 
 def happened(event: dict[str, Any]) -> str:

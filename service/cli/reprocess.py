@@ -182,6 +182,8 @@ def reprocess(
             f"(`{domain().program} reprocess show {report.run_id}` says which and how)",
             err=True,
         )
+    for failure_id, erased in report.erased.items():
+        typer.echo(f"reprocess: {failure_id} was {erased}: its payload is gone, it cannot be reprocessed", err=True)
     if report.outcome == "stopped":
         raise typer.Exit(3)
     if report.unverified:
@@ -191,6 +193,8 @@ def reprocess(
             "runs",
             err=True,
         )
+        raise typer.Exit(1)
+    if report.erased:
         raise typer.Exit(1)
 
 

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.config import Settings
 from service.console import routes, views
 from service.console.sessions import LoginLimiter, Sessions
-from service.console.web import InertJSON, Refused, State, Wiring, caller, log, render, safe_next
+from service.console.web import InertJSON, Refused, State, Wiring, caller, log, read_session, render, safe_next
 from service.explain import explain
 from service.policy.operators import parse_tokens
 
@@ -123,6 +123,7 @@ def create_app(wiring: Wiring) -> Starlette:
         exception_handlers={Refused: _refused, 404: _not_found, 405: _not_allowed},
     )
     app.state.console = state
+    app.add_middleware(_Sessions, state=state)
     app.add_middleware(_Outer, names=type(wiring.settings))
     return app
 
@@ -134,6 +135,18 @@ class _Outer:
         self._app = security_headers(app, names)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+
+class _Sessions:
+    """Reads the request's session from the database once, before the route (which reads it synchronously)."""
+
+    def __init__(self, app: ASGIApp, state: State) -> None:
+        self._app, self._state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await read_session(self._state, scope)
         await self._app(scope, receive, send)
 
 

@@ -21,7 +21,7 @@ from service.console.web import (
 )
 from service.explain import explain
 from service.policy.operators import match
-from service.store.uow import ping
+from service.store.uow import UnitOfWork, ping
 
 LOGIN_COOKIE = "console_login"  # the login form's CSRF token (double submit), before there is a session
 _LOGIN_TOKEN = re.compile(r"[A-Za-z0-9_-]{32}")  # what `secrets.token_urlsafe(24)` makes
@@ -86,7 +86,9 @@ async def login(request: Request) -> Response:
         state.limiter.failed(client)
         log.warning("console.login_failed", client=client)
         return await login_form(request, error="that token is not valid", status=401)
-    cookie, _ = state.sessions.issue(operator)
+    async with UnitOfWork(state.wiring.engine) as uow:
+        cookie, _ = await state.sessions.issue(uow.connection, operator)
+        await uow.commit()
     log.info("console.login", actor=operator.name, role=operator.role, client=client)
     response = RedirectResponse(safe_next(str(form.get("next", "/"))), status_code=303)
     response.set_cookie(
@@ -103,9 +105,13 @@ async def login(request: Request) -> Response:
 
 
 async def logout(request: Request) -> Response:
-    """End the session (its cookie is removed)."""
+    """End the session: its row is revoked, so the cookie, were it kept or copied, opens nothing on any replica."""
     who = caller(request)
     await checked_form(request, who)
+    async with UnitOfWork(state_of(request).wiring.engine) as uow:
+        await state_of(request).sessions.end(uow.connection, request.cookies.get(COOKIE))
+        await uow.commit()
+    log.info("console.logout", actor=who.operator.name)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(COOKIE, path="/")
     return response

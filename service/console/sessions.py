@@ -1,21 +1,26 @@
-"""Console sessions: a signed, expiring cookie that names an operator's token fingerprint and the session's
-CSRF token; and the limit on failed logins."""
+"""Console sessions: an opaque random token in the cookie, a row in the database found by its hash (so that a
+logout or an expiry holds on every console replica), the session's CSRF token derived from it; and the limit on
+failed logins."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 
-from itsdangerous import BadSignature, URLSafeTimedSerializer
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.policy.operators import Operator
+from service.store import console_sessions
 
 COOKIE = "console_session"
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")  # what `secrets.token_urlsafe(32)` makes
 
 
 @dataclass(frozen=True)
@@ -26,39 +31,61 @@ class Session:
     csrf: str
 
 
+def _derived(token: str, purpose: str) -> str:
+    # One-way and apart by purpose: the CSRF token a page shows says nothing of the row's key, nor of the cookie.
+    return hmac.new(token.encode(), purpose.encode(), hashlib.sha256).hexdigest()
+
+
+def session_id_hash(token: str) -> str:
+    """What the database keeps of a session's token: its row's key."""
+    return _derived(token, "console session id")
+
+
 class Sessions:
-    """Issues and reads session cookies. The signing key is derived from the configured tokens, so every
-    replica with the same configuration accepts the same cookie, and changing the tokens ends every session;
-    a removed token ends its own at once (the cookie names its fingerprint, looked up on every request)."""
+    """Opens, reads and ends sessions. A session holds while its row is live (not revoked, not expired), its
+    operator's token is still configured under the same name and role, and the token list is the one it was
+    opened under: removing a token ends its sessions at once, and any change to the list ends them all."""
 
     def __init__(self, operators: Iterable[Operator], tokens: Iterable[str], ttl_seconds: float, program: str) -> None:
         self._by_fingerprint = {operator.fingerprint: operator for operator in operators}
-        # The key's label names the service (its program), so that two services' consoles never read each other's.
+        # The digest's label names the service (its program), so that two services' consoles never read each other's.
         label = f"{program} console session".encode()
-        key = hmac.new(label, "\n".join(sorted(tokens)).encode(), hashlib.sha256)
-        self._serializer = URLSafeTimedSerializer(key.hexdigest(), salt="console-session")
+        self._tokens_digest = hmac.new(label, "\n".join(sorted(tokens)).encode(), hashlib.sha256).hexdigest()
         self.ttl_seconds = ttl_seconds
 
-    def issue(self, operator: Operator) -> tuple[str, Session]:
-        """A new session for `operator`: its cookie value, and the session (with a fresh CSRF token)."""
-        session = Session(operator, secrets.token_urlsafe(32))
-        return self._serializer.dumps({"f": operator.fingerprint, "c": session.csrf}), session
+    @property
+    def _ttl(self) -> timedelta:
+        return timedelta(seconds=self.ttl_seconds)
 
-    def read(self, cookie: str | None) -> Session | None:
-        """The session a cookie holds: None when absent, forged, expired or of a token no longer configured."""
-        if not cookie:
+    async def issue(self, connection: AsyncConnection, operator: Operator) -> tuple[str, Session]:
+        """A new session for `operator`: its cookie value, and the session (with its CSRF token)."""
+        token = secrets.token_urlsafe(32)
+        await console_sessions.issue(
+            connection,
+            session_id_hash(token),
+            console_sessions.SessionRow(operator.name, operator.role, operator.fingerprint, self._tokens_digest),
+            self._ttl,
+        )
+        return token, Session(operator, _derived(token, "console session csrf"))
+
+    async def read(self, connection: AsyncConnection, cookie: str | None) -> Session | None:
+        """The session a cookie names: None when absent, unknown, revoked, expired, or of a token (or token list)
+        no longer configured."""
+        if not cookie or not _TOKEN.fullmatch(cookie):
             return None
-        try:
-            content = self._serializer.loads(cookie, max_age=int(self.ttl_seconds))
-        except (BadSignature, ValueError, TypeError):
+        row = await console_sessions.live(connection, session_id_hash(cookie), self._ttl)
+        if row is None or row.tokens_digest != self._tokens_digest:
             return None
-        if not isinstance(content, dict):
+        operator = self._by_fingerprint.get(row.fingerprint)
+        if operator is None or (operator.name, operator.role) != (row.operator, row.role):
             return None
-        operator = self._by_fingerprint.get(str(content.get("f")))
-        csrf = content.get("c")
-        if operator is None or not isinstance(csrf, str):
-            return None
-        return Session(operator, csrf)
+        return Session(operator, _derived(cookie, "console session csrf"))
+
+    async def end(self, connection: AsyncConnection, cookie: str | None) -> bool:
+        """Revoke the session a cookie names (logout); False when there was none live."""
+        if not cookie or not _TOKEN.fullmatch(cookie):
+            return False
+        return await console_sessions.revoke(connection, session_id_hash(cookie))
 
 
 class LoginLimiter:

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.templating import Jinja2Templates
+from starlette.types import Scope
 
 from service import inert
 from service.config import Settings
@@ -25,6 +26,10 @@ from service.store.uow import UnitOfWork
 from service.worker.reprocess_run import Options, Progress, Report, Selection
 
 log = structlog.get_logger("console")
+
+SESSION_STATE = "console_session"  # the request's state: its session, read from the database before the route
+# What answers without a login: no session is looked up for them (a probe must not need the database's sessions).
+UNAUTHENTICATED = ("/healthz", "/readyz", "/favicon.ico", "/static/")
 
 Reprocess = Callable[[Settings, Selection, Options, Progress], Awaitable[Report]]
 
@@ -93,6 +98,20 @@ class State:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
 
+async def read_session(state: State, scope: Scope) -> None:
+    """Put the session the request's cookie names (None when none is live) in its state, for `caller`."""
+    path = str(scope.get("path", ""))
+    if any(path == public or (public.endswith("/") and path.startswith(public)) for public in UNAUTHENTICATED):
+        return
+    cookie = Request(scope).cookies.get(COOKIE)
+    session = None
+    if cookie:
+        async with UnitOfWork(state.wiring.engine) as uow:
+            session = await state.sessions.read(uow.connection, cookie)
+            await uow.commit()
+    scope.setdefault("state", {})[SESSION_STATE] = session
+
+
 class Refused(Exception):
     """A request the console refuses: its status and a one-line reason."""
 
@@ -138,7 +157,7 @@ def _authenticated(request: Request) -> Caller | None:
         scheme, _, token = header.partition(" ")
         found = match(state.operators, token.strip()) if scheme.lower() == "bearer" else None
         return Caller(found, None) if found is not None else None
-    session = state.sessions.read(request.cookies.get(COOKIE))
+    session: Session | None = getattr(request.state, SESSION_STATE, None)
     return Caller(session.operator, session) if session is not None else None
 
 

@@ -169,7 +169,7 @@ _GET = text(
     """
     SELECT failure_id, consumer_name, message_id, error_code, status, owner, ordering_key, envelope, payload,
            source_headers, attempts, repeat_failures, first_failed_at, last_failed_at, resolution, resolved_by,
-           resolved_at, created_at, updated_at
+           resolved_at, created_at, updated_at, erased_at, erased_by
     FROM quarantine WHERE consumer_name = :consumer AND failure_id = :failure_id
     """
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import bindparam, text
@@ -28,6 +28,7 @@ class Candidate:
     source_headers: list[list[str]]
     envelope: dict[str, Any]
     repeat_failures: int
+    erased: str | None = None  # when and by whom its bytes were removed: such a record cannot be sent again
 
     @property
     def record(self) -> RecordKey:
@@ -58,10 +59,16 @@ _SELECTED = """
 _OWNERS = text(
     f"SELECT DISTINCT consumer_name, envelope -> 'source' ->> 'topic' AS topic FROM quarantine WHERE {_SELECTED}"
 )
+
+
+def _utc(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
 _CANDIDATES = text(
     f"""
     SELECT consumer_name, failure_id, message_id, ordering_key, error_code, status, payload, source_headers, envelope,
-           repeat_failures
+           repeat_failures, erased_at, erased_by
     FROM quarantine WHERE {_SELECTED}
     ORDER BY first_failed_at, failure_id
     """
@@ -124,6 +131,7 @@ async def select_candidates(
             source_headers=list(row.source_headers),
             envelope=dict(row.envelope),
             repeat_failures=row.repeat_failures,
+            erased=None if row.erased_at is None else f"erased at {_utc(row.erased_at)} by {row.erased_by}",
         )
         for row in await connection.execute(_CANDIDATES, params)
     ]

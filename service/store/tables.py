@@ -117,6 +117,10 @@ quarantine = Table(
     Column("resolved_at", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # When the original bytes and header values were removed (`quarantine erase`, or retention), and by whom: the
+    # row's facts stay; a record without its bytes cannot be reprocessed.
+    Column("erased_at", DateTime(timezone=True)),
+    Column("erased_by", Text),
     # Two consumer names reading one source topic each keep their own record of a failure (contract §7).
     PrimaryKeyConstraint("consumer_name", "failure_id"),
     CheckConstraint("status IN ('open', 'resolved', 'reprocessing', 'reprocessed')", name="status"),
@@ -279,4 +283,21 @@ audit_log = Table(
     Column("selection", JSONB, nullable=False),
     Column("result", JSONB, nullable=False),
     Index("ix_audit_log_at", "at"),
+)
+
+# Console logins (contract §9), shared by every console replica: the row of a session is found by the hash of its
+# cookie's opaque token (the token itself is stored nowhere); logout revokes it.
+console_sessions = Table(
+    "console_sessions",
+    metadata,
+    Column("id_hash", Text, primary_key=True),
+    Column("operator", Text, nullable=False),
+    Column("role", Text, nullable=False),
+    Column("fingerprint", Text, nullable=False),  # the operator's token's (service/policy/operators.py)
+    Column("tokens_digest", Text, nullable=False),  # the token list's at login: a changed list ends the session
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("revoked_at", DateTime(timezone=True)),
+    Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ix_console_sessions_expires_at", "expires_at"),
 )

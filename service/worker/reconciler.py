@@ -1,6 +1,6 @@
 """The reconciler: one bounded pass for cron. It takes back expired effect leases, removes orphan retry rows,
-resolves uncertain effects through the providers' look-ups, and purges inbox (and published outbox) rows older
-than the dedup window.
+resolves uncertain effects through the providers' look-ups, purges inbox (and published outbox) rows older
+than the dedup window, and applies retention (service/store/retention.py).
 
 Only one pass runs at a time: a PostgreSQL advisory lock; a second concurrent run returns at once.
 """
@@ -10,25 +10,30 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 import structlog
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.codes import ErrorCode
 from service.config import Topics
 from service.metrics import Metrics
 from service.policy.effects import EffectPolicy, LookupFailed, LookupOutcome, after_lookup
 from service.ports import EffectKind, EffectRegistry
-from service.store import effects, inbox, outbox, reconcile_runs, retries
+from service.store import effects, inbox, outbox, reconcile_runs, retention, retries
 from service.store.effects import EffectRow
+from service.store.retention import Retention
 from service.store.uow import UnitOfWork, translated_errors
 from service.worker.effects import record_outcomes
 
 log = structlog.get_logger("reconciler")
 
 _PURGE_BATCH = 1000
+# One batch of a purge: on this connection, rows past this period, at most this many; how many it removed.
+Purge = Callable[[AsyncConnection, timedelta, int], Awaitable[int]]
 _LOOKUP_BATCH = 100
 # Look-ups of one kind that may fail in a row before a pass looks that kind's other uncertain effects up only after
 # every other kind's: a provider that is down or slow must not spend the pass the other kinds and the purge need.
@@ -47,6 +52,14 @@ class Summary:
     inbox_purged: int = 0
     outbox_purged: int = 0
     retry_orphans_removed: int = 0
+    # Retention: closed quarantined records' bytes removed, then the records (and their timeline events), audit
+    # rows, reprocess and reconcile runs, ended console sessions.
+    quarantine_payloads_erased: int = 0
+    quarantine_purged: int = 0
+    quarantine_events_purged: int = 0
+    audit_purged: int = 0
+    runs_purged: int = 0
+    console_sessions_purged: int = 0
     seconds: float = 0.0
     complete: bool = True  # False when the time budget ended the pass early
     failing_kinds: list[str] = field(default_factory=list)  # kinds whose look-ups failed several times in a row
@@ -57,7 +70,10 @@ class Summary:
             f"reconcile: {self.leases_expired} expired leases taken back; uncertain effects: "
             f"{self.resolved_sent} sent, {self.sent_back_to_pending} back to pending, {self.failed} failed, "
             f"{self.still_uncertain} still uncertain; purged {self.inbox_purged} inbox and {self.outbox_purged} "
-            f"outbox rows; {self.retry_orphans_removed} orphan retry rows removed; {self.seconds:.2f}s"
+            f"outbox rows; {self.retry_orphans_removed} orphan retry rows removed; retention: "
+            f"{self.quarantine_payloads_erased} quarantine payloads erased, {self.quarantine_purged} quarantined "
+            f"records ({self.quarantine_events_purged} events), {self.audit_purged} audit rows, {self.runs_purged} "
+            f"runs and {self.console_sessions_purged} console sessions purged; {self.seconds:.2f}s"
             + ("" if self.complete else " (time budget reached, run again)")
             + (f"; look-ups failing for {', '.join(sorted(self.failing_kinds))}" if self.failing_kinds else "")
         )
@@ -76,6 +92,7 @@ class Reconciler:
         topics: Topics,
         lease: timedelta,
         dedup_window: timedelta,
+        retention: Retention,
         lookup_budget: float,
         program: str,
         consumer_name: str,
@@ -87,6 +104,7 @@ class Reconciler:
         self._topics = topics
         self._lease = lease  # the effect lease: a kind's quiet time is told from it
         self._dedup_window = dedup_window  # inbox and published outbox rows older than this are purged
+        self._retention = retention
         # One look-up's longest wait, as the effect worker allows a call (service/worker/effects.py, `call_budget`).
         self._lookup_budget = lookup_budget
         # The advisory lock's key: one pass at a time per service and consumer name.
@@ -209,18 +227,34 @@ class Reconciler:
 
     async def _purge(self, summary: Summary, deadline: float) -> None:
         """Delete expired rows in small batches, each its own short transaction (no long locks)."""
-        window = self._dedup_window
-        for purge, counted in ((inbox.purge, "inbox_purged"), (outbox.purge_published, "outbox_purged")):
+        kept = self._retention
+        # Records past their whole period go before the bytes of the others: none is erased only to be deleted.
+        purges: tuple[tuple[Purge, timedelta, str], ...] = (
+            (inbox.purge, self._dedup_window, "inbox_purged"),
+            (outbox.purge_published, self._dedup_window, "outbox_purged"),
+            (partial(self._purge_quarantine, summary), kept.quarantine, "quarantine_purged"),
+            (retention.erase_closed_payloads, kept.quarantine_payload, "quarantine_payloads_erased"),
+            (retention.purge_audit, kept.audit, "audit_purged"),
+            (retention.purge_runs, kept.runs, "runs_purged"),
+            (retention.purge_console_sessions, kept.console_sessions, "console_sessions_purged"),
+        )
+        for purge, period, counted in purges:
             while True:
                 if time.monotonic() > deadline:
                     summary.complete = False
                     return
                 async with UnitOfWork(self._engine) as uow:
-                    deleted = await purge(uow.connection, window, _PURGE_BATCH)
+                    deleted = await purge(uow.connection, period, _PURGE_BATCH)
                     await uow.commit()
                 setattr(summary, counted, getattr(summary, counted) + deleted)
                 if deleted < _PURGE_BATCH:
                     break
+
+    @staticmethod
+    async def _purge_quarantine(summary: Summary, connection: AsyncConnection, period: timedelta, batch: int) -> int:
+        records, events = await retention.purge_closed_records(connection, period, batch)
+        summary.quarantine_events_purged += events
+        return records
 
     async def _record(self, started: datetime, summary: Summary) -> None:
         async with UnitOfWork(self._engine) as uow:

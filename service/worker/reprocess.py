@@ -38,7 +38,7 @@ from service.policy.headers import from_json, to_json
 from service.policy.records import id_bytes, pack_key
 from service.policy.verification import judge
 from service.stopping import sleep_unless_stopped
-from service.store import outbox, quarantine
+from service.store import erasure, outbox, quarantine
 from service.store import reprocess as store
 from service.store.outbox import OutboxMessage
 from service.store.reprocess import Candidate, ItemState
@@ -108,7 +108,9 @@ class Reprocessor:
         )
         usable = []
         for candidate in candidates:
-            if isinstance(self._decode(candidate.payload), DecodeFailure):
+            if candidate.erased is not None:
+                report.erased[candidate.failure_id] = candidate.erased
+            elif isinstance(self._decode(candidate.payload), DecodeFailure):
                 report.undecodable.append(candidate.failure_id)
             else:
                 usable.append(candidate)
@@ -228,6 +230,8 @@ class Reprocessor:
             c = uow.connection
             # Locked until the copy's outbox row commits: a resolve waits for this send, or this send sees it.
             status = await quarantine.lock_status(c, candidate.record)
+            if status is not None and await erasure.is_erased(c, candidate.record):
+                status = "erased"  # since it was selected: the bytes this run holds must not be sent
             item.attempt = await store.attempts_so_far(c, candidate.record) + 1
             if status != candidate.status:
                 item.outcome = "skipped"

@@ -43,6 +43,7 @@ class Report:
     run_id: str | None
     selected: int
     undecodable: list[str] = field(default_factory=list)
+    erased: dict[str, str] = field(default_factory=dict)  # refused: their bytes were removed (when, by whom)
     published: int = 0
     reprocessed: int = 0
     failed_again: int = 0
