@@ -98,10 +98,16 @@ def _command() -> str:
 
 @asynccontextmanager
 async def assembled(settings: Settings) -> AsyncIterator[Container]:
-    """The container with its resources (engine, HTTP client) open for the block, closed after it."""
+    """The container with its resources (engine, HTTP client) open for the block, closed after it; first, the
+    database must be at this version's schema (SchemaNotCurrent otherwise), so that no command reads or writes
+    tables it does not know (a newer release's, say)."""
+    from service.store import schema
+
     container = Container(settings=settings, domain=domain())
     await container.init_resources()  # type: ignore[misc]
     try:
+        async with UnitOfWork(await provide(container, "engine")) as uow:
+            await schema.require_head_on(uow.connection, domain().migrations, domain().program)
         yield container
     finally:
         await container.shutdown_resources()  # type: ignore[misc]

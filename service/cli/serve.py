@@ -22,7 +22,7 @@ from service.cli.common import (
     use,
 )
 from service.config import Settings
-from service.errors import InfrastructureUnavailable
+from service.errors import InfrastructureUnavailable, SchemaNewer
 from service.explain import first_line
 from service.policy import topics as topic_plan
 from service.policy.backoff import outage_wait
@@ -87,22 +87,36 @@ async def _schema_ready(settings: Settings, stop: asyncio.Event) -> bool:
 
 def migrate() -> None:
     """Bring the database schema to the latest revision of the core and of the domain's branch (`alembic upgrade
-    heads`)."""
+    heads`). One line says where it was and where it is (Alembic's own lines only at <PREFIX>LOG_LEVEL=debug); a
+    database a newer release migrated is refused, changed in nothing."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from service.store import schema
 
     settings = configured()
-    logging.getLogger("alembic").setLevel(min(logging.INFO, logging.getLogger().level))  # say each upgrade
+    if settings.log_level != "debug":
+        logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin and upgrade lines are not the operator's
+    locations, program = domain().migrations, domain().program
     try:
-        head = schema.upgrade_to_head(settings.database, domain().migrations)
+        before = asyncio.run(schema.current_heads(settings.database))
+        schema.refuse_unknown(before, locations, program)
+        head = schema.upgrade_to_head(settings.database, locations)
+        after = asyncio.run(schema.current_heads(settings.database))
+    except SchemaNewer as error:
+        typer.echo(f"migrate: {error}", err=True)
+        raise typer.Exit(1) from None
     except OSError as error:
         typer.echo(f"migrate: database unreachable ({type(error).__name__})", err=True)
         raise typer.Exit(1) from None
     except SQLAlchemyError as error:
         typer.echo(f"migrate: failed: {first_line(getattr(error, 'orig', None) or error)}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(f"database schema is at the latest revision ({head})")
+    if not before:
+        typer.echo(f"migrated an empty database to the latest revision ({head})")
+    elif set(after) == set(before):
+        typer.echo(f"database schema is at the latest revision ({head}): nothing to apply")
+    else:
+        typer.echo(f"migrated from {', '.join(before)} to the latest revision ({head})")
 
 
 def consume() -> None:
