@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Column, Table
 from typer.exceptions import TyperException
 
-from service import logs
+from service import bounds, logs
 from service.config import ConfigurationError, Settings, load_settings
 from service.containers import Container
 from service.explain import explain
@@ -47,8 +47,10 @@ def domain() -> Domain:
     return _domain
 
 
-def configured() -> Settings:
-    """The settings from the environment; a bad one is one line and exit 2. Configures logging."""
+def configured(*, quiet: bool = True) -> Settings:
+    """The settings from the environment; a bad one is one line and exit 2. Configures logging: a short command
+    (`quiet`, the default) logs warnings and errors only, unless <PREFIX>LOG_LEVEL=debug, so that no log line lands
+    among the human output it prints; a long-running one logs at <PREFIX>LOG_LEVEL."""
     global _loaded
     served = domain()
     try:
@@ -56,7 +58,10 @@ def configured() -> Settings:
     except ConfigurationError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
-    logs.configure(settings.log_level, served.logger_root)
+    level = settings.log_level
+    if quiet and level == "info":
+        level = "warning"
+    logs.configure(level, served.logger_root)
     _loaded = settings
     return settings
 
@@ -184,16 +189,13 @@ def who_acts(given: str | None) -> str:
 
 
 def timestamp(value: str | None, option: str) -> datetime | None:
-    """An RFC 3339 flag value with its time zone; anything else is a bad flag (exit 2)."""
+    """An RFC 3339 flag value with its time zone, in UTC; anything else is a bad flag (exit 2)."""
     if value is None:
         return None
     try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise typer.BadParameter(f"{value!r} is not an RFC 3339 timestamp", param_hint=option) from None
-    if moment.tzinfo is None:
-        raise typer.BadParameter(f"{value!r} needs a time zone (e.g. Z)", param_hint=option)
-    return moment
+        return bounds.moment(value, zone_required=True)
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint=option) from None
 
 
 ConsumerOption = Annotated[

@@ -9,8 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
+from service import bounds
 from service.cli.common import domain
-from service.durations import parse_duration
 from service.operations import Picked, SelectionTooLarge, SeveralConsumers, Wanted
 
 CodeOption = Annotated[str | None, typer.Option("--error-code", help="Select the open records with this code.")]
@@ -40,9 +40,9 @@ def check_code(error_code: str | None) -> None:
 
 
 def age_of(older_than: str | None) -> timedelta | None:
-    """An --older-than value as a duration (exit 2 when it is not one)."""
+    """An --older-than value as a duration, at most 100 years (exit 2 otherwise)."""
     try:
-        return parse_duration(older_than) if older_than else None
+        return bounds.age(older_than) if older_than else None
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--older-than") from None
 

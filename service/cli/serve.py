@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import asdict
 from typing import Annotated
 
@@ -11,6 +10,7 @@ import structlog
 import typer
 
 from service.adapters import certificates, topics
+from service.cli import bounded
 from service.cli.common import (
     JsonFlag,
     assembled,
@@ -93,9 +93,7 @@ def migrate() -> None:
 
     from service.store import schema
 
-    settings = configured()
-    if settings.log_level != "debug":
-        logging.getLogger("alembic").setLevel(logging.WARNING)  # its plugin and upgrade lines are not the operator's
+    settings = configured()  # Alembic's plugin and upgrade lines only at debug (service/logs.py)
     locations, program = domain().migrations, domain().program
     try:
         before = asyncio.run(schema.current_heads(settings.database))
@@ -121,30 +119,33 @@ def migrate() -> None:
 
 def consume() -> None:
     """Consume the source topic until SIGTERM/SIGINT, then finish in-flight work, commit and exit 0."""
-    settings = configured()
+    settings = configured(quiet=False)
     serve_parts(settings, "consumer_loop")
 
 
 def relay() -> None:
     """Publish outbox rows to Kafka until stopped."""
-    settings = configured()
+    settings = configured(quiet=False)
     serve_parts(settings, "relay")
 
 
 def run() -> None:
     """Consume, relay and execute effects in one process (one metrics port for all)."""
-    settings = configured()
+    settings = configured(quiet=False)
     serve_parts(settings, "consumer_loop", "relay", "effect_worker")
 
 
 def reconcile(
     max_seconds: Annotated[
-        float, typer.Option(min=1, help="Time budget of the pass; the rest waits for the next.")
+        float,
+        typer.Option(
+            parser=bounded.seconds, help="Time budget of the pass in seconds (1 to 86400); the rest waits for the next."
+        ),
     ] = 60,
     as_json: JsonFlag = False,
 ) -> None:
     """One pass for cron: resolve uncertain and stale effects, purge expired inbox rows. Exit 0 unless it failed."""
-    settings = configured()
+    settings = configured(quiet=False)
 
     try:
         summary = run_async(lambda _: use(settings, "reconciler", lambda reconciler: reconciler.run_once(max_seconds)))
