@@ -63,6 +63,11 @@ def wanted_of(
         except (OSError, UnicodeDecodeError) as error:
             raise typer.BadParameter(f"cannot read {from_file}: {error}", param_hint="--from-file") from None
         named += [line.strip() for line in text.splitlines() if line.strip()]
+    for one in named:
+        try:
+            bounds.text(one)
+        except ValueError as error:
+            raise typer.BadParameter(str(error), param_hint="--from-file" if from_file else "FAILURE_ID") from None
     check_code(error_code)
     wanted = Wanted(tuple(dict.fromkeys(named)), error_code, key, age_of(older_than), consumer or None)
     if not wanted.ids and not wanted.selecting:

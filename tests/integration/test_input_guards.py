@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -43,6 +45,30 @@ async def test_a_flag_out_of_range_is_one_line_naming_it_and_exit_2(
     assert lines[0].startswith(f"order-service {command[0]}")
     assert named in lines[0]
     assert "Traceback" not in finished.stderr
+    assert await rows(engine, "SELECT action FROM audit_log") == before
+
+
+async def test_a_file_of_failure_ids_holding_nul_is_one_line_and_exit_2(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, tmp_path: Path
+) -> None:
+    # Given a file of failure ids, one of them holding NUL
+    ids = tmp_path / "ids.txt"
+    ids.write_bytes(b"orders/0/1\norders/0/\x002\n")
+    before = await rows(engine, "SELECT action FROM audit_log")
+
+    # When an operator resolves them
+    finished = await cli(
+        settings_for(database_url, kafka, topics),
+        *("quarantine", "resolve", "--from-file", str(ids), "--reason", "r", "--yes"),
+        check=False,
+    )
+
+    # Then it is one line naming the file's flag, exit 2, nothing written
+    lines = [line for line in finished.stderr.splitlines() if line.strip()]
+    assert finished.returncode == 2, finished.stdout + finished.stderr
+    assert len(lines) == 1, finished.stderr
+    assert "--from-file" in lines[0]
+    assert "NUL" in lines[0]
     assert await rows(engine, "SELECT action FROM audit_log") == before
 
 
