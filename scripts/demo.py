@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -29,6 +30,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 console = Console()
+
+
+def stage(what: str) -> None:
+    """One progress line: the demo says what it does next before each step that takes a while."""
+    console.print(f"demo: {what}", markup=False, highlight=False)
+
 
 Record = tuple[str, bytes, dict[str, str]]
 
@@ -151,7 +158,9 @@ class Demo:
 
     async def run(self) -> int:
         records, expected = sample()
+        stage("creating the demo's topics ...")
         await self.create_topics()
+        stage(f"starting the fake downstream APIs and `order-service run` (logs in {self.workdir}) ...")
         downstream = self.spawn(
             "downstream", [sys.executable, "-m", "service.orders.fakes", "--port", "0"], os.environ.copy()
         )
@@ -185,12 +194,11 @@ class Demo:
                     ORDERS_EMAILS_URL=customers_url,
                 ),
             )
-            console.print(
-                f"[bold]order-service run[/bold] is consuming [cyan]{self.topic}[/cyan] (logs in {self.workdir})"
-            )
+            stage(f"producing {len(records)} records to {self.topic} ...")
             await self.produce(records)
             engine = create_async_engine(self.database_url)
             try:
+                stage("waiting for each record to be applied, rejected or quarantined (retries take seconds) ...")
                 await self.wait_for(
                     engine, "SELECT count(*) FROM inbox", expected["produced"] - expected["duplicates"] - 1
                 )
@@ -198,12 +206,15 @@ class Demo:
                 await control.post(
                     "/_control/faults", json={"route": "customers.get", "kind": "fail", "times": 100, "status": 503}
                 )
+                stage("taking the customer directory down for one more order, until its retry budget runs out ...")
                 await self.produce(
                     [("DEMO-099", placed("DEMO-099", "c-99"), {"message-id": "DEMO-099.1/order.placed"})]
                 )
                 await self.wait_for(engine, "SELECT count(*) FROM inbox", expected["produced"] - expected["duplicates"])
+                stage("waiting for the payments and emails to be sent or left uncertain ...")
                 await self.wait_for(engine, "SELECT count(*) FROM effects WHERE state NOT IN ('sent', 'failed')", 2)
                 uncertain = await self.count(engine, "SELECT count(*) FROM effects WHERE state = 'uncertain'")
+                stage("running `order-service reconcile` on the uncertain effects ...")
                 reconcile = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
@@ -219,7 +230,8 @@ class Demo:
                 (self.workdir / "reconcile.log").write_bytes(stderr)
                 if reconcile.returncode != 0:
                     raise SystemExit(f"demo: reconcile failed with exit code {reconcile.returncode}")
-                console.print(stdout.decode().strip())
+                stage(f"reconcile: {stdout.decode().strip()}")
+                stage("waiting for the last effects and events to go out ...")
                 await self.wait_for(engine, "SELECT count(*) FROM effects WHERE state NOT IN ('sent', 'failed')", 0)
                 await self.wait_for(engine, "SELECT count(*) FROM outbox WHERE published_at IS NULL", 0)
                 state = await control.get("/_control/state")
@@ -234,6 +246,7 @@ class Demo:
                 }
             finally:
                 await engine.dispose()
+        stage("stopping the service (SIGTERM) and checking the summary ...")
         codes = self.stop_all()
         lookups = sum(state.json()["calls"].get("customers.get", {}).values())
         return self.report(expected, actual, lookups, service_exit=codes[0])
@@ -363,6 +376,9 @@ class Demo:
 def main() -> int:
     database_url, bootstrap, workdir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     workdir.mkdir(parents=True, exist_ok=True)
+    # The clients' own warnings (a producer's NotLeaderForPartitionError retry while a fresh topic elects its
+    # leaders) go to a file, not among the progress lines; a failure names the directory.
+    logging.basicConfig(filename=workdir / "demo.log", level=logging.WARNING)
     demo = Demo(database_url, bootstrap, workdir)
     try:
         return asyncio.run(demo.run())

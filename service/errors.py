@@ -60,6 +60,11 @@ class SchemaNotCurrent(ServiceError):
     """The database is not at the schema revision this version needs: never migrated, or older (run `migrate`)."""
 
 
+class SchemaNewer(SchemaNotCurrent):
+    """The database is at a revision this version does not know: a newer release migrated it. `migrate` cannot
+    help and waiting cannot either; only that newer release may use it."""
+
+
 class TopicsProblem(ServiceError):
     """A declared topic cannot be used or changed (contract §11): missing, not authorized, or refused by the broker.
     The message is the one line an operator reads: the topic, and the operation where one was refused."""

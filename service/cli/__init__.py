@@ -71,8 +71,28 @@ def command(domain: Domain) -> Any:
 
 
 def main(domain: Domain) -> None:
-    """Run the command line of the service `domain` describes (its console script's entry point)."""
-    command(domain)(prog_name=domain.program)
+    """Run the command line of the service `domain` describes (its console script's entry point). A bad flag or
+    argument is one line on stderr naming the command and what it takes, exit 2 (contract §10), not a usage box."""
+    import sys
+
+    from typer.exceptions import TyperException
+
+    try:
+        code = command(domain).main(prog_name=domain.program, standalone_mode=False)
+    except typer.Abort:
+        typer.echo("aborted: nothing changed", err=True)
+        sys.exit(1)
+    except TyperException as error:  # typer's click exceptions: a usage error, a bad parameter
+        message = error.format_message()
+        if "\n" in message.strip():  # a group named without a command: its help is the answer
+            error.show()  # type: ignore[attr-defined]
+        else:
+            context = getattr(error, "ctx", None)
+            path = context.command_path if context is not None else domain.program
+            said = " ".join(message.split()).replace(": Value error, ", ": ")
+            typer.echo(f"{path}: {said} (see {path} --help)", err=True)
+        sys.exit(getattr(error, "exit_code", 2))
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def name_in_help(command: Any, domain: Domain) -> None:

@@ -15,12 +15,11 @@ from typing import Annotated, Any, TypeVar
 import typer
 from typer.exceptions import TyperException
 
-from service import inert, logs
+from service import bounds, inert, logs
 from service.cli.layout import print_table, print_tsv
 from service.cli.layout import tables as tables  # what every command prints tables with
 from service.config import ConfigurationError, Settings, load_settings
 from service.containers import Container
-from service.durations import moment_of
 from service.explain import explain
 from service.jsonable import jsonable
 from service.moments import utc as utc  # the one timestamp style of every output
@@ -48,8 +47,10 @@ def domain() -> Domain:
     return _domain
 
 
-def configured() -> Settings:
-    """The settings from the environment; a bad one is one line and exit 2. Configures logging."""
+def configured(*, quiet: bool = True) -> Settings:
+    """The settings from the environment; a bad one is one line and exit 2. Configures logging: a short command
+    (`quiet`, the default) logs warnings and errors only, unless <PREFIX>LOG_LEVEL=debug, so that no log line lands
+    among the human output it prints; a long-running one logs at <PREFIX>LOG_LEVEL."""
     global _loaded
     served = domain()
     try:
@@ -57,7 +58,10 @@ def configured() -> Settings:
     except ConfigurationError as error:
         typer.echo(str(error), err=True)
         raise typer.Exit(2) from None
-    logs.configure(settings.log_level, served.logger_root)
+    level = settings.log_level
+    if quiet and level == "info":
+        level = "warning"
+    logs.configure(level, served.logger_root)
     _loaded = settings
     return settings
 
@@ -99,10 +103,16 @@ def _command() -> str:
 
 @asynccontextmanager
 async def assembled(settings: Settings) -> AsyncIterator[Container]:
-    """The container with its resources (engine, HTTP client) open for the block, closed after it."""
+    """The container with its resources (engine, HTTP client) open for the block, closed after it; first, the
+    database must be at this version's schema (SchemaNotCurrent otherwise), so that no command reads or writes
+    tables it does not know (a newer release's, say)."""
+    from service.store import schema
+
     container = Container(settings=settings, domain=domain())
     await container.init_resources()  # type: ignore[misc]
     try:
+        async with UnitOfWork(await provide(container, "engine")) as uow:
+            await schema.require_head_on(uow.connection, domain().migrations, domain().program)
         yield container
     finally:
         await container.shutdown_resources()  # type: ignore[misc]
@@ -177,7 +187,7 @@ def timestamp(value: str | None, option: str) -> datetime | None:
     if value is None:
         return None
     try:
-        return moment_of(value, datetime.now(UTC))
+        return bounds.moment_or_ago(value, datetime.now(UTC), zone_required=True)
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint=option) from None
 

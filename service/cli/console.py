@@ -66,7 +66,7 @@ async def _reprocess(owner: Settings, selection: Selection, options: Options, pr
 def console() -> None:
     """Serve the operator console (<PREFIX>CONSOLE_BIND, default 127.0.0.1:8088): the quarantine queue, held keys,
     effects and reprocess runs; viewers read, operators also reveal payloads and act, every action audited."""
-    settings = configured()
+    settings = configured(quiet=False)
     refused = refusal(settings)
     if refused is not None:
         typer.echo(f"{settings.program} console: {refused}", err=True)

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from service import operations
+from service.bounds import BIGINT_MAX
 from service.cli.common import (
     JsonFlag,
     configured,
@@ -33,7 +34,7 @@ def effects(context: typer.Context) -> None:
     """Execute pending external effects (<kinds>) until stopped; `effects list` shows the ledger."""
     if context.invoked_subcommand is not None:
         return
-    settings = configured()
+    settings = configured(quiet=False)
     serve_parts(settings, "effect_worker")
 
 
@@ -47,7 +48,7 @@ def effects_list(
     ] = None,
     kind: Annotated[str | None, typer.Option(help="Only this kind (<kinds>).")] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000, help="Show at most this many.")] = 100,
-    offset: Annotated[int, typer.Option(min=0, help="Skip this many first (paging).")] = 0,
+    offset: Annotated[int, typer.Option(min=0, max=BIGINT_MAX, help="Skip this many first (paging).")] = 0,
     as_json: JsonFlag = False,
 ) -> None:
     """Effects not yet sent, oldest first: what waits, on what, and why (N of M shown). An effect whose

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from service import inert, operations
+from service.bounds import BIGINT_MAX
 from service.cli.common import (
     JsonFlag,
     configured,
@@ -64,7 +65,7 @@ def quarantine_list(
         ),
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000, help="Show at most this many.")] = 100,
-    offset: Annotated[int, typer.Option(min=0, help="Skip this many first (paging).")] = 0,
+    offset: Annotated[int, typer.Option(min=0, max=BIGINT_MAX, help="Skip this many first (paging).")] = 0,
     as_json: JsonFlag = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV (every column) instead of a table.")] = False,
 ) -> None:

@@ -13,6 +13,8 @@ from rich.console import Console
 
 from service import operations
 from service.adapters import topics
+from service.bounds import BIGINT_MAX
+from service.cli import bounded
 from service.cli.common import (
     JsonFlag,
     configured,
@@ -89,7 +91,9 @@ def reprocess(
     since: SinceOption = None,
     until: UntilOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the volume and selection; write nothing.")] = False,
-    sample: Annotated[int | None, typer.Option("--sample", min=1, help="Verify a sample of N first.")] = None,
+    sample: Annotated[
+        int | None, typer.Option("--sample", min=1, max=BIGINT_MAX, help="Verify a sample of N first.")
+    ] = None,
     ramp: Annotated[
         bool,
         typer.Option(
@@ -99,13 +103,19 @@ def reprocess(
         ),
     ] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Continue after the sample without asking.")] = False,
-    rate: Annotated[float, typer.Option("--rate", min=0.01, help="Records per second (token bucket).")] = 10.0,
+    rate: Annotated[
+        float, typer.Option("--rate", parser=bounded.rate, help="Records per second (token bucket), up to 10000.")
+    ] = 10.0,
     max_failure_rate: Annotated[
-        float, typer.Option("--max-failure-rate", min=0, max=1, help="Stop when more items fail again.")
+        float,
+        typer.Option("--max-failure-rate", parser=bounded.fraction, help="Stop when more items fail again (0 to 1)."),
     ] = 0.2,
-    max_lag: Annotated[int, typer.Option("--max-lag", min=0, help="Stop when the consumer lags more.")] = 10_000,
+    max_lag: Annotated[
+        int, typer.Option("--max-lag", min=0, max=BIGINT_MAX, help="Stop when the consumer lags more.")
+    ] = 10_000,
     verify_timeout: Annotated[
-        float, typer.Option("--verify-timeout", min=1, help="Seconds to wait for a verdict.")
+        float,
+        typer.Option("--verify-timeout", parser=bounded.seconds, help="Seconds to wait for a verdict (1 to 86400)."),
     ] = 120,
     actor: Annotated[str | None, typer.Option("--author", "--actor", help="Who runs it (default: $USER).")] = None,
     consumer: Annotated[
@@ -237,7 +247,7 @@ def _as_owner_of(settings: Settings, selection: Selection, consumer: str | None)
 @app.command("list")
 def reprocess_list(
     limit: Annotated[int, typer.Option(min=1, max=10_000, help="Show at most this many.")] = 50,
-    offset: Annotated[int, typer.Option(min=0, help="Skip this many first (paging).")] = 0,
+    offset: Annotated[int, typer.Option(min=0, max=BIGINT_MAX, help="Skip this many first (paging).")] = 0,
     as_json: JsonFlag = False,
 ) -> None:
     """Reprocess runs, newest first: who ran them, why, their outcome and counts (N of M shown)."""

@@ -10,8 +10,9 @@ from typing import Annotated, Any
 
 import typer
 
+from service import bounds
 from service.cli.common import domain, echo, timestamp
-from service.durations import parse_duration, time_range
+from service.durations import time_range
 from service.operations import Picked, SelectionTooLarge, SeveralConsumers, Wanted
 
 CodeOption = Annotated[str | None, typer.Option("--error-code", help="Select the open records with this code.")]
@@ -52,9 +53,9 @@ def check_code(error_code: str | None) -> None:
 
 
 def age_of(older_than: str | None) -> timedelta | None:
-    """An --older-than value as a duration (exit 2 when it is not one)."""
+    """An --older-than value as a duration, at most 100 years (exit 2 otherwise)."""
     try:
-        return parse_duration(older_than) if older_than else None
+        return bounds.age(older_than) if older_than else None
     except ValueError as error:
         raise typer.BadParameter(str(error), param_hint="--older-than") from None
 
@@ -79,6 +80,11 @@ def wanted_of(
         except (OSError, UnicodeDecodeError) as error:
             raise typer.BadParameter(f"cannot read {from_file}: {error}", param_hint="--from-file") from None
         named += [line.strip() for line in text.splitlines() if line.strip()]
+    for one in named:
+        try:
+            bounds.text(one)
+        except ValueError as error:
+            raise typer.BadParameter(str(error), param_hint="--from-file" if from_file else "FAILURE_ID") from None
     check_code(error_code)
     after, before = first_failed_range(since, until)
     wanted = Wanted(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from dataclasses import asdict
 from typing import Annotated
 
@@ -11,6 +10,7 @@ import structlog
 import typer
 
 from service.adapters import certificates, topics
+from service.cli import bounded
 from service.cli.common import (
     JsonFlag,
     assembled,
@@ -22,7 +22,7 @@ from service.cli.common import (
     use,
 )
 from service.config import Settings
-from service.errors import InfrastructureUnavailable
+from service.errors import InfrastructureUnavailable, SchemaNewer
 from service.explain import first_line
 from service.policy import topics as topic_plan
 from service.policy.backoff import outage_wait
@@ -87,50 +87,65 @@ async def _schema_ready(settings: Settings, stop: asyncio.Event) -> bool:
 
 def migrate() -> None:
     """Bring the database schema to the latest revision of the core and of the domain's branch (`alembic upgrade
-    heads`)."""
+    heads`). One line says where it was and where it is (Alembic's own lines only at <PREFIX>LOG_LEVEL=debug); a
+    database a newer release migrated is refused, changed in nothing."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from service.store import schema
 
-    settings = configured()
-    logging.getLogger("alembic").setLevel(min(logging.INFO, logging.getLogger().level))  # say each upgrade
+    settings = configured()  # Alembic's plugin and upgrade lines only at debug (service/logs.py)
+    locations, program = domain().migrations, domain().program
     try:
-        head = schema.upgrade_to_head(settings.database, domain().migrations)
+        before = asyncio.run(schema.current_heads(settings.database))
+        schema.refuse_unknown(before, locations, program)
+        head = schema.upgrade_to_head(settings.database, locations)
+        after = asyncio.run(schema.current_heads(settings.database))
+    except SchemaNewer as error:
+        typer.echo(f"migrate: {error}", err=True)
+        raise typer.Exit(1) from None
     except OSError as error:
         typer.echo(f"migrate: database unreachable ({type(error).__name__})", err=True)
         raise typer.Exit(1) from None
     except SQLAlchemyError as error:
         typer.echo(f"migrate: failed: {first_line(getattr(error, 'orig', None) or error)}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(f"database schema is at the latest revision ({head})")
+    if not before:
+        typer.echo(f"migrated an empty database to the latest revision ({head})")
+    elif set(after) == set(before):
+        typer.echo(f"database schema is at the latest revision ({head}): nothing to apply")
+    else:
+        typer.echo(f"migrated from {', '.join(before)} to the latest revision ({head})")
 
 
 def consume() -> None:
     """Consume the source topic until SIGTERM/SIGINT, then finish in-flight work, commit and exit 0."""
-    settings = configured()
+    settings = configured(quiet=False)
     serve_parts(settings, "consumer_loop")
 
 
 def relay() -> None:
     """Publish outbox rows to Kafka until stopped."""
-    settings = configured()
+    settings = configured(quiet=False)
     serve_parts(settings, "relay")
 
 
 def run() -> None:
     """Consume, relay and execute effects in one process (one metrics port for all)."""
-    settings = configured()
+    settings = configured(quiet=False)
     serve_parts(settings, "consumer_loop", "relay", "effect_worker")
 
 
 def reconcile(
     max_seconds: Annotated[
-        float, typer.Option(min=1, help="Time budget of the pass; the rest waits for the next.")
+        float,
+        typer.Option(
+            parser=bounded.seconds, help="Time budget of the pass in seconds (1 to 86400); the rest waits for the next."
+        ),
     ] = 60,
     as_json: JsonFlag = False,
 ) -> None:
     """One pass for cron: resolve uncertain and stale effects, purge expired inbox rows. Exit 0 unless it failed."""
-    settings = configured()
+    settings = configured(quiet=False)
 
     try:
         summary = run_async(lambda _: use(settings, "reconciler", lambda reconciler: reconciler.run_once(max_seconds)))

@@ -1,6 +1,7 @@
 """What a console request asks, parsed: its fields, filters, timestamps, durations and page starts.
 
-A value that cannot be used is a 400 naming the field and what it takes, as a bad CLI flag is an exit 2.
+A value that cannot be used is a 400 naming the field and what it takes, as a bad CLI flag is an exit 2: the bounds
+are the CLI's (service/bounds.py), and no value may hold NUL, which no stored text holds.
 """
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from typing import Any
 
 from starlette.requests import Request
 
+from service import bounds
 from service.console.web import Refused, state_of
-from service.durations import moment_of, parse_duration, time_range
+from service.durations import time_range
 from service.store import quarantine, quarantine_reads
 from service.worker.reprocess_run import Selection
 
@@ -22,11 +24,24 @@ def field(fields: dict[str, list[str]], name: str, default: str = "") -> str:
 
 
 def query_fields(request: Request) -> dict[str, list[str]]:
-    """A request's query string as every value of each name."""
+    """A request's query string as every value of each name; a value holding NUL is 400 naming its field."""
     found: dict[str, list[str]] = {}
     for name, value in request.query_params.multi_items():
-        found.setdefault(name, []).append(value)
+        found.setdefault(name, []).append(checked_text(value, name))
     return found
+
+
+def checked_text(value: str, name: str) -> str:
+    """A text a request gives (a field, a path segment): 400 naming it when it holds NUL or is too long."""
+    try:
+        return bounds.text(value)
+    except ValueError as error:
+        raise Refused(400, f"{name}: {error}") from None
+
+
+def path_value(request: Request, name: str) -> str:
+    """A path parameter (a failure id, an effect's key, a run id), checked as a text filter is."""
+    return checked_text(str(request.path_params[name]), name)
 
 
 def moment(value: str, name: str) -> datetime | None:
@@ -34,10 +49,9 @@ def moment(value: str, name: str) -> datetime | None:
     if not value:
         return None
     try:
-        found = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise Refused(400, f"{name}: {value!r} is not an RFC 3339 timestamp") from None
-    return found if found.tzinfo is not None else found.replace(tzinfo=UTC)
+        return bounds.moment(value, zone_required=False)
+    except ValueError as error:
+        raise Refused(400, f"{name}: {error}") from None
 
 
 def since_or_ago(value: str, name: str) -> datetime | None:
@@ -46,9 +60,9 @@ def since_or_ago(value: str, name: str) -> datetime | None:
     if not value:
         return None
     try:
-        return moment_of(value, datetime.now(UTC))
-    except ValueError:
-        return moment(value, name)
+        return bounds.moment_or_ago(value, datetime.now(UTC), zone_required=False)
+    except ValueError as error:
+        raise Refused(400, f"{name}: {error}") from None
 
 
 def first_failed_range(since: str, until: str, prefix: str = "") -> tuple[datetime | None, datetime | None]:
@@ -60,11 +74,11 @@ def first_failed_range(since: str, until: str, prefix: str = "") -> tuple[dateti
 
 
 def duration(value: str, name: str) -> timedelta | None:
-    """A duration (`1h`); a bad one is 400 naming the field."""
+    """A duration (`1h`), at most 100 years; a bad one is 400 naming the field."""
     if not value:
         return None
     try:
-        return parse_duration(value)
+        return bounds.age(value)
     except ValueError as error:
         raise Refused(400, f"{name}: {error}") from None
 
@@ -99,9 +113,10 @@ def whole(value: str, name: str, *, low: int, high: int, default: int) -> int:
     """A whole number within bounds (`default` when blank); another is 400 naming the field."""
     if not value:
         return default
-    if not value.isdigit() or not low <= int(value) <= high:
-        raise Refused(400, f"{name}: must be a whole number from {low} to {high}")
-    return int(value)
+    try:
+        return bounds.whole(value, low=low, high=high)
+    except ValueError:
+        raise Refused(400, f"{name}: must be a whole number from {low} to {high}") from None
 
 
 def page_start(sort: str, value: str, failure_id: str, consumer: str) -> tuple[Any, str, str] | None:

@@ -18,6 +18,7 @@ from service.console.asking import (
     cursor,
     field,
     page_start,
+    path_value,
     quarantine_filters,
     query_fields,
     whole,
@@ -182,7 +183,7 @@ async def quarantine_record(request: Request) -> Response:
     """One record: its envelope, the true timeline, the failing field; the payload only on an operator's reveal."""
     caller(request)
     consumer = field(query_fields(request), "consumer") or None
-    record = await _record(request, request.path_params["failure_id"], consumer)
+    record = await _record(request, path_value(request, "failure_id"), consumer)
     return render(request, "record.html", {**_record_context(request, record), "payload": None})
 
 
@@ -263,7 +264,7 @@ async def effects_list(request: Request) -> Response:
 async def effect_detail(request: Request) -> Response:
     """One effect: state, attempts, last error, lease, provider reference, payload (the CLI's `effects show`)."""
     caller(request)
-    key = request.path_params["key"]
+    key = path_value(request, "key")
     async with reading(request) as connection:
         row = await effects_store.get(connection, key)
     if row is None:
@@ -295,7 +296,7 @@ async def runs_list(request: Request) -> Response:
 async def run_detail(request: Request) -> Response:
     """One run: its audit row and every item's verified outcome; while it runs, its progress refreshes itself."""
     caller(request)
-    run_id = request.path_params["run_id"]
+    run_id = path_value(request, "run_id")
     async with reading(request) as connection:
         run = await reprocess_store.run_with_items(connection, run_id)
     if run is None:
@@ -311,7 +312,7 @@ async def run_detail(request: Request) -> Response:
 async def launch_status(request: Request) -> Response:
     """A run started from this console, before its run id exists: where it is, or where it went."""
     caller(request)
-    launch = request.path_params["launch"]
+    launch = path_value(request, "launch")
     progress = state_of(request).runs.get(launch)
     if progress is None:
         raise Refused(404, "no such run was started here")
@@ -352,7 +353,7 @@ async def api_record(request: Request) -> Response:
     consumer's record where several consumer names quarantined the failure id (409 without it)."""
     caller(request)
     consumer = field(query_fields(request), "consumer") or None
-    record = await _record(request, request.path_params["failure_id"], consumer)
+    record = await _record(request, path_value(request, "failure_id"), consumer)
     context = _record_context(request, record)
     return InertJSON(jsonable({**context["record"], "failing_field": context["failing_field"]}))
 

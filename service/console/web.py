@@ -190,6 +190,8 @@ async def checked_form(request: Request, who: Caller) -> dict[str, Any]:
     fields: dict[str, Any] = {}
     for name, value in form.multi_items():
         if isinstance(value, str):
+            if "\x00" in value:  # no stored text holds NUL (service/bounds.py)
+                raise Refused(400, f"{name}: holds NUL, which no stored key, id or name holds")
             fields.setdefault(name, []).append(value)
     if who.session is not None:
         given = request.headers.get("x-csrf-token") or (fields.get("csrf") or [""])[0]

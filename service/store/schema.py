@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.errors import SchemaNotCurrent
+from service.errors import SchemaNewer, SchemaNotCurrent
 from service.names import PROGRAM
 from service.store import connect
 from service.store.connect import Database
@@ -77,8 +78,19 @@ def head_revision(extra_locations: Locations = ()) -> str:
 
 async def require_head(database: Database | str, extra_locations: Locations = (), program: str = PROGRAM) -> None:
     """Raise SchemaNotCurrent unless the database is at `head_revision()` (long-running commands check first); its
-    message names `program`'s migrate command."""
-    current = await current_heads(database)
+    message names `program`'s migrate command. A revision this version does not know raises SchemaNewer."""
+    check_heads(await current_heads(database), extra_locations, program)
+
+
+async def require_head_on(connection: AsyncConnection, extra_locations: Locations = (), program: str = PROGRAM) -> None:
+    """`require_head` on an open connection: every command checks so before it reads or writes anything else."""
+    check_heads(await _heads_on(connection), extra_locations, program)
+
+
+def check_heads(current: Sequence[str], extra_locations: Locations = (), program: str = PROGRAM) -> None:
+    """Whether a version table holding `current` is this version's schema: return when it is; SchemaNewer when it
+    names a revision this version does not know (a newer release migrated the database), SchemaNotCurrent when it
+    is behind (never migrated, or older)."""
     if not current:
         raise SchemaNotCurrent(f"the database is not migrated: run `{program} migrate`")
     if frozenset(current) == _recorded_heads(extra_locations):
@@ -88,11 +100,36 @@ async def require_head(database: Database | str, extra_locations: Locations = ()
     with _script_config(extra_locations) as config:
         script = ScriptDirectory.from_config(config)
         heads = script.get_heads()
+        _refuse_unknown(script, current, heads, program)
         if not _applied(script, current, heads):
             raise SchemaNotCurrent(
                 f"the database schema is at {_listed(current)}, this version needs {_listed(heads)}: "
                 f"run `{program} migrate`"
             )
+
+
+def refuse_unknown(current: Sequence[str], extra_locations: Locations = (), program: str = PROGRAM) -> None:
+    """SchemaNewer when the version table holding `current` names a revision this version does not know (`migrate`
+    checks so before it upgrades: Alembic would only fail to find it)."""
+    if not current or frozenset(current) == _recorded_heads(extra_locations):
+        return
+    from alembic.script import ScriptDirectory
+
+    with _script_config(extra_locations) as config:
+        script = ScriptDirectory.from_config(config)
+        _refuse_unknown(script, current, script.get_heads(), program)
+
+
+def _refuse_unknown(script: ScriptDirectory, current: Sequence[str], heads: Sequence[str], program: str) -> None:
+    known = {revision.revision for revision in script.walk_revisions()}
+    unknown = [revision for revision in current if revision not in known]
+    if unknown:
+        # Worded as the behind case is ("is at …, this version needs …: run …"), with what to run instead.
+        raise SchemaNewer(
+            f"the database schema is at {_listed(current)}, this version needs {_listed(heads)}: run a newer "
+            f"release of {program} ({_listed(unknown)} is newer than this release knows; `{program} migrate` "
+            "cannot go back)"
+        )
 
 
 async def current_revision(database: Database | str) -> str | None:
@@ -107,12 +144,17 @@ async def current_heads(database: Database | str) -> tuple[str, ...]:
     engine = create_engine(database, pool_size=1)
     try:
         async with engine.connect() as connection:
-            # Alembic's version table, found as Alembic finds it (unqualified: on the search path).
-            if await connection.scalar(text("SELECT to_regclass('alembic_version')")) is None:
-                return ()
-            return tuple((await connection.scalars(text("SELECT version_num FROM alembic_version"))).all())
+            return await _heads_on(connection)
     finally:
         await engine.dispose()
+
+
+async def _heads_on(connection: AsyncConnection) -> tuple[str, ...]:
+    """The revisions in the version table, read on `connection`."""
+    # Alembic's version table, found as Alembic finds it (unqualified: on the search path).
+    if await connection.scalar(text("SELECT to_regclass('alembic_version')")) is None:
+        return ()
+    return tuple((await connection.scalars(text("SELECT version_num FROM alembic_version"))).all())
 
 
 # The revision files Alembic loads from a version location (`alembic.script.base._only_source_rev_file`).

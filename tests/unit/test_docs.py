@@ -11,7 +11,7 @@ from service.orders.codes import OrderCode
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "docs" / "runbook.md", ROOT / "docs" / "console.md"]
-_SETTINGS = ("ORDERS_", "KAFKA_", "PG_", "CONSOLE_")  # environment variables, not codes
+_SETTINGS = ("ORDERS_", "KAFKA_", "PG_", "CONSOLE_", "DEMO_")  # environment variables, not codes
 _CODE = re.compile(r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)`")
 
 
