@@ -137,6 +137,8 @@ class Settings(BaseSettings):
     console_tokens: Annotated[SecretStr, _CONSOLE] = SecretStr("")
     console_behind_tls: Annotated[bool, _CONSOLE] = False
     console_session_ttl: Annotated[Duration, _CONSOLE] = timedelta(hours=8)
+    # Whether an edit of a quarantined record (console or `quarantine edit`) waits for a second operator's approval.
+    console_edit_approval: Annotated[bool, read_by(Reader.CONSOLE, Reader.EDITS)] = False
     # Test instrumentation only (see service/faults.py): a named point where the process kills itself.
     fault_crash_at: Annotated[Literal["after-commit", "mid-write", "after-publish"] | None, _TESTS] = None
     # Test instrumentation only: a named write that fails as if the store refused its content.
