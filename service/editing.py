@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.config import Settings
 from service.policy.edits import EditRefused, HeaderChanges, Verdict, diff, judge
 from service.policy.headers import from_json, to_json
 from service.store import audit, outbox, quarantine, quarantine_reads
@@ -26,6 +27,11 @@ from service.store.reprocess import Candidate, copy_of
 
 # The reprocess topic of a source topic (the consumer's `<source>.reprocess`): where an edit's copy goes.
 TopicOf = Callable[[str], str]
+
+
+def reprocess_topic_of(settings: Settings) -> TopicOf:
+    """The reprocess topic of a record's source topic, named as `settings` name it for that source."""
+    return lambda source: settings.model_copy(update={"source_topic": source}).topics.reprocess
 
 
 @dataclass(frozen=True)

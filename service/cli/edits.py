@@ -10,15 +10,9 @@ import typer
 from service import editing, operations
 from service.cli.common import JsonFlag, configured, domain, print_json, run_async, who_acts, with_connection
 from service.cli.selection import RecordConsumerOption
-from service.config import Settings
 from service.policy.edits import EditRefused, HeaderChanges, parse_setting
 
 ActorOption = Annotated[str | None, typer.Option("--actor", "--author", help="Who does it (audited; default: $USER).")]
-
-
-def _topic_of(settings: Settings) -> editing.TopicOf:
-    """The reprocess topic of a record's source topic: where its consumer reads copies sent back."""
-    return lambda source: settings.model_copy(update={"source_topic": source}).topics.reprocess
 
 
 def quarantine_edit(
@@ -74,7 +68,7 @@ def quarantine_edit(
             actor=who,
             checking=checking,
             approval=settings.console_edit_approval,
-            topic_of=_topic_of(settings),
+            topic_of=editing.reprocess_topic_of(settings),
             dry_run=dry_run,
         )
 
@@ -136,7 +130,9 @@ def _decide(edit_id: int, *, approve: bool, actor: str | None, as_json: bool) ->
         command,
         lambda: with_connection(
             settings,
-            lambda c: editing.decide(c, edit_id, approve=approve, actor=who, topic_of=_topic_of(settings)),
+            lambda c: editing.decide(
+                c, edit_id, approve=approve, actor=who, topic_of=editing.reprocess_topic_of(settings)
+            ),
             commit=True,
         ),
     )
