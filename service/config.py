@@ -158,6 +158,8 @@ class Settings(BaseSettings):
     retention_audit: Annotated[Retention, _RETENTION] = timedelta(days=400)
     retention_runs: Annotated[Retention, _RETENTION] = timedelta(days=90)
     retention_console_sessions: Annotated[Retention, _RETENTION] = timedelta(days=7)
+    # Whether an edit of a quarantined record (console or `quarantine edit`) waits for a second operator's approval.
+    console_edit_approval: Annotated[bool, read_by(Reader.CONSOLE, Reader.EDITS)] = False
     # Test instrumentation only (see service/faults.py): a named point where the process kills itself.
     fault_crash_at: Annotated[Literal["after-commit", "mid-write", "after-publish"] | None, _TESTS] = None
     # Test instrumentation only: a named write that fails as if the store refused its content.

@@ -32,6 +32,7 @@ class Reader(StrEnum):
     TOPICS = "topics plan and apply"
     ACLS = "topics acls"
     CONSOLE = "console"
+    EDITS = "quarantine edit and its approvals"
     TESTS = "tests only: no command's help lists it"
 
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from service.cli import common, console, effects, outbox, parked, quarantine, reprocess, serve, topics
+from service.cli import common, console, edits, effects, outbox, parked, quarantine, reprocess, serve, topics
 from service.cli.environment import describe
 from service.ports import Domain
 
@@ -31,6 +31,7 @@ def application(domain: Domain) -> typer.Typer:
     app.add_typer(effects.app, name="effects")
     app.command()(serve.run)
     app.command()(serve.reconcile)
+    edits.register(quarantine.app)
     app.add_typer(quarantine.app, name="quarantine")
     app.add_typer(reprocess.app, name="reprocess")
     app.add_typer(parked.app, name="parked")

@@ -98,6 +98,7 @@ def console() -> None:
                 failing_field=container.failing_field(),
                 reprocess=_reprocess,
                 codes=domain().error_codes,
+                decode=container.decode(),
             )
             server = _server(
                 uvicorn.Config(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from starlette.routing import Route
 
 from service.console.actions import annotate, release, reprocess, resolve, retry_effect
+from service.console.edits import decide_edit, edit, edit_form, edit_page
 from service.console.login import favicon, healthz, login, login_form, logout, readyz
 from service.console.pages import (
     api_quarantine,
@@ -42,6 +43,7 @@ ROUTES = [
     Route("/runs/{run_id}", run_detail),
     Route("/launches/{launch}", launch_status),
     Route("/audit", audit_page),
+    Route("/edits/{edit_id}", edit_page),
     Route("/api/quarantine", api_quarantine),
     Route("/api/quarantine/{failure_id:path}", api_record),
     Route("/api/stats", api_stats),
@@ -51,4 +53,7 @@ ROUTES = [
     Route("/actions/reprocess", reprocess, methods=["POST"]),
     Route("/actions/release", release, methods=["POST"]),
     Route("/actions/retry", retry_effect, methods=["POST"]),
+    Route("/actions/open-edit", edit_form, methods=["POST"]),
+    Route("/actions/edit", edit, methods=["POST"]),
+    Route("/actions/decide-edit", decide_edit, methods=["POST"]),
 ]

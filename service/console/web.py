@@ -44,8 +44,8 @@ class InertJSON(JSONResponse):
 
 @dataclass(frozen=True)
 class Wiring:
-    """What the console needs from the composition root: settings, the database, the domain's effect specs and
-    failing-field finder, and how to run a reprocess (the CLI's own path)."""
+    """What the console needs from the composition root: settings, the database, the domain's effect specs,
+    failing-field finder and decoding, and how to run a reprocess (the CLI's own path)."""
 
     settings: Settings
     engine: AsyncEngine
@@ -53,6 +53,8 @@ class Wiring:
     failing_field: Callable[[bytes | None], tuple[str, str] | None]
     reprocess: Reprocess
     codes: Sequence[str]  # every error code a filter may name, the core's and the domain's
+    # The domain's decoding of a record's bytes, which an edit is checked with (None: this console edits nothing).
+    decode: Callable[[bytes | None], Any] | None = None
 
 
 @dataclass

@@ -186,17 +186,26 @@ _REPROCESSING = text(
     """
 )
 # In the order the database appended them (migration 0009's triggers): every failure and change, none rewritten;
-# the times are the clocks that saw each one.
+# the times are the clocks that saw each one. The failed attempts come first, in the order they happened: those that
+# moved the record to a retry tier (migration 0020) are appended before the quarantine's own first and last.
 _TIMELINE = text(
     """
     SELECT at, event, error_code, attempts, actor, detail FROM quarantine_events
+    WHERE consumer_name = :consumer AND failure_id = :failure_id
+    ORDER BY event <> 'failed', CASE WHEN event = 'failed' THEN attempts END, id
+    """
+)
+# Its edits, without their bytes or diff (record content: shown with the payload, on a reveal).
+_EDITS = text(
+    """
+    SELECT id, actor, created_at, state, decided_by, decided_at, sent_at FROM quarantine_edits
     WHERE consumer_name = :consumer AND failure_id = :failure_id ORDER BY id
     """
 )
 
 
 async def get(connection: AsyncConnection, record: RecordKey) -> dict[str, Any] | None:
-    """One quarantined record with its envelope, original bytes, annotations, reprocess history and timeline."""
+    """One quarantined record with its envelope, original bytes, annotations, reprocess history, timeline and edits."""
     params = {"consumer": record.consumer_name, "failure_id": record.failure_id}
     row = (await connection.execute(_GET, params)).first()
     if row is None:
@@ -205,6 +214,7 @@ async def get(connection: AsyncConnection, record: RecordKey) -> dict[str, Any] 
     found["annotations"] = [dict(note._mapping) for note in await connection.execute(_ANNOTATIONS, params)]
     found["reprocessing"] = [dict(item._mapping) for item in await connection.execute(_REPROCESSING, params)]
     found["timeline"] = [dict(event._mapping) for event in await connection.execute(_TIMELINE, params)]
+    found["edits"] = [dict(edit._mapping) for edit in await connection.execute(_EDITS, params)]
     return found
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -11,6 +12,10 @@ from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.policy.edits import RESERVED_HEADERS
+from service.policy.headers import from_json, to_json
+from service.policy.records import id_bytes, pack_key
+from service.store.outbox import OutboxMessage
 from service.store.quarantine import RecordKey
 
 
@@ -296,3 +301,60 @@ async def run_with_items(connection: AsyncConnection, run_id: str) -> dict[str, 
     run = dict(found._mapping)
     run["items"] = [dict(item._mapping) for item in await connection.execute(_RUN_ITEMS, {"run_id": run_id})]
     return run
+
+
+# The headers a copy carries of its own: an original's (or an edit's) of these names are replaced.
+_OUR_HEADERS = RESERVED_HEADERS
+
+
+def copy_of(
+    candidate: Candidate,
+    topic: str,
+    *,
+    sender: tuple[str, str],
+    attempt: int,
+    payload: bytes | None = None,
+    headers: Sequence[tuple[str, bytes]] | None = None,
+) -> OutboxMessage:
+    """A quarantined record's copy for `topic` (its reprocess topic): its original bytes and headers, or an
+    operator's corrected ones (`payload`, `headers`: service/editing.py), under its original message id, failure id,
+    timestamp and keys, naming its consumer and who sent it (`sender`: the run's or the edit's header)."""
+    original = from_json(candidate.source_headers) if headers is None else tuple(headers)
+    kept = [(name, value) for name, value in original if name not in _OUR_HEADERS]
+    # The id's own bytes, so that the copy is read back as the same message id.
+    identity = id_bytes(candidate.message_id) or candidate.message_id.encode()
+    kept += [
+        ("message-id", identity),
+        ("failure-id", candidate.failure_id.encode()),
+        (sender[0], sender[1].encode()),
+        ("reprocess-attempt", str(attempt).encode()),
+        ("consumer", candidate.consumer_name.encode()),
+    ]
+    stamp = _epoch_ms(candidate.envelope.get("source", {}).get("timestamp"))
+    if stamp is not None:
+        kept.append(("origin-timestamp", str(stamp).encode()))
+    body = candidate.payload if payload is None else payload
+    return OutboxMessage(
+        topic,
+        candidate.ordering_key,
+        to_json(kept),
+        body or b"",
+        pack_key(_source_key(candidate.envelope.get("source", {}))),
+    )
+
+
+def _epoch_ms(text: Any) -> int | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return round(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        return None
+
+
+def _source_key(source: dict[str, Any]) -> bytes | None:
+    """The record's original Kafka key, as its envelope gives it (`key`, or `keyBase64` for bytes)."""
+    if source.get("keyBase64") is not None:
+        return base64.b64decode(source["keyBase64"])
+    key = source.get("key")
+    return key.encode() if isinstance(key, str) else None

@@ -256,7 +256,8 @@ reprocess_items = Table(
 )
 
 # The true timeline of each quarantined record: appended by triggers on quarantine, quarantine_annotations and
-# reprocess_items (migrations 0009, 0015), whatever path made the change; append-only, read in id order.
+# reprocess_items (migrations 0009, 0015) and on retries (0020: each hand-off to a tier is a failed attempt),
+# whatever path made the change; append-only, read in id order.
 quarantine_events = Table(
     "quarantine_events",
     metadata,
@@ -270,6 +271,30 @@ quarantine_events = Table(
     Column("actor", Text),
     Column("detail", Text),
     Index("ix_quarantine_events_consumer_name_failure_id_id", "consumer_name", "failure_id", "id"),
+)
+
+# An operator's correction of a quarantined record (migration 0020): the payload and headers before and after, the
+# diff, and whether it waits for a second operator, was sent (once, under the original message id) or was rejected.
+quarantine_edits = Table(
+    "quarantine_edits",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("consumer_name", Text, nullable=False),
+    Column("failure_id", Text, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("state", Text, nullable=False),
+    Column("payload_before", LargeBinary),
+    Column("payload_after", LargeBinary, nullable=False),
+    Column("headers_before", JSONB, nullable=False),
+    Column("headers_after", JSONB, nullable=False),
+    Column("diff", Text, nullable=False),
+    Column("repeat_failures", Integer, nullable=False),
+    Column("decided_by", Text),
+    Column("decided_at", DateTime(timezone=True)),
+    Column("sent_at", DateTime(timezone=True)),
+    CheckConstraint("state IN ('pending_approval', 'sent', 'rejected')", name="state"),
+    Index("ix_quarantine_edits_consumer_name_failure_id_id", "consumer_name", "failure_id", "id"),
 )
 
 # What operators did (CLI and console): actor, time, action, selection, result; append-only.

@@ -17,7 +17,6 @@ An item is sent in one transaction that locks its quarantine row and finds it as
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import hashlib
 import time
@@ -34,13 +33,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.explain import Names, explain
 from service.policy import ramp
 from service.policy.handling import DecodeFailure
-from service.policy.headers import from_json, to_json
-from service.policy.records import id_bytes, pack_key
 from service.policy.verification import judge
 from service.stopping import sleep_unless_stopped
 from service.store import erasure, outbox, quarantine
 from service.store import reprocess as store
-from service.store.outbox import OutboxMessage
 from service.store.reprocess import Candidate, ItemState
 from service.store.uow import UnitOfWork
 from service.worker.reprocess_run import Options, Progress, Report, Selection
@@ -48,7 +44,6 @@ from service.worker.reprocess_run import Options, Progress, Report, Selection
 log = structlog.get_logger("reprocess")
 
 _MIN_JUDGED = 5
-_OUR_HEADERS = {"message-id", "failure-id", "origin-timestamp", "reprocess-run-id", "reprocess-attempt", "consumer"}
 
 
 @dataclass
@@ -251,32 +246,8 @@ class Reprocessor:
                 log.info("reprocess_item_skipped", run_id=run_id, failure_id=candidate.failure_id, status=status)
                 return False
             item.before = await store.state_of(c, candidate)
-            original = from_json(candidate.source_headers)
-            headers = [(name, value) for name, value in original if name not in _OUR_HEADERS]
-            # The id's own bytes, so that the copy is read back as the same message id.
-            identity = id_bytes(candidate.message_id) or candidate.message_id.encode()
-            headers += [
-                ("message-id", identity),
-                ("failure-id", candidate.failure_id.encode()),
-                ("reprocess-run-id", run_id.encode()),
-                ("reprocess-attempt", str(item.attempt).encode()),
-                ("consumer", candidate.consumer_name.encode()),
-            ]
-            stamp = _epoch_ms(candidate.envelope.get("source", {}).get("timestamp"))
-            if stamp is not None:
-                headers.append(("origin-timestamp", str(stamp).encode()))
-            [item.outbox_id] = await outbox.add(
-                c,
-                [
-                    OutboxMessage(
-                        self._topic,
-                        candidate.ordering_key,
-                        to_json(headers),
-                        candidate.payload or b"",
-                        pack_key(_source_key(candidate.envelope.get("source", {}))),
-                    )
-                ],
-            )
+            copy = store.copy_of(candidate, self._topic, sender=("reprocess-run-id", run_id), attempt=item.attempt)
+            [item.outbox_id] = await outbox.add(c, [copy])
             await store.add_item(
                 c,
                 run_id=run_id,
@@ -352,20 +323,3 @@ def _split(items: list[Candidate], sample: int | None) -> tuple[list[Candidate],
 
 def _iso(moment: datetime | None) -> str | None:
     return moment.isoformat() if moment else None
-
-
-def _epoch_ms(text: Any) -> int | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return round(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
-    except ValueError:
-        return None
-
-
-def _source_key(source: dict[str, Any]) -> bytes | None:
-    """The record's original Kafka key, as its envelope gives it (`key`, or `keyBase64` for bytes)."""
-    if source.get("keyBase64") is not None:
-        return base64.b64decode(source["keyBase64"])
-    key = source.get("key")
-    return key.encode() if isinstance(key, str) else None

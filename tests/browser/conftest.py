@@ -101,6 +101,7 @@ async def _console(settings: Settings) -> AsyncIterator[str]:
             failing_field=container.failing_field(),
             reprocess=reprocess_as_the_cli_does,
             codes=DOMAIN.error_codes,
+            decode=container.decode(),
         )
         # The socket listens before uvicorn starts, so the port is known and never raced for.
         listening = socket.create_server(("127.0.0.1", 0))

@@ -60,7 +60,7 @@ WATCHED = (
     "SELECT * FROM reprocess_runs ORDER BY id",
 )
 # A value for each path parameter of the routes, so that every route can be called.
-PATH_VALUES = {"failure_id": HEAD, "key": EFFECT, "run_id": "r-1", "launch": "0123456789abcdef"}
+PATH_VALUES = {"failure_id": HEAD, "key": EFFECT, "run_id": "r-1", "launch": "0123456789abcdef", "edit_id": "1"}
 # Everything an action's form could hold, confirmed: were a refusal missing, the action would change rows.
 ACTION_FORM = {
     "failure_id": HEAD,
@@ -69,6 +69,10 @@ ACTION_FORM = {
     "text": "a text",
     "key": "K-1",
     "consumer": CONSUMER,
+    "payload": '{"schema": "order.placed.v1"}',
+    "set_headers": "fixed-by=nobody",
+    "edit_id": "1",
+    "decision": "approve",
     "confirm": "yes",
 }
 RETRY_FORM = {"key": EFFECT, "reason": "card fixed", "confirm": "yes"}
@@ -282,7 +286,18 @@ def test_the_route_table_names_every_kind_of_route_this_module_covers() -> None:
     paths = {path for _, path in every_route()}
     assert {*PUBLIC, "/login", "/logout", "/", "/api/stats", f"/quarantine/{HEAD}"} <= paths
     assert set(ACTION_ROUTES) == {
-        f"/actions/{name}" for name in ("reveal", "annotate", "resolve", "reprocess", "release", "retry")
+        f"/actions/{name}"
+        for name in (
+            "reveal",
+            "annotate",
+            "resolve",
+            "reprocess",
+            "release",
+            "retry",
+            "open-edit",
+            "edit",
+            "decide-edit",
+        )
     }
 
 

@@ -20,7 +20,7 @@ from service.policy.headers import from_json, to_json
 from service.policy.records import BYTES_PREFIX, SourceRecord, id_bytes, message_id_of, pack_key, unpack_key
 from service.policy.redelivery import tier_headers
 from service.policy.retry import AttemptHistory
-from service.worker.reprocess import _source_key
+from service.store.reprocess import _source_key
 
 hostile_bytes = st.one_of(
     st.binary(max_size=64),

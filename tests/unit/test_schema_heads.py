@@ -32,11 +32,11 @@ def test_the_packaged_revisions_declare_the_heads_alembic_finds() -> None:
 
 def test_the_version_table_leaves_out_a_head_that_another_head_depends_on() -> None:
     # The domains' branches depend on older core revisions (the order domain's on 0016, the inventory domain's on
-    # 0010): each stands for its own ancestors in the version table, and the core's head is recorded beside it
-    assert schema._recorded_heads(()) == {"0017"}
-    assert schema._recorded_heads((ORDERS,)) == {"0017", "orders_0001"}
-    assert schema._recorded_heads((INVENTORY,)) == {"0017", "inv_0001"}
-    assert schema._recorded_heads((ORDERS, INVENTORY)) == {"0017", "orders_0001", "inv_0001"}
+    # 0010), so the core's head is recorded beside each
+    assert schema._recorded_heads(()) == {"0020"}
+    assert schema._recorded_heads((ORDERS,)) == {"0020", "orders_0001"}
+    assert schema._recorded_heads((INVENTORY,)) == {"0020", "inv_0001"}
+    assert schema._recorded_heads((ORDERS, INVENTORY)) == {"0020", "orders_0001", "inv_0001"}
 
 
 def test_a_depends_on_naming_no_declared_revision_leaves_the_decision_to_alembic(tmp_path: Path) -> None:
