@@ -17,10 +17,33 @@ RETENTION_ACTOR = "retention"  # who `erased_by` names when the payload period, 
 # The audit tables refuse every DELETE but this transaction's (migration 0017).
 _ALLOW_PURGE = text("SELECT set_config('core.retention_purge', 'on', true)")
 
+
+def names_only(column: str) -> str:
+    """SQL for a header list (`[[name, value], …]`) that keeps its names (facts) and drops their values."""
+    return (
+        f"(SELECT coalesce(jsonb_agg(jsonb_build_array(h->0, '')), '[]'::jsonb) FROM jsonb_array_elements({column}) h)"
+    )
+
+
 # A record's header names stay (facts); their values go with the bytes.
-HEADER_NAMES_ONLY = (
-    "(SELECT coalesce(jsonb_agg(jsonb_build_array(h->0, '')), '[]'::jsonb) FROM jsonb_array_elements(source_headers) h)"
-)
+HEADER_NAMES_ONLY = names_only("source_headers")
+
+
+def scrub_edits(erased: str, actor: str = ":actor") -> str:
+    """A CTE body that removes the bytes and header values the edits of the records in CTE `erased` hold (their
+    diffs too, which quote them), and turns an edit still waiting for approval down: nothing is left to send."""
+    return f"""
+        UPDATE quarantine_edits e
+        SET payload_before = NULL, payload_after = ''::bytea, diff = '(erased)',
+            headers_before = {names_only("e.headers_before")}, headers_after = {names_only("e.headers_after")},
+            state = CASE WHEN e.state = 'pending_approval' THEN 'rejected' ELSE e.state END,
+            decided_by = CASE WHEN e.state = 'pending_approval' THEN {actor} ELSE e.decided_by END,
+            decided_at = CASE WHEN e.state = 'pending_approval' THEN now() ELSE e.decided_at END
+        FROM {erased} WHERE e.consumer_name = {erased}.consumer_name AND e.failure_id = {erased}.failure_id
+        RETURNING 1
+    """
+
+
 _ERASE_CLOSED_PAYLOADS = text(
     f"""
     WITH erased AS (
@@ -32,7 +55,7 @@ _ERASE_CLOSED_PAYLOADS = text(
               LIMIT :batch FOR UPDATE SKIP LOCKED) AS due
         WHERE q.consumer_name = due.consumer_name AND q.failure_id = due.failure_id
         RETURNING q.consumer_name, q.failure_id
-    )
+    ), edits AS ({scrub_edits("erased")})
     INSERT INTO quarantine_events (consumer_name, failure_id, at, event, actor, detail)
     SELECT consumer_name, failure_id, now(), 'erased', :actor, 'payload and header values removed' FROM erased
     """
@@ -52,9 +75,25 @@ _PURGE_CLOSED_RECORDS = text(
     ), notes AS (
         DELETE FROM quarantine_annotations a USING gone
         WHERE a.consumer_name = gone.consumer_name AND a.failure_id = gone.failure_id RETURNING 1
+    ), edits AS (
+        DELETE FROM quarantine_edits d USING gone
+        WHERE d.consumer_name = gone.consumer_name AND d.failure_id = gone.failure_id RETURNING 1
     )
     SELECT (SELECT count(*) FROM gone) AS records, (SELECT count(*) FROM events) AS events,
            (SELECT count(*) FROM notes) AS notes
+    """
+)
+# A record's attempts reach its timeline as they happen (a hand-off to a retry tier is a `failed` event, migration
+# 0020), before it is known whether the record will ever be quarantined: events of records with no quarantine row
+# are removed once they are as old as a closed record's period.
+_PURGE_ORPHAN_EVENTS = text(
+    """
+    DELETE FROM quarantine_events WHERE id IN (
+        SELECT e.id FROM quarantine_events e
+        WHERE e.at < now() - CAST(:period AS interval)
+          AND NOT EXISTS (SELECT 1 FROM quarantine q
+                          WHERE q.consumer_name = e.consumer_name AND q.failure_id = e.failure_id)
+        ORDER BY e.id LIMIT :batch)
     """
 )
 _PURGE_AUDIT = text(
@@ -129,11 +168,14 @@ async def erase_closed_payloads(connection: AsyncConnection, period: timedelta, 
 
 
 async def purge_closed_records(connection: AsyncConnection, period: timedelta, batch: int) -> tuple[int, int]:
-    """Delete up to `batch` records closed longer than `period` ago, with their timelines and notes; how many
-    records, and how many timeline events."""
+    """Delete up to `batch` records closed longer than `period` ago, with their timelines, notes and edits, and up
+    to `batch` timeline events as old of records that were never quarantined; how many records, and how many
+    timeline events."""
     await connection.execute(_ALLOW_PURGE)
-    row = (await connection.execute(_PURGE_CLOSED_RECORDS, {"period": period, "batch": batch})).one()
-    return int(row.records), int(row.events)
+    params = {"period": period, "batch": batch}
+    row = (await connection.execute(_PURGE_CLOSED_RECORDS, params)).one()
+    orphans = (await connection.execute(_PURGE_ORPHAN_EVENTS, params)).rowcount
+    return int(row.records), int(row.events) + orphans
 
 
 async def purge_audit(connection: AsyncConnection, period: timedelta, batch: int) -> int:
