@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from service.cli import common, console, effects, outbox, parked, quarantine, reprocess, serve, topics
+from service.cli import common, console, effects, outbox, parked, quarantine, reprocess, serve, status, topics
 from service.cli.environment import describe
 from service.ports import Domain
 
@@ -37,6 +37,7 @@ def application(domain: Domain) -> typer.Typer:
     app.add_typer(outbox.app, name="outbox")
     app.add_typer(topics.app, name="topics")
     app.command()(console.console)
+    app.command()(status.status)
 
     app.callback(help=domain.summary)(_main)
     return app
