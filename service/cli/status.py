@@ -12,26 +12,20 @@ from service.console.processes import document
 from service.store import processes
 
 
-async def _system(connection: Any) -> dict[str, Any]:
-    now, found = await processes.listed(connection)
-    return {"processes": found, **processes.summary(now, found)}
-
-
 def status(as_json: JsonFlag = False) -> None:
     """The processes from their heartbeats: role, host, partitions and lag, paused partitions, open breakers; a
     process silent for more than three heartbeat intervals is gone. Exit 0; 1 when the database cannot be read."""
     settings = configured()
-    shown = document(run_async(lambda _: with_connection(settings, _system)))
+    shown = document(run_async(lambda _: with_connection(settings, processes.system)))
     if as_json:
         print_json(shown)
         return
     rows = [_row(process) for process in shown["processes"]]
     lag = ", ".join(f"{topic} {count}" for topic, count in sorted(shown["lag_by_topic"].items())) or "-"
     oldest = shown["oldest_unprocessed_seconds"]
-    typer.echo(
-        f"{shown['live']} live, {shown['gone']} gone; lag: {lag}; oldest unprocessed: "
-        f"{'-' if oldest is None else f'{oldest:.0f}s'}"
-    )
+    more = f" ({shown['not_listed']} older not listed)" if shown["not_listed"] else ""
+    age = "-" if oldest is None else f"{oldest:.0f}s"
+    typer.echo(f"{shown['live']} live, {shown['gone']} gone{more}; lag: {lag}; oldest unprocessed: {age}")
     if not rows:
         typer.echo("no process has written a heartbeat")
         return

@@ -53,7 +53,7 @@ async def overview(request: Request) -> Response:
         readings = await gauges.read(connection)
         now, rate = await console_store.last_day(connection)
         last_reconcile = await console_store.last_reconcile(connection)
-        clock, heard = await processes.listed(connection)
+        system = await processes.system(connection, others=0)  # the live ones: their lag, age and breakers
     groups = sorted(readings.quarantine_open.items(), key=lambda item: (-item[1], item[0]))
     chart = views.chart(now, rate)
     return render(
@@ -68,7 +68,7 @@ async def overview(request: Request) -> Response:
             "chart": chart,
             "series": {code: views.palette_index(code, chart.codes) for code in chart.codes},
             "last_reconcile": last_reconcile,
-            "system": processes.summary(clock, heard),
+            "system": system,
         },
     )
 

@@ -19,8 +19,7 @@ _SHOWN = ("process_id", "role", "consumer_name", "host", "pid", "version", "inte
 async def live_system(request: Request) -> dict[str, Any]:
     """Every process heard from within the retention, and the summary over the live ones."""
     async with reading(request) as connection:
-        now, found = await processes.listed(connection)
-    return {"processes": found, **processes.summary(now, found)}
+        return await processes.system(connection)
 
 
 def document(system: dict[str, Any]) -> dict[str, Any]:

@@ -40,16 +40,28 @@ _BEAT = text(
 )
 _STOPPED = text("UPDATE processes SET last_seen = now(), stopped_at = now() WHERE process_id = :process_id")
 _PURGE = text("DELETE FROM processes WHERE last_seen < now() - make_interval(secs => :seconds)")
-# Only the rows heard from within the retention: the index on last_seen keeps this a short range however many rows
-# older processes left behind.
-_LIST = text(
-    """
-    SELECT process_id, role, consumer_name, host, pid, version, interval_seconds, started_at, last_seen, stopped_at,
-           facts, extract(epoch FROM last_seen) AS last_seen_epoch, extract(epoch FROM now()) AS now_epoch
-    FROM processes WHERE last_seen > now() - make_interval(secs => :seconds)
-    ORDER BY role, host, pid, started_at
+_COLUMNS = """
+    process_id, role, consumer_name, host, pid, version, interval_seconds, started_at, last_seen, stopped_at, facts,
+    extract(epoch FROM last_seen) AS last_seen_epoch, extract(epoch FROM now()) AS now_epoch
+"""
+# Alive: not stopped and heard from within its own `GONE_AFTER_BEATS` intervals. The first condition is a range of the
+# last_seen index no longer than the longest interval allows, however many rows older processes left behind.
+_ALIVE = """
+    last_seen > now() - make_interval(secs => :longest) AND stopped_at IS NULL
+    AND last_seen >= now() - make_interval(secs => :beats * interval_seconds)
+"""
+_LIVE = text(f"SELECT {_COLUMNS} FROM processes WHERE {_ALIVE} ORDER BY role, host, pid, started_at")
+# The others heard from within the retention: the latest first, `:limit` of them (a page lists them, not a day of
+# restarts), and how many there are.
+_OTHERS = text(
+    f"""
+    SELECT {_COLUMNS}, count(*) OVER () AS heard FROM processes
+    WHERE last_seen > now() - make_interval(secs => :retention) AND NOT ({_ALIVE})
+    ORDER BY last_seen DESC LIMIT :limit
     """
 )
+_CLOCK = text("SELECT extract(epoch FROM now())")
+_LONGEST_INTERVAL_SECONDS = 300  # ORDERS_HEARTBEAT_INTERVAL's upper bound (service/config.py)
 
 
 async def beat(connection: AsyncConnection, identity: Identity, facts: dict[str, Any]) -> None:
@@ -81,27 +93,31 @@ async def purge(connection: AsyncConnection, older_than_seconds: float = heartbe
     return int(getattr(result, "rowcount", 0) or 0)
 
 
-async def listed(
-    connection: AsyncConnection, within_seconds: float = heartbeat.RETENTION_SECONDS
-) -> tuple[float, list[dict[str, Any]]]:
-    """The database's clock (seconds since the epoch) and every process heard from within the retention, each with
-    its `status` (service/policy/heartbeat.py) and `seconds_since_seen`."""
-    now = None
-    found = []
-    for row in await connection.execute(_LIST, {"seconds": within_seconds}):
-        values = dict(row._mapping)
-        now = float(values.pop("now_epoch"))
-        seen = float(values["last_seen_epoch"])
-        values["last_seen_epoch"] = seen
+async def listed(connection: AsyncConnection, others: int = 50) -> tuple[float, list[dict[str, Any]], int]:
+    """The database's clock (seconds since the epoch), every live process and the latest `others` of those gone or
+    stopped within the retention, each with its `status` (service/policy/heartbeat.py) and `seconds_since_seen`;
+    and how many gone or stopped ones were left out."""
+    beats = heartbeat.GONE_AFTER_BEATS
+    alive = {"beats": beats, "longest": beats * _LONGEST_INTERVAL_SECONDS}
+    found = [dict(row._mapping) for row in await connection.execute(_LIVE, alive)]
+    left_out = 0
+    if others > 0:
+        params = {**alive, "retention": heartbeat.RETENTION_SECONDS, "limit": others}
+        rest = [dict(row._mapping) for row in await connection.execute(_OTHERS, params)]
+        left_out = max(0, int(rest[0]["heard"]) - len(rest)) if rest else 0
+        for values in rest:
+            values.pop("heard")
+        found += rest
+    now = float(found[0]["now_epoch"]) if found else float((await connection.execute(_CLOCK)).scalar_one())
+    for values in found:
+        values.pop("now_epoch")
+        seen = values["last_seen_epoch"] = float(values["last_seen_epoch"])
         values["status"] = heartbeat.status(seen, values["interval_seconds"], values["stopped_at"] is not None, now)
         values["seconds_since_seen"] = round(max(0.0, now - seen), 1)
-        found.append(values)
-    if now is None:
-        now = float((await connection.execute(text("SELECT extract(epoch FROM now())"))).scalar_one())
-    return now, found
+    return now, found, left_out
 
 
-def summary(now: float, processes: list[dict[str, Any]]) -> dict[str, Any]:
+def summary(now: float, processes: list[dict[str, Any]], left_out: int = 0) -> dict[str, Any]:
     """What the overview, `/api/processes` and `status --json` show besides the processes: lag per topic, the oldest
     unprocessed age and the open breakers (service/policy/heartbeat.py)."""
     return {
@@ -110,4 +126,11 @@ def summary(now: float, processes: list[dict[str, Any]]) -> dict[str, Any]:
         "open_breakers": heartbeat.open_breakers(processes),
         "live": sum(1 for process in processes if process["status"] == "live"),
         "gone": sum(1 for process in processes if process["status"] == "gone"),
+        "not_listed": left_out,
     }
+
+
+async def system(connection: AsyncConnection, others: int = 50) -> dict[str, Any]:
+    """The processes `listed` and their `summary`: what the Processes page, `/api/processes` and `status` show."""
+    now, found, left_out = await listed(connection, others)
+    return {"processes": found, **summary(now, found, left_out)}
