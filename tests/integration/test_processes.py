@@ -122,7 +122,7 @@ async def test_a_consumer_behind_an_open_breaker_reports_its_partitions_lag_and_
             overview = await console.get("/", headers=BEARER)
             refused = await console.get("/api/processes")
         assert page.status_code == 200
-        assert f">{pid}<" in page.text
+        assert f">{pid}</span>" in page.text
         assert "status-live" in page.text
         assert "customers" in page.text
         assert f"{topics.source}/0" in page.text
