@@ -121,9 +121,13 @@ class Heartbeat:
         interval = self._who.interval_seconds
         await self._bounded(self._purge, interval)
         while not stop.is_set():
-            await self._bounded(self.beat, interval)
+            await self.tick()
             await sleep_unless_stopped(stop, interval)
         await self._bounded(self._stopped, interval)
+
+    async def tick(self) -> None:
+        """One heartbeat, given up after an interval; a failure is logged (once per spell), never raised."""
+        await self._bounded(self.beat, self._who.interval_seconds)
 
     async def beat(self) -> None:
         """Write one heartbeat."""

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from dependency_injector import providers
 from sqlalchemy.ext.asyncio import AsyncEngine
+from structlog.testing import capture_logs
 
 from service.config import Settings
 from service.console.app import create_app
@@ -20,7 +24,8 @@ from service.containers import Container
 from service.orders.domain import DOMAIN
 from service.orders.fakes import Downstream
 from service.worker.reprocess_run import Options, Progress, Report, Selection
-from tests.support import ServiceProcess, Topics, cli, eventually, produce, rows, settings_for
+from tests.conftest import KAFKA
+from tests.support import ServiceProcess, Topics, cli, eventually, make_engine, produce, rows, settings_for
 from tests.support.orders import placed
 
 pytestmark = pytest.mark.slow
@@ -180,3 +185,27 @@ async def _status_of(settings: Settings, pid: int, wanted: str) -> dict[str, Any
 
 def _id(shown: dict[str, Any], pid: int) -> str:
     return str(next(p["process_id"] for p in shown["processes"] if p["pid"] == pid))
+
+
+async def test_a_heartbeat_that_cannot_reach_the_database_neither_raises_nor_waits_past_its_interval() -> None:
+    # Given a heartbeat whose database does not answer (a port nothing listens on), at a 300 ms interval
+    engine = make_engine("postgresql+asyncpg://postgres@127.0.0.1:1/nothing")
+    settings = settings_for("postgresql+asyncpg://postgres@127.0.0.1:1/nothing", KAFKA, Topics("hb"))
+    container = Container(
+        settings=settings.model_copy(update={"heartbeat_interval": timedelta(milliseconds=300)}), domain=DOMAIN
+    )
+    container.engine.override(providers.Object(engine))
+    heartbeat = container.heartbeat(role="consume")
+    try:
+        # When it beats three times
+        started = time.monotonic()
+        with capture_logs() as logs:
+            for _ in range(3):
+                await heartbeat.tick()
+        took = time.monotonic() - started
+    finally:
+        await engine.dispose()
+
+    # Then nothing was raised, none took longer than its interval, and the failure was logged once for the spell
+    assert took < 3 * 0.3 + 0.5
+    assert [line["event"] for line in logs if line["event"].startswith("heartbeat")] == ["heartbeat_failed"]
