@@ -1,13 +1,13 @@
 """Time the operator console's pages on a large store (scripts/console-bench).
 
 The store: 100,000 quarantined records and 1,000,000 inbox rows, with effects, outbox rows, held keys, reprocess
-runs, reconciler passes and audit rows around them. The script creates a fresh database on the local
-PostgreSQL, migrates it with the service's own `upgrade_to_head`, fills it with set-based SQL (`INSERT … SELECT
-… FROM generate_series`; the triggers of migration 0009 write each record's timeline as they would in
-production) and runs `VACUUM ANALYZE`. Then it serves the console with uvicorn on a socket of its own and times
-every page with a real HTTP client: a few warm-up requests, then N in a row. Each request's SQL is traced, so
-the table also says how many statements a page ran and how long the database took; `--explain FILE` writes
-every statement's `EXPLAIN (ANALYZE, BUFFERS)` to FILE.
+runs, reconciler passes, audit rows and the heartbeats of 20 live processes (and a month of gone ones) around
+them. The script creates a fresh database on the local PostgreSQL, migrates it with the service's own
+`upgrade_to_head`, fills it with set-based SQL (`INSERT … SELECT … FROM generate_series`; the triggers of migration
+0009 write each record's timeline as they would in production) and runs `VACUUM ANALYZE`. Then it serves the
+console with uvicorn on a socket of its own and times every page with a real HTTP client: a few warm-up requests,
+then N in a row. Each request's SQL is traced, so the table also says how many statements a page ran and how long
+the database took; `--explain FILE` writes every statement's `EXPLAIN (ANALYZE, BUFFERS)` to FILE.
 
 The database is named `console_bench` (`--database`) and is dropped at the end unless `--keep`; `--reuse`
 measures a kept one again (migrated to the head first, so a new index is measured without seeding again), and
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -95,6 +96,7 @@ class Sizes:
     held_keys: int = 300
     annotations: int = 2_000
     audit: int = 3_000
+    gone_processes: int = 8_000
 
 
 def _slots() -> tuple[list[str], list[str], list[int]]:
@@ -345,6 +347,37 @@ _AUDIT = """
            jsonb_build_object('done', true)
     FROM generate_series(1, $10::int) AS n
 """
+# Twenty live processes (sixteen consumers, each with a partition of the source, its tiers and its reprocess topic,
+# two relays, two effect workers; one consumer with an open breaker, one pausing for backpressure), and a month of
+# processes since gone or stopped that the pages must skip: a restart every few minutes.
+_PROCESSES = """
+    INSERT INTO processes (process_id, role, consumer_name, host, pid, version, interval_seconds, started_at,
+                           last_seen, stopped_at, facts)
+    SELECT 'order-service-' || n || ':' || (1000 + n) || ':' || n, role, 'order-service', 'order-service-' || n,
+           1000 + n, '0.1.0', 5, seen - interval '3 hours', seen, CASE WHEN n > 20 AND n % 3 > 0 THEN seen END,
+           jsonb_build_object(
+               'partitions', CASE WHEN role = 'consume' THEN (
+                   SELECT jsonb_agg(jsonb_build_object(
+                       'topic', topic, 'partition', (n - 1) % 12, 'lag', (n * 37 + length(topic)) % 400,
+                       'paused', CASE WHEN n = 5 AND topic = 'orders' THEN 'backpressure: its lane is full' END,
+                       'oldest_ms', (extract(epoch FROM now()) * 1000)::bigint - n * 1500))
+                   FROM unnest(ARRAY['orders', 'orders.retry.30s', 'orders.retry.5m', 'orders.reprocess']) AS topic)
+                   ELSE '[]'::jsonb END,
+               'rates', jsonb_build_object('rounds_per_second', 12.5, 'records_per_second', 2400.0,
+                                           'published_per_second', 0.0, 'effects_per_second', 0.0),
+               'breakers', CASE WHEN n = 3 THEN jsonb_build_array(jsonb_build_object(
+                                   'downstream', 'customers', 'state', 'open', 'code', 'DOWNSTREAM_UNAVAILABLE',
+                                   'misconfigured', false, 'open_seconds', 42.0))
+                                ELSE jsonb_build_array(jsonb_build_object(
+                                   'downstream', 'customers', 'state', 'closed', 'code', null,
+                                   'misconfigured', false, 'open_seconds', 0.0)) END,
+               'config_errors', '[]'::jsonb)
+    FROM (SELECT n, CASE WHEN n > 20 THEN (ARRAY['consume', 'relay', 'effects'])[1 + n % 3]
+                         WHEN n <= 16 THEN 'consume' WHEN n <= 18 THEN 'relay' ELSE 'effects' END AS role,
+                 CASE WHEN n <= 20 THEN now() - interval '1 second' * (n % 4)
+                      ELSE now() - interval '30 days' * ((n - 20)::float8 / $11::int) END AS seen
+          FROM generate_series(1, 20 + $11::int) AS n) AS rows
+"""
 SEED: tuple[tuple[str, str], ...] = (
     ("quarantine", _QUARANTINE),
     ("reprocess runs", _RUNS),
@@ -364,6 +397,7 @@ SEED: tuple[tuple[str, str], ...] = (
     ("outbox", _OUTBOX),
     ("reconcile runs", _RECONCILE_RUNS),
     ("audit log", _AUDIT),
+    ("processes", _PROCESSES),
 )
 _COUNTED = (
     "quarantine",
@@ -379,6 +413,7 @@ _COUNTED = (
     "reprocess_items",
     "reconcile_runs",
     "audit_log",
+    "processes",
 )
 
 
@@ -386,7 +421,7 @@ _PLACEHOLDER = re.compile(r"\$(\d+)")
 
 
 def _parameters(sizes: Sizes) -> list[Any]:
-    """The seed statements' $1…$10, by position."""
+    """The seed statements' $1…$11, by position."""
     codes, owners, attempts = _slots()
     return [
         sizes.quarantine,
@@ -399,6 +434,7 @@ def _parameters(sizes: Sizes) -> list[Any]:
         sizes.effects,
         sizes.outbox,
         sizes.audit,
+        sizes.gone_processes,
     ]
 
 
@@ -522,9 +558,11 @@ def pages(found: Samples) -> list[Page]:
         Page("runs", "/runs"),
         Page("run", f"/runs/{quote(found.run_id)}"),
         Page("audit", "/audit"),
+        Page("processes", "/processes"),
         Page("api: quarantine", "/api/quarantine"),
         Page("api: record", f"/api/quarantine/{record}"),
         Page("api: stats", "/api/stats"),
+        Page("api: processes", "/api/processes"),
     ]
 
 
@@ -748,6 +786,33 @@ class Options:
     explain: Path | None
 
 
+# The 20 live processes' heartbeats while the pages are timed, as they write them: each every 5 s.
+_BEAT = "UPDATE processes SET last_seen = now() WHERE pid = $1"
+LIVE_PROCESSES = 20
+
+
+@asynccontextmanager
+async def heartbeats(dsn: str) -> AsyncIterator[None]:
+    """Keep the seeded live processes live (a heartbeat each every 5 s) for the block: seeded minutes before the
+    timing starts, they would be gone by then."""
+    connection = await asyncpg.connect(dsn)
+
+    async def beating() -> None:
+        while True:
+            for n in range(1, LIVE_PROCESSES + 1):
+                await connection.execute(_BEAT, 1000 + n)
+                await asyncio.sleep(5 / LIVE_PROCESSES)
+
+    task = asyncio.create_task(beating())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await connection.close()
+
+
 async def run(options: Options) -> dict[str, Any]:
     """Seed (or reuse), serve, time every page; the figures for the JSON line."""
     server = options.admin_url.rsplit("/", 1)[0]
@@ -791,7 +856,7 @@ async def run(options: Options) -> dict[str, Any]:
         found = await samples(dsn)
         tracer = Tracer()
         timings = []
-        async with served(url, tracer) as client:
+        async with served(url, tracer) as client, heartbeats(dsn):
             for page in pages(found):
                 timing = await time_page(client, tracer, page, options.warmup, options.requests)
                 console.print(f"  {page.label}: p50 {timing.p50:.1f} ms, p95 {timing.p95:.1f} ms")

@@ -137,6 +137,9 @@ class Settings(BaseSettings):
     dedup_window: Annotated[Duration, read_by(Reader.CONSUMER, Reader.RECONCILER, Reader.TOPICS)] = timedelta(days=7)
     metrics_port: Annotated[int, _PROCESS] = Field(default=9108, ge=0, le=65535)
     metrics_refresh: Annotated[Duration, _PROCESS] = timedelta(seconds=10)
+    # How often a long-running process writes its heartbeat (the console's Processes page, `status`); silent for
+    # three of them, it is shown as gone.
+    heartbeat_interval: Annotated[Duration, _PROCESS] = timedelta(seconds=5)
     http_timeout: Annotated[Duration, read_by(Reader.CONSUMER, Reader.EFFECTS, Reader.RECONCILER)] = timedelta(
         seconds=2
     )
@@ -208,6 +211,13 @@ class Settings(BaseSettings):
     @classmethod
     def _lower_level(cls, value: Any) -> Any:
         return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("heartbeat_interval")
+    @classmethod
+    def _check_heartbeat(cls, value: timedelta) -> timedelta:
+        if not timedelta(milliseconds=100) <= value <= timedelta(minutes=5):
+            raise ValueError("must be between 100ms and 5m")
+        return value
 
     @field_validator("dedup_window")
     @classmethod

@@ -31,6 +31,8 @@ from service.worker.consumer import CONTEXT_LOOKUPS, ConsumerLoop, KafkaDiagnosi
 from service.worker.downtime import Downtime
 from service.worker.effects import EffectWorker, call_budget
 from service.worker.gauges import GaugeRefresher
+from service.worker.heartbeat import Heartbeat
+from service.worker.heartbeat import identity as heartbeat_identity
 from service.worker.middleware import FaultPoints
 from service.worker.processor import Processor, RoundSettings
 from service.worker.reconciler import Reconciler
@@ -152,6 +154,20 @@ def _kafka_diagnosis(settings: Settings) -> KafkaDiagnosis:
         start=functools.partial(kafka.start_with_backoff, settings=settings),
         reason=functools.partial(explain.kafka_reason, names=settings),
     )
+
+
+def _heartbeat(
+    engine: AsyncEngine,
+    settings: Settings,
+    metrics: Metrics,
+    breakers: Breakers,
+    topics_check: TopicsCheck,
+    role: str,
+) -> Heartbeat:
+    """The process's heartbeat as `role` (consume, relay, effects, run); its parts are named once they are built."""
+    interval = settings.heartbeat_interval.total_seconds()
+    who = heartbeat_identity(role, settings.consumer_name, settings.program, interval, _utcnow())
+    return Heartbeat(engine, who, metrics, breakers, topics_check)
 
 
 def _handler(domain: Domain, plumbing: Plumbing) -> Handler[Any, Any, Any]:
@@ -277,5 +293,9 @@ class Container(containers.DeclarativeContainer):
         engine=engine,
         metrics=metrics,
         interval=providers.Callable(_seconds, settings.provided.metrics_refresh),
+    )
+    # Called with the process's role (service/cli/serve.py): every long-running process beats.
+    heartbeat = providers.Factory(
+        _heartbeat, engine=engine, settings=settings, metrics=metrics, breakers=breakers, topics_check=topics_check
     )
     health = providers.Singleton(HealthServer, metrics=metrics, ready=readiness, port=settings.provided.metrics_port)

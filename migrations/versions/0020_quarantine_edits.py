@@ -2,7 +2,7 @@
 attempt of a record that went through the retry tiers in its timeline
 
 Revision ID: 0020
-Revises: 0017
+Revises: 0018
 Create Date: 2026-12-07 14:20:00.000000
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0020"
-down_revision = "0017"
+down_revision = "0018"
 branch_labels = None
 depends_on = None
 

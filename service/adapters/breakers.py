@@ -19,6 +19,7 @@ import structlog
 from service.metrics import Metrics
 from service.policy import breaker as policy
 from service.policy.breaker import OK, Admission, Breaker, BreakerPolicy, Outcome, State
+from service.policy.heartbeat import BreakerView
 
 log = structlog.get_logger("breaker")
 
@@ -113,6 +114,13 @@ class Guard:
         """1 while the breaker is open on answers that are not the API's own and its open time runs, else 0."""
         return 1.0 if self._breaker.misconfigured and self.state_value() == 2.0 else 0.0
 
+    def view(self) -> BreakerView:
+        """The breaker as the process's heartbeat shows it."""
+        breaker = self._breaker
+        state = {0.0: State.CLOSED, 1.0: State.HALF_OPEN, 2.0: State.OPEN}[self.state_value()]
+        code = breaker.code.value if breaker.code else None
+        return BreakerView(self.name, state.value, code, breaker.misconfigured, self.open_seconds())
+
     def listen(self, listener: Listener) -> None:
         """Call `listener(name, breaker)` after every transition."""
         self._listeners.append(listener)
@@ -178,6 +186,10 @@ class Breakers:
         self._listeners.append(listener)
         for guard in self._guards.values():
             guard.listen(listener)
+
+    def views(self) -> tuple[BreakerView, ...]:
+        """Every breaker of the process as its heartbeat shows it (an open one whose time is up: half-open)."""
+        return tuple(guard.view() for guard in self._guards.values())
 
     def open(self) -> dict[str, Breaker]:
         """The breakers that are not closed, by downstream."""

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from service.cli import common, console, edits, effects, outbox, parked, quarantine, reprocess, serve, topics
+from service.cli import common, console, edits, effects, outbox, parked, quarantine, reprocess, serve, status, topics
 from service.cli.environment import describe
 from service.ports import Domain
 
@@ -38,6 +38,7 @@ def application(domain: Domain) -> typer.Typer:
     app.add_typer(outbox.app, name="outbox")
     app.add_typer(topics.app, name="topics")
     app.command()(console.console)
+    app.command()(status.status)
 
     app.callback(help=domain.summary)(_main)
     return app

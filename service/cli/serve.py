@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import asdict
 from typing import Annotated
 
@@ -45,12 +46,19 @@ def serve_parts(settings: Settings, *parts: str) -> None:
         async with assembled(settings) as container:
             health = await provide(container, "health")
             check = await provide(container, "topics_check")
+            # The heartbeat beats from here (a missing topic is its first configuration error) until the parts
+            # stopped, then marks the process stopped.
+            heartbeat = container.heartbeat(role=role_of(parts))
+            heartbeat = await heartbeat if isinstance(heartbeat, Awaitable) else heartbeat
+            beating = asyncio.Event()
+            beats = asyncio.create_task(heartbeat.run(beating))
             await health.start()
             try:
                 if not await check.wait(needed, stop):
                     return
                 # Every long-running process also keeps the database-derived gauges fresh for its /metrics.
                 loops = [await provide(container, part) for part in (*parts, "gauges")]
+                heartbeat.watch(loops)
                 tune_garbage_collector()
                 async with asyncio.TaskGroup() as group:
                     for part in loops:
@@ -58,9 +66,19 @@ def serve_parts(settings: Settings, *parts: str) -> None:
                     group.create_task(collect_garbage(stop))
                     group.create_task(certificates.watch(stop))
             finally:
+                beating.set()
+                await beats
                 await health.stop()
 
     run_async(serve)
+
+
+_ROLES = {"consumer_loop": "consume", "relay": "relay", "effect_worker": "effects"}
+
+
+def role_of(parts: tuple[str, ...]) -> str:
+    """The role a process's heartbeat names: its command (`run` for all three parts in one process)."""
+    return _ROLES[parts[0]] if len(parts) == 1 and parts[0] in _ROLES else "run"
 
 
 async def _schema_ready(settings: Settings, stop: asyncio.Event) -> bool:

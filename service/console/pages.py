@@ -34,7 +34,7 @@ from service.console.web import (
     state_of,
 )
 from service.jsonable import jsonable
-from service.store import audit, gauges, parking, quarantine, quarantine_reads
+from service.store import audit, gauges, parking, processes, quarantine, quarantine_reads
 from service.store import console as console_store
 from service.store import effects as effects_store
 from service.store import reprocess as reprocess_store
@@ -48,12 +48,14 @@ SHOWN_AT_MOST = 500  # rows of a run's items or of the held keys a page shows (c
 
 
 async def overview(request: Request) -> Response:
-    """Open quarantine by code and owner, the oldest open age, the last day's rate, backlogs, the last reconcile."""
+    """Open quarantine by code and owner, the oldest open age, the last day's rate, backlogs, the last reconcile, and
+    the live system: lag per topic, the oldest unprocessed age, every open breaker."""
     caller(request)
     async with reading(request) as connection:
         readings = await gauges.read(connection)
         now, rate = await console_store.last_day(connection)
         last_reconcile = await console_store.last_reconcile(connection)
+        system = await processes.system(connection, others=0)  # the live ones: their lag, age and breakers
     groups = sorted(readings.quarantine_open.items(), key=lambda item: (-item[1], item[0]))
     chart = views.chart(now, rate)
     return render(
@@ -68,6 +70,7 @@ async def overview(request: Request) -> Response:
             "chart": chart,
             "series": {code: views.palette_index(code, chart.codes) for code in chart.codes},
             "last_reconcile": last_reconcile,
+            "system": system,
         },
     )
 

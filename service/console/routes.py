@@ -24,6 +24,7 @@ from service.console.pages import (
     run_detail,
     runs_list,
 )
+from service.console.processes import api_processes, processes_page
 
 ROUTES = [
     Route("/healthz", healthz),
@@ -44,9 +45,11 @@ ROUTES = [
     Route("/launches/{launch}", launch_status),
     Route("/audit", audit_page),
     Route("/edits/{edit_id}", edit_page),
+    Route("/processes", processes_page),
     Route("/api/quarantine", api_quarantine),
     Route("/api/quarantine/{failure_id:path}", api_record),
     Route("/api/stats", api_stats),
+    Route("/api/processes", api_processes),
     Route("/actions/reveal", reveal, methods=["POST"]),
     Route("/actions/annotate", annotate, methods=["POST"]),
     Route("/actions/resolve", resolve, methods=["POST"]),

@@ -9,6 +9,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     Index,
     Integer,
     LargeBinary,
@@ -325,4 +326,23 @@ console_sessions = Table(
     Column("revoked_at", DateTime(timezone=True)),
     Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index("ix_console_sessions_expires_at", "expires_at"),
+)
+
+# One row per long-running process, upserted by its heartbeat (service/worker/heartbeat.py): what the console's
+# Processes page and `status` show; `facts` is service/policy/heartbeat.py's document.
+processes = Table(
+    "processes",
+    metadata,
+    Column("process_id", Text, primary_key=True),
+    Column("role", Text, nullable=False),
+    Column("consumer_name", Text, nullable=False),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("version", Text, nullable=False),
+    Column("interval_seconds", Float, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("last_seen", DateTime(timezone=True), nullable=False),
+    Column("stopped_at", DateTime(timezone=True)),
+    Column("facts", JSONB, nullable=False),
+    Index("ix_processes_last_seen", "last_seen"),
 )

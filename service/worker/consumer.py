@@ -28,9 +28,11 @@ from service.metrics import Metrics
 from service.policy.backoff import outage_wait
 from service.policy.breaker import Breaker, State
 from service.policy.delivery import Delivery, RetryState
+from service.policy.heartbeat import PartitionView
 from service.stopping import sleep_unless_stopped, wait_unless_stopped
 from service.worker.lanes import Lanes, Taken
 from service.worker.offsets import Offsets
+from service.worker.partitions import partition_views
 from service.worker.processor import LOOKUP_CONCURRENCY, Processor
 from service.worker.spacing import SPACING_SECONDS
 from service.worker.unreadable import skip_unreadable
@@ -118,6 +120,19 @@ class ConsumerLoop:
         self._room = asyncio.Event()  # set when records leave the lanes: the fetcher may fetch again
         self._rounds: dict[asyncio.Task[None], set[str]] = {}  # round -> message ids, orders and keys
         self._error: Exception | None = None
+        self._consumer: AIOKafkaConsumer | None = None  # while running: what the heartbeat reads
+        self._refused: str | None = None  # while the broker refuses its fetches: why
+
+    def partitions(self) -> tuple[PartitionView, ...]:
+        """The assigned partitions as the heartbeat shows them (service/worker/partitions.py)."""
+        if self._consumer is None:
+            return ()
+        now = asyncio.get_running_loop().time()
+        return partition_views(self._consumer, self._lanes, self._offsets, self._paused, now)
+
+    def problems(self) -> tuple[str, ...]:
+        """What the consumer knows is misconfigured now: a fetch the broker refuses (an ACL)."""
+        return (f"fetch refused: {self._refused}",) if self._refused else ()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set, then finish the in-flight transactions, commit and return."""
@@ -129,6 +144,7 @@ class ConsumerLoop:
             await stop_quietly(consumer)
             return
         log.info("consumer_started", topics=self._topics)
+        self._consumer = consumer
         loop = asyncio.get_running_loop()
         fetching = asyncio.create_task(self._fetch(consumer, stop))
         try:
@@ -155,6 +171,7 @@ class ConsumerLoop:
             await self._offsets.finish(consumer)
             await self._processor.let_go()
             await consumer.stop()
+            self._consumer = None
             log.info("consumer_stopped")
         self._raise_from_failed_rounds()
         if not fetching.cancelled() and fetching.exception() is not None:
@@ -195,11 +212,12 @@ class ConsumerLoop:
                 # wait and ask again, never a crash loop): nothing is fetched, so nothing goes wrong meanwhile.
                 why = self._kafka.reason([error], "READ") or type(error).__name__
                 refused += 1
+                self._refused = why
                 wait = outage_wait(refused)
                 log.warning("kafka_fetch_refused", reason=why, retry_in_seconds=wait)
                 await sleep_unless_stopped(stop, wait)
                 continue
-            refused = 0
+            refused, self._refused = 0, None
             if not batches:
                 continue
             self._take(batches)

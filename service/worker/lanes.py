@@ -9,7 +9,7 @@ whatever order overlapping rounds finish in.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -201,12 +201,24 @@ class Lanes:
             self._done.pop(lane, None)
 
     def _stalls(self, lane: Lane, records: deque[Delivery], now: float) -> bool:
-        state = self.state
-        # A tier copy at the head that is not due: the records behind it in its tier are due later still. Its
-        # delivery says so, not the topic's name (a source topic may be called `shop.retry.orders`).
-        if records and records[0].in_tier and state(records[0]).due > now:
-            return True
-        return len(records) >= self._bound - self._round_size
+        return _stall_reason(records, self.state, self._bound - self._round_size, now) is not None
+
+    def why_stalled(self, lane: Lane, now: float) -> str | None:
+        """Why a partition must not fetch now (what its heartbeat says), or None when it may."""
+        records = self._lanes.get(lane)
+        return _stall_reason(records, self.state, self._bound - self._round_size, now) if records else None
+
+
+def _stall_reason(
+    records: deque[Delivery], state: Callable[[Delivery], RetryState], full: int, now: float
+) -> str | None:
+    # A tier copy at the head that is not due: the records behind it in its tier are due later still. Its
+    # delivery says so, not the topic's name (a source topic may be called `shop.retry.orders`).
+    if records and records[0].in_tier and state(records[0]).due > now:
+        return "retry tier: its head is not due yet"
+    if len(records) >= full:
+        return "backpressure: its lane is full"
+    return None
 
 
 def round_ids(deliveries: Collection[Delivery]) -> set[str]:

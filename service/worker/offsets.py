@@ -98,14 +98,20 @@ class Offsets:
         if now < self._next_lag_report:
             return
         for partition in consumer.assignment():
-            high = consumer.highwater(partition)
-            if high is None:
+            lag = self.lag(consumer, lanes, partition)
+            if lag is None:
                 continue  # nothing fetched from it yet: report it as soon as something is
             self._next_lag_report = now + 1.0
-            done = self._committed.get(partition)
-            if done is None:
-                head = lanes.head((partition.topic, partition.partition))
-                done = head.record.offset if head else high
-            metrics.consumer_lag.labels(topic=partition.topic, partition=str(partition.partition)).set(
-                max(0, high - done)
-            )
+            metrics.consumer_lag.labels(topic=partition.topic, partition=str(partition.partition)).set(lag)
+
+    def lag(self, consumer: AIOKafkaConsumer, lanes: Lanes, partition: TopicPartition) -> int | None:
+        """The broker's high watermark at the last fetch minus what was committed (before the first commit: the
+        first record held, else nothing); None before the first fetch. No request is made."""
+        high = consumer.highwater(partition)
+        if high is None:
+            return None
+        done = self._committed.get(partition)
+        if done is None:
+            head = lanes.head((partition.topic, partition.partition))
+            done = head.record.offset if head else high
+        return int(max(0, high - done))

@@ -32,6 +32,7 @@ class TopicsCheck:
         self._source = source  # the source topic: its producers, not `topics apply`, create it
         self._program = program  # the console script a fix names
         self.ready = True  # a process that checks nothing (effects) waits for nothing
+        self.problem: str | None = None  # while topics are missing or may not be described: the fix, in a line
 
     async def wait(self, names: Sequence[str], stop: asyncio.Event) -> bool:
         """Return True once every one of `names` exists and may be described; False when stopped first."""
@@ -50,15 +51,18 @@ class TopicsCheck:
                 log.warning("topics_check_failed", error=str(error), retry_in_seconds=delay)
             else:
                 if found.complete:
-                    self.ready = True
+                    self.ready, self.problem = True, None
                     if looks:  # said missing before: say they are there now
                         log.info("topics_found", topics=list(names))
                     return True
+                self.problem = not_ready_line(
+                    found.missing, found.not_authorized, source=self._source, program=self._program
+                )
                 log.warning(
                     "topics_missing",
                     missing=list(found.missing),
                     not_authorized=[f"DESCRIBE on topic {name}" for name in found.not_authorized],
-                    fix=not_ready_line(found.missing, found.not_authorized, source=self._source, program=self._program),
+                    fix=self.problem,
                     retry_in_seconds=delay,
                 )
             await sleep_unless_stopped(stop, delay)

@@ -133,8 +133,10 @@ async def test_a_database_the_previous_release_migrated_keeps_every_row_on_the_w
 
     # Then every table holds the same rows, the orders table is the branch's, and the schema is current
     assert heads == "0020, orders_0001"
-    assert await _tables(engine) == before
-    assert await schema.current_heads(database_url) == ("orders_0001",)
+    after = await _tables(engine)
+    assert {name: after.get(name) for name in before} == before
+    assert [name for name in after.keys() - before.keys() if after[name]] == []  # tables this version adds start empty
+    assert set(await schema.current_heads(database_url)) == {"0020", "orders_0001"}
     await schema.require_head(database_url, DOMAIN.migrations)
 
 

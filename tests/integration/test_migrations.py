@@ -206,6 +206,7 @@ async def test_a_version_table_other_than_the_heads_is_not_current(
 ) -> None:
     # Given a version table that names an older revision, or one this version does not know
     async with engine.begin() as connection:
+        # (one row for the whole table: a migrated database holds one per head that no other head depends on)
         await connection.execute(text("DELETE FROM alembic_version"))
         await connection.execute(text("INSERT INTO alembic_version (version_num) VALUES (:v)"), {"v": recorded})
 

@@ -30,13 +30,18 @@ def test_the_packaged_revisions_declare_the_heads_alembic_finds() -> None:
     assert schema._declared_heads((ORDERS,)) == _alembic_heads((ORDERS,))
 
 
-def test_the_version_table_leaves_out_a_head_that_another_head_depends_on() -> None:
-    # The domains' branches depend on older core revisions (the order domain's on 0016, the inventory domain's on
-    # 0010), so the core's head is recorded beside each
+def test_the_version_table_leaves_out_a_head_that_another_head_depends_on(tmp_path: Path) -> None:
+    # The order domain's branch depends on 0016 and the inventory domain's on 0010, both older than the core's head
+    # (0020), so the core's head is recorded beside each
     assert schema._recorded_heads(()) == {"0020"}
     assert schema._recorded_heads((ORDERS,)) == {"0020", "orders_0001"}
     assert schema._recorded_heads((INVENTORY,)) == {"0020", "inv_0001"}
     assert schema._recorded_heads((ORDERS, INVENTORY)) == {"0020", "orders_0001", "inv_0001"}
+    # A branch that depends on the core's head stands for it in the version table
+    _write(
+        tmp_path, "d_0001.py", "revision = 'd_0001'\ndown_revision = None\nbranch_labels = ('d',)\ndepends_on = '0020'"
+    )
+    assert schema._recorded_heads((tmp_path,)) == {"d_0001"}
 
 
 def test_a_depends_on_naming_no_declared_revision_leaves_the_decision_to_alembic(tmp_path: Path) -> None:
