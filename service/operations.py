@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.policy import repairs
 from service.store import audit, parking, quarantine, quarantine_reads
 from service.store import effects as effects_store
 from service.store import reprocess as reprocess_store
@@ -63,19 +64,20 @@ class Picked:
 
 @dataclass(frozen=True)
 class Wanted:
-    """What an operator asked for: failure ids, or open records matching code, key and age (or both: the ids
-    among the matching ones), of one consumer when it is named."""
+    """What an operator asked for: failure ids, or open records matching code, key, age and owner (or both: the
+    ids among the matching ones), of one consumer when it is named."""
 
     ids: tuple[str, ...] = ()
     error_code: str | None = None
     key: str | None = None
     older_than: timedelta | None = None
     consumer: str | None = None
+    owner: str | None = None
 
     @property
     def selecting(self) -> bool:
         """Whether the filters select records (rather than only naming them)."""
-        return self.error_code is not None or self.key is not None or self.older_than is not None
+        return any(value is not None for value in (self.error_code, self.key, self.older_than, self.owner))
 
     async def pick(self, connection: AsyncConnection) -> Picked:
         """The records this selection means, now: SelectionTooLarge when the filters match too many, and
@@ -93,6 +95,7 @@ class Wanted:
             status="open",
             older_than=self.older_than,
             key=self.key,
+            owner=self.owner,
             consumer=self.consumer,
             limit=LARGEST_SELECTION,
         )
@@ -110,6 +113,7 @@ class Wanted:
             "key": self.key,
             "older_than_seconds": self.older_than.total_seconds() if self.older_than else None,
             "consumer": self.consumer,
+            "owner": self.owner,
         }
 
 
@@ -178,11 +182,11 @@ async def resolve(
     outcomes: dict[str, str | None] = {}
     for record in picked.records:
         previous = await quarantine.resolve(connection, record, reason, actor)
-        if previous == "open":
+        if repairs.resolves(previous):
             await parking.unblock_failures(connection, record.consumer_name, [record.failure_id])
         outcomes[record.failure_id] = previous
     outcomes |= dict.fromkeys(picked.missing)
-    resolved = sum(previous == "open" for previous in outcomes.values())
+    resolved = sum(repairs.resolves(previous) for previous in outcomes.values())
     await audit.record(
         connection,
         actor,
@@ -191,6 +195,14 @@ async def resolve(
         {"resolved": resolved},
     )
     return outcomes
+
+
+async def resolve_preview(connection: AsyncConnection, picked: Picked) -> dict[str, str | None]:
+    """What `resolve` would find, changing nothing: per failure id (the missing ones too), its status now
+    (`repairs.resolves` says which it would close)."""
+    found = await quarantine.statuses(connection, picked.records)
+    outcomes: dict[str, str | None] = {record.failure_id: found.get(record) for record in picked.records}
+    return outcomes | dict.fromkeys(picked.missing)
 
 
 @dataclass(frozen=True)
@@ -235,10 +247,14 @@ async def failed_effects(connection: AsyncConnection, keys: Sequence[str], kind:
     return [one for one in picked if one in set(keys)] if keys else picked
 
 
-async def unknown_effects(connection: AsyncConnection, keys: Sequence[str]) -> list[str]:
-    """The keys that name no effect: what a retry of them reports as not found (and its dry run too)."""
-    found = await effects_store.states(connection, keys)
-    return [one for one in dict.fromkeys(keys) if one not in found]
+async def retry_preview(
+    connection: AsyncConnection,
+    selection: Sequence[str],
+    destination: Callable[[str], str],
+    waiting: Mapping[str, Sequence[str]],
+) -> dict[str, tuple[str | None, str | None]]:
+    """What `retry_effects` would do, changing nothing: the same decisions, on the rows as they are now."""
+    return await effects_store.retry_plan(connection, list(selection), destination, waiting, lock=False)
 
 
 async def retry_effects(
@@ -271,9 +287,10 @@ async def reprocess_owners(
     since: datetime | None,
     until: datetime | None,
     consumer: str | None,
+    owner: str | None = None,
 ) -> list[tuple[str, str]]:
     """The (consumer name, source topic) pairs a reprocess selection was quarantined under (`consumer`: only it)."""
     found = await reprocess_store.owners(
-        connection, failure_ids=tuple(failure_ids), error_code=error_code, since=since, until=until
+        connection, failure_ids=tuple(failure_ids), error_code=error_code, since=since, until=until, owner=owner
     )
     return [pair for pair in found if consumer in (None, pair[0])]

@@ -87,6 +87,7 @@ def reprocess(
         list[str] | None, typer.Option("--failure-id", help="A failure id to reprocess (repeatable).")
     ] = None,
     error_code: Annotated[str | None, typer.Option("--error-code", help="Open records with this code.")] = None,
+    owner: Annotated[str | None, typer.Option("--owner", help="Only records routed to this owner.")] = None,
     since: Annotated[str | None, typer.Option("--since", help="First failed at or after (RFC 3339).")] = None,
     until: Annotated[str | None, typer.Option("--until", help="First failed before (RFC 3339).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the volume and selection; write nothing.")] = False,
@@ -120,9 +121,10 @@ def reprocess(
     settings = configured()
     if not reason or not reason.strip():
         raise typer.BadParameter("say why this run is needed: --reason", param_hint="--reason")
-    if not (failure_id or error_code or since or until):
-        raise typer.BadParameter("select something: --failure-id, --error-code, --since or --until")
-    selection = Selection(tuple(failure_id or ()), error_code, timestamp(since, "--since"), timestamp(until, "--until"))
+    if not (failure_id or error_code or since or until or owner):
+        raise typer.BadParameter("select something: --failure-id, --error-code, --owner, --since or --until")
+    after, before = timestamp(since, "--since"), timestamp(until, "--until")
+    selection = Selection(tuple(failure_id or ()), error_code, after, before, owner=owner or None)
     settings = _as_owner_of(settings, selection, consumer)
     options = Options(
         reason=reason,
@@ -150,12 +152,15 @@ def reprocess(
         lambda _: use(settings, "reprocessor", lambda runner: runner.run(selection, options, progress, confirm))
     )
     if as_json:
-        print_json(asdict(report))
+        # Each record's status as an object naming it: a document's keys are names, never data (contract §10).
+        statuses = [{"failure_id": one, "status": status} for one, status in report.statuses.items()]
+        print_json({**asdict(report), "statuses": statuses})
     else:
         typer.echo(
             f"reprocess {report.run_id or '(dry run)'}: {report.outcome}"
             + (f" ({report.stop_reason})" if report.stop_reason else "")
-            + f"; selected {report.selected}, undecodable {len(report.undecodable)}, published {report.published}, "
+            + f"; matched {report.selected}: selected {len(report.selection)}, skipped as undecodable "
+            f"{len(report.undecodable)}; published {report.published}, "
             f"reprocessed {report.reprocessed}, already applied {report.noop}, failed again {report.failed_again}, "
             f"unverified {report.unverified}, skipped {report.skipped}"
         )
@@ -196,7 +201,13 @@ def _as_owner_of(settings: Settings, selection: Selection, consumer: str | None)
         lambda _: with_connection(
             settings,
             lambda c: operations.reprocess_owners(
-                c, selection.failure_ids, selection.error_code, selection.since, selection.until, consumer
+                c,
+                selection.failure_ids,
+                selection.error_code,
+                selection.since,
+                selection.until,
+                consumer,
+                selection.owner,
             ),
         )
     )

@@ -18,6 +18,9 @@ KeyOption = Annotated[str | None, typer.Option("--key", help="Select the open re
 AgeOption = Annotated[
     str | None, typer.Option("--older-than", help="Select the open records first failed this long ago (1h).")
 ]
+OwnerOption = Annotated[
+    str | None, typer.Option("--owner", help="Select the open records routed to this owner (README, Error codes).")
+]
 FileOption = Annotated[
     Path | None, typer.Option("--from-file", help="Failure ids, one per line ('-': standard input).")
 ]
@@ -54,6 +57,7 @@ def wanted_of(
     key: str | None,
     older_than: str | None,
     consumer: str | None = None,
+    owner: str | None = None,
 ) -> Wanted:
     """What the flags ask for (a bad one is exit 2), with the file of ids read."""
     named = list(ids or [])
@@ -64,9 +68,11 @@ def wanted_of(
             raise typer.BadParameter(f"cannot read {from_file}: {error}", param_hint="--from-file") from None
         named += [line.strip() for line in text.splitlines() if line.strip()]
     check_code(error_code)
-    wanted = Wanted(tuple(dict.fromkeys(named)), error_code, key, age_of(older_than), consumer or None)
+    wanted = Wanted(tuple(dict.fromkeys(named)), error_code, key, age_of(older_than), consumer or None, owner or None)
     if not wanted.ids and not wanted.selecting:
-        raise typer.BadParameter("name failure ids, --from-file, or select with --error-code / --key / --older-than")
+        raise typer.BadParameter(
+            "name failure ids, --from-file, or select with --error-code / --key / --older-than / --owner"
+        )
     return wanted
 
 
@@ -84,13 +90,12 @@ async def picked(connection: Any, wanted: Wanted, command: str) -> Picked:
 
 def go_ahead(command: str, verb: str, selection: list[str], *, dry_run: bool, yes: bool, noun: str = "records") -> bool:
     """Say what a dry run or a selection of several would change; for a real run of several, ask (or take
-    --yes). False: do nothing (a dry run, or nothing selected). Not confirmed: exit 1, nothing changed. Confirmed,
-    the caller acts on `selection` itself, never on its filters again: what was counted is what changes."""
+    --yes). False: do nothing (a dry run, or nothing selected: a filter that selects nothing is no error, dry run
+    or not). Not confirmed: exit 1, nothing changed. Confirmed, the caller acts on `selection` itself, never on its
+    filters again: what was counted is what changes."""
     if not selection:
         typer.echo(f"{command}: no {noun} selected: nothing changed", err=True)
-        if dry_run:
-            return False
-        raise typer.Exit(1)
+        return False
     if not dry_run and (len(selection) == 1 or yes):
         return True
     sample = ", ".join(selection[:5]) + (" …" if len(selection) > 5 else "")

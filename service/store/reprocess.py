@@ -51,6 +51,7 @@ _SELECTED = """
     (CAST(:consumer AS text) IS NULL OR consumer_name = :consumer)
     AND (failure_id = ANY(CAST(:failure_ids AS text[])) OR (CAST(:failure_ids AS text[]) IS NULL AND status = 'open'))
     AND (CAST(:error_code AS text) IS NULL OR error_code = :error_code)
+    AND (CAST(:owner AS text) IS NULL OR owner = :owner)
     AND (CAST(:since AS timestamptz) IS NULL OR first_failed_at >= :since)
     AND (CAST(:until AS timestamptz) IS NULL OR first_failed_at < :until)
 """
@@ -68,12 +69,17 @@ _CANDIDATES = text(
 
 
 def _selection(
-    failure_ids: Sequence[str], error_code: str | None, since: datetime | None, until: datetime | None
+    failure_ids: Sequence[str],
+    error_code: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    owner: str | None,
 ) -> dict[str, Any]:
     """The parameters of `_SELECTED` (without the consumer); an empty filter is no filter."""
     return {
         "failure_ids": list(failure_ids) or None,
         "error_code": error_code or None,
+        "owner": owner or None,
         "since": since,
         "until": until,
     }
@@ -86,9 +92,10 @@ async def owners(
     error_code: str | None,
     since: datetime | None,
     until: datetime | None,
+    owner: str | None = None,
 ) -> list[tuple[str, str]]:
     """The (consumer name, source topic) pairs the selected records were quarantined under."""
-    params = {**_selection(failure_ids, error_code, since, until), "consumer": None}
+    params = {**_selection(failure_ids, error_code, since, until, owner), "consumer": None}
     return sorted((name, source) for name, source in await connection.execute(_OWNERS, params))
 
 
@@ -100,10 +107,11 @@ async def select_candidates(
     since: datetime | None,
     until: datetime | None,
     consumer: str | None = None,
+    owner: str | None = None,
 ) -> list[Candidate]:
     """Named failure ids (whatever their status), or the open records matching the filters, of one consumer when
     it is given; oldest first."""
-    params = {**_selection(failure_ids, error_code, since, until), "consumer": consumer}
+    params = {**_selection(failure_ids, error_code, since, until, owner), "consumer": consumer}
     return [
         Candidate(
             consumer_name=row.consumer_name,

@@ -92,6 +92,7 @@ class Reprocessor:
                 since=selection.since,
                 until=selection.until,
                 consumer=self._consumer,
+                owner=selection.owner,
             )
         seen = dict(selection.seen)
         # What the operator saw is what the run holds each record to (it was selected then, by them).
@@ -99,15 +100,16 @@ class Reprocessor:
         report = Report(
             run_id=None,
             selected=len(candidates),
-            selection=[c.failure_id for c in candidates],
             statuses={c.failure_id: c.status for c in candidates},
         )
         usable = []
         for candidate in candidates:
+            # Each record in exactly one list: sent (`selection`), or skipped as undecodable.
             if isinstance(self._decode(candidate.payload), DecodeFailure):
                 report.undecodable.append(candidate.failure_id)
             else:
                 usable.append(candidate)
+                report.selection.append(candidate.failure_id)
         if options.dry_run:
             report.outcome = "dry_run"
             return report
