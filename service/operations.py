@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.policy import repairs
 from service.store import audit, parking, quarantine, quarantine_reads
 from service.store import effects as effects_store
 from service.store import reprocess as reprocess_store
@@ -189,11 +190,11 @@ async def resolve(
     outcomes: dict[str, str | None] = {}
     for record in picked.records:
         previous = await quarantine.resolve(connection, record, reason, actor)
-        if previous == "open":
+        if repairs.resolves(previous):
             await parking.unblock_failures(connection, record.consumer_name, [record.failure_id])
         outcomes[record.failure_id] = previous
     outcomes |= dict.fromkeys(picked.missing)
-    resolved = sum(previous == "open" for previous in outcomes.values())
+    resolved = sum(repairs.resolves(previous) for previous in outcomes.values())
     await audit.record(
         connection,
         actor,
@@ -202,6 +203,14 @@ async def resolve(
         {"resolved": resolved},
     )
     return outcomes
+
+
+async def resolve_preview(connection: AsyncConnection, picked: Picked) -> dict[str, str | None]:
+    """What `resolve` would find, changing nothing: per failure id (the missing ones too), its status now
+    (`repairs.resolves` says which it would close)."""
+    found = await quarantine.statuses(connection, picked.records)
+    outcomes: dict[str, str | None] = {record.failure_id: found.get(record) for record in picked.records}
+    return outcomes | dict.fromkeys(picked.missing)
 
 
 @dataclass(frozen=True)
@@ -255,10 +264,14 @@ async def failed_effects(
     return [one for one in picked if one in set(keys)] if keys else picked
 
 
-async def unknown_effects(connection: AsyncConnection, keys: Sequence[str]) -> list[str]:
-    """The keys that name no effect: what a retry of them reports as not found (and its dry run too)."""
-    found = await effects_store.states(connection, keys)
-    return [one for one in dict.fromkeys(keys) if one not in found]
+async def retry_preview(
+    connection: AsyncConnection,
+    selection: Sequence[str],
+    destination: Callable[[str], str],
+    waiting: Mapping[str, Sequence[str]],
+) -> dict[str, tuple[str | None, str | None]]:
+    """What `retry_effects` would do, changing nothing: the same decisions, on the rows as they are now."""
+    return await effects_store.retry_plan(connection, list(selection), destination, waiting, lock=False)
 
 
 async def retry_effects(

@@ -24,7 +24,7 @@ from service.cli.layout import print_sections
 from service.cli.selection import first_failed_range, go_ahead
 from service.cli.serve import serve_parts
 from service.store import effects as effects_store
-from service.worker.effect_kinds import retry_state, waiting_for
+from service.worker.effect_kinds import last_error, retry_state, waiting_for
 
 app = typer.Typer(help="Execute pending external effects until stopped; `effects list` shows the ledger.")
 
@@ -68,7 +68,7 @@ def effects_list(
     if as_json:
         print_json(rows)
         return
-    disabled = {spec.name for spec in domain().effect_specs if not getattr(settings, spec.provider_setting)}
+    unconfigured = {spec.name for spec in domain().effect_specs if not getattr(settings, spec.provider_setting)}
     show_rows(
         ("effect", "kind", "state", "attempts", "last error", "next attempt (UTC)"),
         [
@@ -77,7 +77,7 @@ def effects_list(
                 row["kind"],
                 row["state"],
                 str(row["attempts"]),
-                row["last_error_code"] or ("provider not configured" if row["kind"] in disabled else ""),
+                last_error(row, unconfigured),
                 utc(row["next_attempt_at"]),
             )
             for row in rows
@@ -121,7 +121,7 @@ def effects_retry(
     reason: Annotated[str, typer.Option("--reason", help="Why it should be tried again (kept in the audit).")] = "",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be retried; change nothing.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Retry a selection without asking.")] = False,
-    author: Annotated[str | None, typer.Option("--author", help="Who retries it (default: $USER).")] = None,
+    author: Annotated[str | None, typer.Option("--author", "--actor", help="Who retries it (default: $USER).")] = None,
     as_json: JsonFlag = False,
 ) -> None:
     """Try failed effects again, audited, with a fresh budget: an effect whose provider takes its idempotency key is
@@ -142,19 +142,20 @@ def effects_retry(
     def destination(kind: str) -> str:
         return retry_state(specs.get(kind))
 
-    async def look(connection: Any) -> tuple[list[str], list[str]]:
-        selection = await operations.failed_effects(connection, key or [], kind, after, before)
-        return selection, await operations.unknown_effects(connection, selection) if dry_run else []
-
-    selection, unknown = run_async(lambda _: with_connection(settings, look))
+    selection = run_async(
+        lambda _: with_connection(settings, lambda c: operations.failed_effects(c, key or [], kind, after, before))
+    )
     if dry_run:
-        # What the real run would do: retry the effects that exist, and name (exit 1) each key that names none.
-        found = [one for one in selection if one not in unknown]
-        go_ahead("effects retry", "retry", found, dry_run=True, yes=yes, noun="effects")
-        for one in unknown:
-            echo(_no_effect(one), err=True)
-        if unknown:
-            raise typer.Exit(1)
+        # The real run's decisions on the rows as they are now: what it would retry, and each key it would refuse.
+        outcomes = run_async(
+            lambda _: with_connection(settings, lambda c: operations.retry_preview(c, selection, destination, waiting))
+        )
+        if as_json:
+            print_json({**_retry_document(outcomes), "dry_run": True})
+        else:
+            found = [one for one, (_, goes_to) in outcomes.items() if goes_to]
+            go_ahead("effects retry", "retry", found, dry_run=True, yes=yes, noun="effects")
+        _refusals(outcomes)
         return
     if not go_ahead("effects retry", "retry", selection, dry_run=False, yes=yes, noun="effects"):
         return
@@ -166,22 +167,37 @@ def effects_retry(
             commit=True,
         )
     )
-    retried = {one: goes_to for one, (_, goes_to) in outcomes.items() if goes_to}
     if as_json:
-        print_json(
-            {
-                "retried": retried,
-                "skipped": {one: was or "not found" for one, (was, goes_to) in outcomes.items() if not goes_to},
-            }
-        )
+        print_json(_retry_document(outcomes))
     else:
         program = domain().program
-    for one, goes_to in retried.items():
-        typer.echo(
-            f"{one}: pending: the effect worker calls it again"
-            if goes_to == "pending"
-            else f"{one}: uncertain: the next `{program} reconcile` looks it up, and sends it only if not found"
-        )
+        for one, (_, goes_to) in outcomes.items():
+            if goes_to == "pending":
+                typer.echo(f"{one}: pending: the effect worker calls it again")
+            elif goes_to:
+                typer.echo(
+                    f"{one}: uncertain: the next `{program} reconcile` looks it up, and sends it only if not found"
+                )
+    _refusals(outcomes)
+
+
+Outcomes = dict[str, tuple[str | None, str | None]]
+
+
+def _retry_document(outcomes: Outcomes) -> dict[str, Any]:
+    """A retry's outcomes (or its dry run's) as `--json` prints them: the keys are names, never data (contract
+    §10), so each effect is an object naming its key."""
+    return {
+        "retried": [{"key": one, "state": goes_to} for one, (_, goes_to) in outcomes.items() if goes_to],
+        "skipped": [
+            {"key": one, "reason": was or "not found"} for one, (was, goes_to) in outcomes.items() if not goes_to
+        ],
+    }
+
+
+def _refusals(outcomes: Outcomes) -> None:
+    """A line on stderr for each key a retry (or its dry run) leaves as it is, and then exit 1 if there is one."""
+    program = domain().program
     for one, (was, went) in outcomes.items():
         if was is None:
             echo(_no_effect(one), err=True)
@@ -190,7 +206,7 @@ def effects_retry(
         elif went is None:
             hint = f"; `{program} reconcile` resolves it" if was == "uncertain" else ""
             echo(f"{one} is {was}, not failed: nothing to retry{hint}", err=True)
-    if len(retried) < len(outcomes):
+    if any(went is None for _, went in outcomes.values()):
         raise typer.Exit(1)
 
 

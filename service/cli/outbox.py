@@ -45,7 +45,9 @@ def outbox_put_back(
     row_id: Annotated[
         int, typer.Argument(metavar="ID", min=1, max=BIGINT_MAX, help="The outbox id `outbox set-aside` shows.")
     ],
-    author: Annotated[str | None, typer.Option("--author", help="Who puts it back (default: $USER).")] = None,
+    author: Annotated[
+        str | None, typer.Option("--author", "--actor", help="Who puts it back (default: $USER).")
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Say whether it would be put back; change nothing.")
     ] = False,

@@ -58,7 +58,7 @@ def _holder(row: dict[str, Any]) -> str:
 def parked_release(
     key: Annotated[str, typer.Argument(help="The ordering key to free; its parked records are then applied in order.")],
     consumer: ConsumerOption = None,
-    author: Annotated[str | None, typer.Option("--author", help="Who releases it (default: $USER).")] = None,
+    author: Annotated[str | None, typer.Option("--author", "--actor", help="Who releases it (default: $USER).")] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Say which consumer's key it would free; change nothing.")
     ] = False,

@@ -41,6 +41,7 @@ from service.cli.selection import (
     picked,
     wanted_of,
 )
+from service.policy import repairs
 from service.store import quarantine, quarantine_reads
 
 app = typer.Typer(help="Operate the quarantine queue.", no_args_is_help=True)
@@ -55,6 +56,7 @@ def quarantine_list(
         str | None, typer.Option(help="Only records first failed at least this long ago (5m).")
     ] = None,
     key: Annotated[str | None, typer.Option(help="Only records of this ordering key.")] = None,
+    owner: Annotated[str | None, typer.Option("--owner", help="Only records routed to this owner.")] = None,
     message_id: Annotated[str | None, typer.Option("--message-id", help="Only records of this message id.")] = None,
     since: Annotated[str | None, typer.Option("--since", help="First failed at or after (RFC 3339).")] = None,
     until: Annotated[str | None, typer.Option("--until", help="First failed before (RFC 3339).")] = None,
@@ -85,6 +87,7 @@ def quarantine_list(
                 status=status,
                 older_than=age,
                 key=key,
+                owner=owner or None,
                 message_id=message_id,
                 since=after,
                 until=before,
@@ -144,7 +147,7 @@ def quarantine_show(
         bool, typer.Option("--payload-as-text", help="Also print the original bytes as text, when they are UTF-8.")
     ] = False,
     author: Annotated[
-        str | None, typer.Option("--author", help="Who reveals the payload (audited; default: $USER).")
+        str | None, typer.Option("--author", "--actor", help="Who reveals the payload (audited; default: $USER).")
     ] = None,
     consumer: Annotated[
         str | None,
@@ -205,10 +208,13 @@ def _cell(value: Any) -> str:
 
 
 @app.command("stats")
-def quarantine_stats(as_json: JsonFlag = False) -> None:
+def quarantine_stats(
+    owner: Annotated[str | None, typer.Option("--owner", help="Only records routed to this owner.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
     """Counts and rates per error code and owner, and the age of the oldest open record."""
     settings = configured()
-    summary = run_async(lambda _: with_connection(settings, quarantine_reads.stats))
+    summary = run_async(lambda _: with_connection(settings, lambda c: quarantine_reads.stats(c, owner)))
     if as_json:
         print_json(summary)
         return
@@ -238,7 +244,7 @@ def quarantine_annotate(
     from_file: FileOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be annotated; change nothing.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Annotate a selection without asking.")] = False,
-    author: Annotated[str | None, typer.Option("--author", help="Who writes it (default: $USER).")] = None,
+    author: Annotated[str | None, typer.Option("--author", "--actor", help="Who writes it (default: $USER).")] = None,
     consumer: RecordConsumerOption = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -254,24 +260,36 @@ def quarantine_annotate(
     )
     chosen = run_async(lambda _: with_connection(settings, lambda c: picked(c, wanted, "quarantine annotate")))
     if dry_run:
-        _dry_run("quarantine annotate", "annotate", chosen, consumer)
+        # A note goes to every record that exists: the real run's one refusal is a failure id with no record.
+        _annotated(chosen, list(chosen.failure_ids), consumer, as_json=as_json, dry_run=True)
         return
-    selection = chosen.named
-    if not go_ahead("quarantine annotate", "annotate", selection, dry_run=False, yes=yes):
+    if not go_ahead("quarantine annotate", "annotate", chosen.named, dry_run=False, yes=yes):
         return
 
     added = run_async(
         lambda _: with_connection(settings, lambda c: operations.annotate(c, wanted, chosen, who, note), commit=True)
     )
-    missing = [one for one in selection if one not in added]
+    _annotated(chosen, added, consumer, as_json=as_json, dry_run=False)
+
+
+def _annotated(
+    chosen: operations.Picked, added: list[str], consumer: str | None, *, as_json: bool, dry_run: bool
+) -> None:
+    """What an annotate did (or its dry run would do): the records noted, a line naming each failure id with no
+    record, and exit 1 if there is one."""
+    missing = [one for one in chosen.named if one not in added]
     if as_json:
-        print_json({"consumer": chosen.consumer, "annotated": added, "skipped": {one: "not found" for one in missing}})
+        skipped = [{"failure_id": one, "reason": "not found"} for one in missing]
+        document = {"consumer": chosen.consumer, "annotated": added, "skipped": skipped}
+        print_json(document | ({"dry_run": True} if dry_run else {}))
+    elif dry_run:
+        go_ahead("quarantine annotate", "annotate", added, dry_run=True, yes=False)
     else:
         for one in added:
             echo(f"{one}: note added")
     for one in missing:
         echo(_no_record(one, consumer), err=True)
-    if missing or not selection:
+    if missing:
         raise typer.Exit(1)
 
 
@@ -290,7 +308,7 @@ def quarantine_resolve(
     from_file: FileOption = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be resolved; change nothing.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Resolve a selection without asking.")] = False,
-    author: Annotated[str | None, typer.Option("--author", help="Who resolves it (default: $USER).")] = None,
+    author: Annotated[str | None, typer.Option("--author", "--actor", help="Who resolves it (default: $USER).")] = None,
     consumer: RecordConsumerOption = None,
     as_json: JsonFlag = False,
 ) -> None:
@@ -307,7 +325,9 @@ def quarantine_resolve(
     )
     chosen = run_async(lambda _: with_connection(settings, lambda c: picked(c, wanted, "quarantine resolve")))
     if dry_run:
-        _dry_run("quarantine resolve", "resolve", chosen, consumer)
+        # The real run's decision (repairs.resolves) on each record as it is now.
+        preview = run_async(lambda _: with_connection(settings, lambda c: operations.resolve_preview(c, chosen)))
+        _resolved(chosen, preview, consumer, as_json=as_json, dry_run=True)
         return
     if not go_ahead("quarantine resolve", "resolve", chosen.named, dry_run=False, yes=yes):
         return
@@ -315,34 +335,37 @@ def quarantine_resolve(
     outcomes = run_async(
         lambda _: with_connection(settings, lambda c: operations.resolve(c, wanted, chosen, who, reason), commit=True)
     )
-    resolved = [one for one, previous in outcomes.items() if previous == "open"]
+    _resolved(chosen, outcomes, consumer, as_json=as_json, dry_run=False)
+
+
+def _resolved(
+    chosen: operations.Picked, outcomes: dict[str, str | None], consumer: str | None, *, as_json: bool, dry_run: bool
+) -> None:
+    """What a resolve did (or its dry run would do), per failure id and its previous status: the records closed, a
+    line naming each left as it is (no record, or not open), and exit 1 if there is one."""
+    resolved = [one for one, previous in outcomes.items() if repairs.resolves(previous)]
     if as_json:
-        print_json(
-            {
-                "consumer": chosen.consumer,
-                "resolved": resolved,
-                "skipped": {one: previous or "not found" for one, previous in outcomes.items() if previous != "open"},
-            }
-        )
+        document = {
+            "consumer": chosen.consumer,
+            "resolved": resolved,
+            "skipped": [
+                {"failure_id": one, "reason": previous or "not found"}
+                for one, previous in outcomes.items()
+                if one not in resolved
+            ],
+        }
+        print_json(document | ({"dry_run": True} if dry_run else {}))
+    elif dry_run:
+        go_ahead("quarantine resolve", "resolve", resolved, dry_run=True, yes=False)
     else:
         for one in resolved:
             echo(f"{one}: resolved")
     for one, previous in outcomes.items():
         if previous is None:
             echo(_no_record(one, consumer), err=True)
-        elif previous != "open":
+        elif not repairs.resolves(previous):
             echo(f"{one} is {previous}, not open: nothing to resolve", err=True)
-    if len(resolved) < len(outcomes) or not outcomes:
-        raise typer.Exit(1)
-
-
-def _dry_run(command: str, verb: str, chosen: operations.Picked, consumer: str | None) -> None:
-    """Say what the real run would do: the records it would change, then each named failure id that has no
-    record, which makes it exit 1 as the real run does."""
-    go_ahead(command, verb, list(chosen.failure_ids), dry_run=True, yes=False)
-    for one in chosen.missing:
-        echo(_no_record(one, consumer), err=True)
-    if chosen.missing:
+    if len(resolved) < len(outcomes):
         raise typer.Exit(1)
 
 

@@ -172,12 +172,15 @@ def reprocess(
         lambda _: use(settings, "reprocessor", lambda runner: runner.run(selection, options, progress, confirm))
     )
     if as_json:
-        print_json(asdict(report))
+        # Each record's status as an object naming it: a document's keys are names, never data (contract §10).
+        statuses = [{"failure_id": one, "status": status} for one, status in report.statuses.items()]
+        print_json({**asdict(report), "statuses": statuses})
     else:
         typer.echo(
             f"reprocess {report.run_id or '(dry run)'}: {report.outcome}"
             + (f" ({report.stop_reason})" if report.stop_reason else "")
-            + f"; selected {report.selected}, undecodable {len(report.undecodable)}, published {report.published}, "
+            + f"; matched {report.selected}: selected {len(report.selection)}, skipped as undecodable "
+            f"{len(report.undecodable)}; published {report.published}, "
             f"reprocessed {report.reprocessed}, already applied {report.noop}, failed again {report.failed_again}, "
             f"unverified {report.unverified}, skipped {report.skipped}"
         )

@@ -120,13 +120,12 @@ async def picked(connection: Any, wanted: Wanted, command: str) -> Picked:
 
 def go_ahead(command: str, verb: str, selection: list[str], *, dry_run: bool, yes: bool, noun: str = "records") -> bool:
     """Say what a dry run or a selection of several would change; for a real run of several, ask (or take
-    --yes). False: do nothing (a dry run, or nothing selected). Not confirmed: exit 1, nothing changed. Confirmed,
-    the caller acts on `selection` itself, never on its filters again: what was counted is what changes."""
+    --yes). False: do nothing (a dry run, or nothing selected: a filter that selects nothing is no error, dry run
+    or not). Not confirmed: exit 1, nothing changed. Confirmed, the caller acts on `selection` itself, never on its
+    filters again: what was counted is what changes."""
     if not selection:
         typer.echo(f"{command}: no {noun} selected: nothing changed", err=True)
-        if dry_run:
-            return False
-        raise typer.Exit(1)
+        return False
     if not dry_run and (len(selection) == 1 or yes):
         return True
     sample = ", ".join(selection[:5]) + (" …" if len(selection) > 5 else "")

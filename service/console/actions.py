@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from service import operations
+from service.console import outcomes as said
 from service.console.asking import (
     duration,
     error_code,
@@ -136,8 +137,10 @@ def _preview(
     selection: list[str],
     facts: dict[str, Any],
     picked: dict[str, Any] | None = None,
+    refused: list[str] | None = None,
 ) -> Response:
-    """The dry run: what the action will do, and the form that confirms it, carrying what it listed (`picked`)."""
+    """The dry run: what the action will do (`selection`), what it will leave as it is and why (`refused`: the real
+    run's own lines), and the form that confirms it, carrying what it listed (`picked`)."""
     hidden = {"csrf", "confirm", "picked"}
     kept = [(name, value) for name, values in fields.items() if name not in hidden for value in values]
     if picked is not None:
@@ -145,7 +148,14 @@ def _preview(
     return render(
         request,
         "preview.html",
-        {"action": action, "count": len(selection), "sample": selection[:SAMPLE], "kept": kept, "facts": facts},
+        {
+            "action": action,
+            "count": len(selection),
+            "sample": selection[:SAMPLE],
+            "kept": kept,
+            "facts": facts,
+            "refused": refused or [],
+        },
     )
 
 
@@ -173,13 +183,12 @@ async def annotate(request: Request) -> Response:
         raise Refused(400, "say what you found or did: the note is empty")
     wanted, picked = await _records(request, fields)
     if not _acts(fields, wanted):
-        listed = _listed(picked)
-        return _preview(request, "annotate", fields, picked.named, _quarantine_facts(picked, note=note), listed)
+        facts = _quarantine_facts(picked, note=note)
+        refused = [said.no_record(one) for one in picked.missing]
+        return _preview(request, "annotate", fields, list(picked.failure_ids), facts, _listed(picked), refused)
     async with changing(request) as connection:
         added = await operations.annotate(connection, wanted, picked, who.operator.name, note)
-    lines = [f"{one}: note added" for one in added] + [
-        f"{one}: no such record" for one in picked.named if one not in added
-    ]
+    lines = [f"{one}: note added" for one in added] + [said.no_record(one) for one in picked.named if one not in added]
     return _done(request, "annotate", lines or ["nothing selected: nothing changed"], **_back(picked))
 
 
@@ -192,14 +201,15 @@ async def resolve(request: Request) -> Response:
         raise Refused(400, "say why they need no reprocessing: the reason is empty")
     wanted, picked = await _records(request, fields)
     if not _acts(fields, wanted):
-        listed = _listed(picked)
-        return _preview(request, "resolve", fields, picked.named, _quarantine_facts(picked, reason=reason), listed)
+        async with reading(request) as connection:
+            preview = await operations.resolve_preview(connection, picked)
+        closes = [one for one, previous in preview.items() if said.resolves(previous)]
+        refused = [said.resolved(one, previous) for one, previous in preview.items() if one not in closes]
+        facts = _quarantine_facts(picked, reason=reason)
+        return _preview(request, "resolve", fields, closes, facts, _listed(picked), refused)
     async with changing(request) as connection:
         outcomes = await operations.resolve(connection, wanted, picked, who.operator.name, reason)
-    lines = [
-        f"{one}: resolved" if previous == "open" else f"{one}: {previous or 'no such record'}, not open: unchanged"
-        for one, previous in outcomes.items()
-    ]
+    lines = [said.resolved(one, previous) for one, previous in outcomes.items()]
     return _done(request, "resolve", lines or ["nothing selected: nothing changed"], **_back(picked))
 
 
@@ -217,6 +227,14 @@ async def release(request: Request) -> Response:
     key, consumer = field(fields, "key"), field(fields, "consumer") or None
     if not key:
         raise Refused(400, "name the key to release")
+    async with reading(request) as connection:
+        holders = await operations.key_holders(connection, key, consumer)
+    if not holders:
+        # As the CLI's: a key nothing holds and nothing waits behind is left alone (and nothing is audited).
+        nothing = f"{key}: nothing holds it and nothing is parked behind it: unchanged"
+        if not _confirmed(fields):
+            return _preview(request, "release", fields, [], {"key": key}, refused=[nothing])
+        return _done(request, "release", [nothing], back="/keys")
     if not _confirmed(fields):
         async with reading(request) as connection:
             detail = await console_store.held_key(connection, consumer or "", key) if consumer else None
@@ -255,6 +273,10 @@ async def retry_effect(request: Request) -> Response:
         raise Refused(400, "name the effects to retry")
     specs = list(state_of(request).wiring.effect_specs)
     by_name = {spec.name: spec for spec in specs}
+
+    def goes_to(name: str) -> str:
+        return retry_state(by_name.get(name))
+
     listed = dry_run_list(fields)
     if listed is not None:
         selection = list(listed.get("keys", ()))
@@ -263,7 +285,11 @@ async def retry_effect(request: Request) -> Response:
             selection = await operations.failed_effects(connection, keys, kind)
     # A selection by kind is only ever confirmed from its dry run: the failed effects of a kind change meanwhile.
     if not _confirmed(fields) or (listed is None and kind is not None):
-        return _preview(request, "retry", fields, selection, {"reason": reason}, {"keys": selection})
+        async with reading(request) as connection:
+            preview = await operations.retry_preview(connection, selection, goes_to, waiting_for(specs))
+        retried = [one for one, (_, went) in preview.items() if went]
+        refused = [said.retried(one, was, went) for one, (was, went) in preview.items() if not went]
+        return _preview(request, "retry", fields, retried, {"reason": reason}, {"keys": selection}, refused)
     if not selection:
         return _done(request, "retry", ["nothing selected: nothing changed"], back="/effects")
     async with changing(request) as connection:
@@ -273,15 +299,10 @@ async def retry_effect(request: Request) -> Response:
             kind,
             reason,
             who.operator.name,
-            lambda name: retry_state(by_name.get(name)),
+            goes_to,
             waiting_for(specs),
         )
-    lines = [
-        f"{one}: {went}: " + ("the effect worker calls it again" if went == "pending" else "the reconciler looks it up")
-        if went
-        else f"{one}: {was or 'no such effect'}: not retried"
-        for one, (was, went) in outcomes.items()
-    ]
+    lines = [said.retried(one, was, went) for one, (was, went) in outcomes.items()]
     return _done(request, "retry", lines, back=f"/effects/{selection[0]}" if len(selection) == 1 else "/effects")
 
 
@@ -330,7 +351,7 @@ async def reprocess(request: Request) -> Response:
     if not _confirmed(fields):
         dry = RunProgress()
         report = await state.wiring.reprocess(owner, selection, dataclasses.replace(options, dry_run=True), dry)
-        usable = [one for one in report.selection if one not in set(report.undecodable)]
+        usable = report.selection
         facts = {
             "consumer": owner.consumer_name,
             "target topic": owner.topics.reprocess,

@@ -39,6 +39,7 @@ from service.store import console as console_store
 from service.store import effects as effects_store
 from service.store import reprocess as reprocess_store
 from service.store.quarantine import RecordKey
+from service.worker.effect_kinds import last_error
 
 PAGE_SIZES = (25, 50, 100, 200)
 # The alert thresholds the overview colours by (deploy/prometheus/alerts.yml; a test keeps them equal).
@@ -242,20 +243,19 @@ async def effects_list(request: Request) -> Response:
         rows, total = await effects_store.listing(connection, states, kind=kind, limit=limit, offset=offset)
     specs = state_of(request).wiring.effect_specs
     settings = state_of(request).wiring.settings
-    disabled = {spec.name for spec in specs if not getattr(settings, spec.provider_setting, None)}
+    unconfigured = {spec.name for spec in specs if not getattr(settings, spec.provider_setting, None)}
     kept = {"kind": kind or "", "limit": str(limit)}
     query = [("state", state) for state in states] + [(k, v) for k, v in kept.items() if v]
     return render(
         request,
         "effects.html",
         {
-            "rows": rows,
+            "rows": [{**row, "last_error": last_error(row, unconfigured)} for row in rows],
             "total": total,
             "states": states,
             "all_states": effects_store.STATES,
             "kinds": [spec.name for spec in specs],
             "kind": kind or "",
-            "disabled": disabled,
             "offset": offset,
             "next_url": "/effects?" + urlencode([*query, ("offset", str(offset + limit))])
             if offset + limit < total
@@ -362,10 +362,11 @@ async def api_record(request: Request) -> Response:
 
 
 async def api_stats(request: Request) -> Response:
-    """What `quarantine stats --json` prints."""
+    """What `quarantine stats --json` prints (`?owner=`: one owner's records, as `--owner`)."""
     caller(request)
+    owner = field(query_fields(request), "owner") or None
     async with reading(request) as connection:
-        summary = await quarantine_reads.stats(connection)
+        summary = await quarantine_reads.stats(connection, owner)
     return InertJSON(jsonable(summary))
 
 

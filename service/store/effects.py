@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.policy import repairs
 from service.policy.effects import EffectDecision
 from service.store.recordset import Columns
 
@@ -328,12 +329,13 @@ async def get(connection: AsyncConnection, key: str) -> dict[str, Any] | None:
 # The named effects (an absent key names none): what a retry finds, and what its dry run reports.
 _NAMED = "SELECT idempotency_key, kind, state FROM effects WHERE idempotency_key = ANY(CAST(:keys AS text[]))"
 _LOCK_FOR_RETRY = text(_NAMED + " ORDER BY idempotency_key FOR UPDATE")
-# The effects of the retried one's aggregate whose kinds (`:kinds`) wait for its kind, locked.
-_LOCK_DEPENDENTS = text(
+# The effects of the retried one's aggregate whose kinds (`:kinds`) wait for its kind (locked for a real run).
+_DEPENDENTS = (
     "SELECT d.idempotency_key, d.state FROM effects d JOIN effects f USING (aggregate_id)"
     " WHERE f.idempotency_key = :key AND d.kind = ANY(CAST(:kinds AS text[]))"
-    " ORDER BY d.idempotency_key FOR UPDATE OF d"
+    " ORDER BY d.idempotency_key"
 )
+_LOCK_DEPENDENTS = text(_DEPENDENTS + " FOR UPDATE OF d")
 _RETRY = text(
     """
     UPDATE effects SET state = :state, attempts = 0, reconcile_count = 0, lease_owner = NULL,
@@ -349,36 +351,44 @@ async def states(connection: AsyncConnection, keys: Sequence[str]) -> dict[str, 
     return {row.idempotency_key: row.state for row in rows.all()}
 
 
+async def retry_plan(
+    connection: AsyncConnection,
+    keys: Sequence[str],
+    goes_to: Callable[[str], str],
+    waiting: Mapping[str, Sequence[str]] | None = None,
+    *,
+    lock: bool,
+) -> dict[str, tuple[str | None, str | None]]:
+    """What an operator's retry of these effects does (repairs.effect_retry): per key, what it was (None: no such
+    effect) and the state it goes to (None: left as it is). `lock`: the rows are locked until the transaction ends
+    (a real run, which then applies the plan); a dry run reads them as they are.
+
+    `waiting` gives, per kind, the kinds that wait for it (an undo for the call it undoes). Their rows are locked
+    with the retried one's, so no worker claims them between the decision and its application.
+    """
+    found: dict[str, tuple[str | None, str | None]] = {key: (None, None) for key in keys}
+    rows = await connection.execute(_LOCK_FOR_RETRY if lock else text(_NAMED), {"keys": list(keys)})
+    for row in rows.all():
+        moved: list[str] = []
+        dependents = list((waiting or {}).get(row.kind, ()))
+        if row.state == "failed" and dependents:
+            statement = _LOCK_DEPENDENTS if lock else text(_DEPENDENTS)
+            ahead = (await connection.execute(statement, {"key": row.idempotency_key, "kinds": dependents})).all()
+            moved = [f"{other.idempotency_key} is {other.state}" for other in ahead if other.state != "pending"]
+        found[row.idempotency_key] = repairs.effect_retry(row.state, goes_to(row.kind), moved)
+    return found
+
+
 async def retry(
     connection: AsyncConnection,
     keys: Sequence[str],
     goes_to: Callable[[str], str],
     waiting: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, tuple[str | None, str | None]]:
-    """An operator's retry of failed effects: each goes where `goes_to(kind)` says (`pending` or `uncertain`,
-    effect_kinds.retry_state), with a fresh budget of attempts and look-ups, due now. Per key: what it was
-    (None: no such effect), and the state it went to (None: left as it was).
-
-    `waiting` gives, per kind, the kinds that wait for it (an undo for the call it undoes). An effect is retried only
-    while those of its aggregate still wait, pending: one that went ahead on its failure (an undo that found
-    nothing to undo) would otherwise be overtaken by it. Their rows are locked, so no worker claims them meanwhile.
-    """
-    found: dict[str, tuple[str | None, str | None]] = {key: (None, None) for key in keys}
-    rows = await connection.execute(_LOCK_FOR_RETRY, {"keys": list(keys)})
-    for row in rows.all():
-        if row.state != "failed":
-            found[row.idempotency_key] = (row.state, None)
-            continue
-        dependents = list((waiting or {}).get(row.kind, ()))
-        if dependents:
-            ahead = (
-                await connection.execute(_LOCK_DEPENDENTS, {"key": row.idempotency_key, "kinds": dependents})
-            ).all()
-            moved = [f"{other.idempotency_key} is {other.state}" for other in ahead if other.state != "pending"]
-            if moved:
-                found[row.idempotency_key] = (f"failed, and what waited for it went ahead ({', '.join(moved)})", None)
-                continue
-        state = goes_to(row.kind)
-        await connection.execute(_RETRY, {"state": state, "key": row.idempotency_key})
-        found[row.idempotency_key] = ("failed", state)
-    return found
+    """An operator's retry of failed effects, as `retry_plan` decides it: each goes where `goes_to(kind)` says
+    (`pending` or `uncertain`, effect_kinds.retry_state), with a fresh budget of attempts and look-ups, due now."""
+    plan = await retry_plan(connection, keys, goes_to, waiting, lock=True)
+    for key, (_, state) in plan.items():
+        if state is not None:
+            await connection.execute(_RETRY, {"state": state, "key": key})
+    return plan

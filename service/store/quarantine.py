@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.policy import repairs
 from service.store.recordset import Columns
 
 STATUSES = ("open", "resolved", "reprocessing", "reprocessed")  # what a record's `status` may be
@@ -102,9 +103,8 @@ async def log_event(connection: AsyncConnection, record: RecordKey, event: str, 
     )
 
 
-_LOCK_STATUS = text(
-    "SELECT status FROM quarantine WHERE consumer_name = :consumer AND failure_id = :failure_id FOR UPDATE"
-)
+_STATUS = "SELECT status FROM quarantine WHERE consumer_name = :consumer AND failure_id = :failure_id"
+_LOCK_STATUS = text(_STATUS + " FOR UPDATE")
 _RESOLVE = text(
     """
     UPDATE quarantine SET status = 'resolved', resolution = :reason, resolved_by = :author, resolved_at = now(),
@@ -122,10 +122,22 @@ async def lock_status(connection: AsyncConnection, record: RecordKey) -> str | N
     return str(status) if status is not None else None
 
 
+async def statuses(connection: AsyncConnection, records: Sequence[RecordKey]) -> dict[RecordKey, str]:
+    """The status of each record as it is now, unlocked (what a dry run reads); one that does not exist is absent."""
+    found: dict[RecordKey, str] = {}
+    for record in records:
+        params = {"consumer": record.consumer_name, "failure_id": record.failure_id}
+        status = (await connection.execute(text(_STATUS), params)).scalar()
+        if status is not None:
+            found[record] = str(status)
+    return found
+
+
 async def resolve(connection: AsyncConnection, record: RecordKey, reason: str, author: str) -> str | None:
-    """Close an open record without reprocessing it; returns its previous status (None: no such record)."""
+    """Close a record without reprocessing it if `repairs.resolves` its status; returns its previous status (None:
+    no such record)."""
     current = await lock_status(connection, record)
-    if current != "open":
+    if not repairs.resolves(current):
         return current
     await connection.execute(
         _RESOLVE,

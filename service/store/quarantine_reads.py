@@ -242,23 +242,29 @@ async def consumers_of(
 
 # Two groupings joined: the counts per code and owner from the (status, error_code, owner) index alone, and the
 # last hour's from a range of the created_at index; one grouping with both would read the whole table.
+# The owner's filter is off when :owner is NULL (fixed SQL, as the listing's).
+_OF_OWNER = "(CAST(:owner AS text) IS NULL OR owner = :owner)"
 _STATS_BY_CODE = text(
-    """
+    f"""
     SELECT a.error_code, a.owner, a.open, a.total, coalesce(h.last_hour, 0) AS last_hour
     FROM (SELECT error_code, owner, count(*) FILTER (WHERE status = 'open') AS open, count(*) AS total
-          FROM quarantine GROUP BY error_code, owner) AS a
+          FROM quarantine WHERE {_OF_OWNER} GROUP BY error_code, owner) AS a
     LEFT JOIN (SELECT error_code, owner, count(*) AS last_hour FROM quarantine
-               WHERE created_at > now() - interval '1 hour' GROUP BY error_code, owner) AS h
+               WHERE created_at > now() - interval '1 hour' AND {_OF_OWNER} GROUP BY error_code, owner) AS h
            ON h.error_code = a.error_code AND h.owner = a.owner
     ORDER BY a.error_code, a.owner
     """
 )
-_OLDEST_OPEN = text("SELECT extract(epoch FROM now() - min(first_failed_at)) FROM quarantine WHERE status = 'open'")
+_OLDEST_OPEN = text(
+    f"SELECT extract(epoch FROM now() - min(first_failed_at)) FROM quarantine WHERE status = 'open' AND {_OF_OWNER}"
+)
 
 
-async def stats(connection: AsyncConnection) -> dict[str, Any]:
-    """Counts per error code and owner, rates over the last hour, and the age of the oldest open record."""
-    by_code = await connection.execute(_STATS_BY_CODE)
+async def stats(connection: AsyncConnection, owner: str | None = None) -> dict[str, Any]:
+    """Counts per error code and owner, rates over the last hour, and the age of the oldest open record (of one
+    owner's records, when it is given)."""
+    params = {"owner": owner or None}
+    by_code = await connection.execute(_STATS_BY_CODE, params)
     groups = [
         {
             "error_code": row.error_code,
@@ -269,7 +275,7 @@ async def stats(connection: AsyncConnection) -> dict[str, Any]:
         }
         for row in by_code
     ]
-    age = (await connection.execute(_OLDEST_OPEN)).scalar_one()
+    age = (await connection.execute(_OLDEST_OPEN, params)).scalar_one()
     return {
         "open": sum(group["open"] for group in groups),
         "oldest_open_age_seconds": float(age) if age is not None else None,

@@ -98,17 +98,18 @@ class Reprocessor:
         report = Report(
             run_id=None,
             selected=len(candidates),
-            selection=[c.failure_id for c in candidates],
             statuses={c.failure_id: c.status for c in candidates},
         )
         usable = []
         for candidate in candidates:
+            # Each record in exactly one list: refused as erased, sent (`selection`), or skipped as undecodable.
             if candidate.erased is not None:
                 report.erased[candidate.failure_id] = candidate.erased
             elif isinstance(self._decode(candidate.payload), DecodeFailure):
                 report.undecodable.append(candidate.failure_id)
             else:
                 usable.append(candidate)
+                report.selection.append(candidate.failure_id)
         if options.dry_run:
             report.outcome = "dry_run"
             return report

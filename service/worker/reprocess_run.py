@@ -18,7 +18,7 @@ class Selection:
     until: datetime | None = None
     # (failure id, status) as an operator saw them in a dry run: a record found otherwise now is not sent.
     seen: tuple[tuple[str, str], ...] = ()
-    owner: str | None = None
+    owner: str | None = None  # only the records of this owner (the team a record's error code routes to)
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Report:
     """What a run did; printed as JSON with --json and stored in `reprocess_runs.counts`."""
 
     run_id: str | None
-    selected: int
+    selected: int  # the records the selection matched: those it sends (`selection`) and the `undecodable`
     undecodable: list[str] = field(default_factory=list)
     erased: dict[str, str] = field(default_factory=dict)  # refused: their bytes were removed (when, by whom)
     published: int = 0
@@ -52,7 +52,7 @@ class Report:
     skipped: int = 0  # not sent: resolved or otherwise changed since it was selected (`reprocess show` says how)
     outcome: str = "completed"
     stop_reason: str | None = None
-    selection: list[str] = field(default_factory=list)
+    selection: list[str] = field(default_factory=list)  # the selected records it sends (not the undecodable ones)
     statuses: dict[str, str] = field(default_factory=dict)  # each selected record's status when it was selected
 
     def counts(self) -> dict[str, Any]:
