@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import KAFKA
@@ -148,3 +149,56 @@ async def test_reprocessing_an_erased_record_is_refused_naming_the_erasure(
     assert await rows(engine, "SELECT payload FROM quarantine WHERE failure_id = 's/0/1'") == [
         {"payload": SECRET_PAYLOAD}
     ]
+
+
+EDIT = (
+    "INSERT INTO quarantine_edits (consumer_name, failure_id, actor, state, payload_before, payload_after,"
+    " headers_before, headers_after, diff, repeat_failures)"
+    " VALUES (:consumer, :failure_id, 'alice', :state, :before, :after, CAST(:headers AS jsonb),"
+    " CAST(:headers AS jsonb), :diff, 0)"
+)
+EDITS = (
+    "SELECT failure_id, state, payload_before, payload_after, headers_before, headers_after, diff, decided_by"
+    " FROM quarantine_edits ORDER BY failure_id"
+)
+
+
+async def test_erasing_a_record_erases_its_edits_too_and_turns_down_one_waiting_for_approval(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    # Given records of key K-1, one with an edit waiting for approval and one with an edit sent, both quoting the
+    # data subject's bytes and a header value; and a record of another key with an edit
+    await seed(engine)
+    headers = json.dumps([["customer-email", "jane@example.com"]])
+    async with engine.begin() as connection:
+        for failure_id, state in (("s/0/1", "pending_approval"), ("s/0/2", "sent"), ("s/0/4", "pending_approval")):
+            await connection.execute(
+                text(EDIT),
+                {
+                    "consumer": CONSUMER,
+                    "failure_id": failure_id,
+                    "state": state,
+                    "before": SECRET_PAYLOAD,
+                    "after": SECRET_PAYLOAD + b" ",
+                    "headers": headers,
+                    "diff": "- jane@example.com\n+ jane@example.com ",
+                },
+            )
+
+    # When the key's records are erased
+    real = await cli(settings(database_url), "quarantine", "erase", "--key", "K-1", "--yes", "--author", "dpo")
+    assert real.returncode == 0, real.stderr
+
+    # Then their edits hold no bytes, no header value and no diff, and the waiting one can no longer be sent; the
+    # other key's edit is untouched
+    edits = {row["failure_id"]: row for row in await rows(engine, EDITS)}
+    for failure_id in ("s/0/1", "s/0/2"):
+        edit = edits[failure_id]
+        assert edit["payload_before"] is None
+        assert bytes(edit["payload_after"]) == b""
+        assert edit["headers_before"] == edit["headers_after"] == [["customer-email", ""]]
+        assert edit["diff"] == "(erased)"
+    assert (edits["s/0/1"]["state"], edits["s/0/1"]["decided_by"]) == ("rejected", "dpo")
+    assert edits["s/0/2"]["state"] == "sent"
+    assert bytes(edits["s/0/4"]["payload_before"]) == SECRET_PAYLOAD
+    assert edits["s/0/4"]["state"] == "pending_approval"
