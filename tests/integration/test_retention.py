@@ -187,3 +187,38 @@ async def test_outside_a_purge_the_audit_tables_still_refuse_every_delete(engine
     with pytest.raises(DBAPIError, match="audit_log is append-only"):
         async with engine.begin() as connection:
             await connection.execute(text("DELETE FROM audit_log"))
+
+
+async def test_a_pass_purges_old_timeline_events_of_records_never_quarantined_and_the_edits_of_purged_records(
+    engine: AsyncEngine, database_url: str
+) -> None:
+    # Given tier hand-offs of records that were never quarantined (one 100 days old, one of yesterday), and an
+    # edit of a record closed 100 days ago
+    await seed(engine)
+    now = datetime.now(UTC)
+    async with engine.begin() as connection:
+        for failure_id, days in (("never/0/1", 100), ("never/0/2", 1)):
+            await connection.execute(
+                text(
+                    "INSERT INTO quarantine_events (consumer_name, failure_id, at, event, error_code, attempts)"
+                    " VALUES (:c, :fid, :at, 'failed', 'DOWNSTREAM_5XX', 1)"
+                ),
+                {"c": CONSUMER, "fid": failure_id, "at": now - timedelta(days=days)},
+            )
+        await connection.execute(
+            text(
+                "INSERT INTO quarantine_edits (consumer_name, failure_id, actor, state, payload_before, payload_after,"
+                " headers_before, headers_after, diff, repeat_failures)"
+                " VALUES (:c, 't/0/3', 'alice', 'sent', :p, :p, '[]', '[]', '', 0)"
+            ),
+            {"c": CONSUMER, "p": SECRET_PAYLOAD},
+        )
+
+    # When one reconcile pass runs
+    finished = await cli(settings_for(database_url, KAFKA, Topics("retention")), "reconcile")
+    assert finished.returncode == 0, finished.stderr
+
+    # Then only yesterday's hand-off is left of the records never quarantined, and the purged record's edit is gone
+    never = "SELECT failure_id FROM quarantine_events WHERE failure_id LIKE 'never/%' ORDER BY failure_id"
+    assert [row["failure_id"] for row in await rows(engine, never)] == ["never/0/2"]
+    assert await rows(engine, "SELECT failure_id FROM quarantine_edits") == []
