@@ -21,9 +21,7 @@ def print_record(row: dict[str, Any]) -> None:
         ("resolved by", row["resolved_by"]),
         ("resolved at", row["resolved_at"]),
     ]
-    erased = [
-        ("erased", f"at {utc(row['erased_at'])} by {row.get('erased_by')}: its payload and header values are gone")
-    ]
+    erased = [("erasure", _erasure(row))] if row.get("erased_at") is not None else []
     layout.section(
         console,
         "facts",

@@ -104,16 +104,16 @@ def _migrate_with_the_previous_release(release: Path, database_url: str) -> None
 
 
 async def _tables(engine: AsyncEngine) -> dict[str, list[str]]:
-    """Every table of the schema (the version table aside), with its rows as text, in a stable order."""
+    """Every table of the schema (the version table aside), with its rows as text, in a stable order: each row as
+    its JSON object without null values, so that a column a later revision adds (null in the rows it finds) keeps
+    a row the same."""
     names = [
         row["tablename"]
         for row in await rows(engine, "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY 1")
         if row["tablename"] != "alembic_version"
     ]
-    return {
-        name: [row["line"] for row in await rows(engine, f"SELECT t::text AS line FROM {name} t ORDER BY 1")]
-        for name in names
-    }
+    line = "SELECT jsonb_strip_nulls(to_jsonb(t))::text AS line FROM {} t ORDER BY 1"
+    return {name: [row["line"] for row in await rows(engine, line.format(name))] for name in names}
 
 
 async def test_a_database_the_previous_release_migrated_keeps_every_row_on_the_way_to_both_heads(
