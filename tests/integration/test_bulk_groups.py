@@ -77,7 +77,10 @@ async def test_a_range_of_first_failed_times_narrows_every_bulk_selection(
     assert f"{topics.source}/0/0" not in recent.stdout
     assert older.stdout.startswith(f"quarantine resolve: 1 records selected: {topics.source}/0/0")
     assert window.stdout == f"{topics.source}/0/1: note added\n"
-    assert [line for line in rerun.stdout.splitlines() if "selected:" in line] == [f"  selected: {topics.source}/0/1"]
+    # (a malformed record does not decode: the dry run lists it as skipped, never as selected)
+    assert [line for line in rerun.stdout.splitlines() if f"{topics.source}/" in line] == [
+        f"  skipped (does not decode with today's schemas): {topics.source}/0/1"
+    ]
 
 
 async def test_a_range_that_ends_before_it_starts_or_a_bad_time_is_one_line_and_exit_2(

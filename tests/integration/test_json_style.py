@@ -100,6 +100,9 @@ async def test_every_json_output_and_api_document_has_snake_case_keys(
         ("reprocess", "show"): ("rp-json",),
         ("parked", "list"): (),
         ("parked", "release"): ("J-1",),
+        ("quarantine", "edit"): (record, "--set-header", "x-fix=1", "--actor", "alice", "--dry-run"),
+        ("quarantine", "reject-edit"): (),  # an edit waiting for approval, made below
+        ("quarantine", "approve-edit"): (),
         ("quarantine", "resolve"): (record, "--reason", "r"),
         ("effects", "list"): ("--state", "failed"),
         ("effects", "show"): (EFFECT,),
@@ -109,13 +112,20 @@ async def test_every_json_output_and_api_document_has_snake_case_keys(
         ("reconcile",): (),
         ("topics", "plan"): (),
         ("topics", "acls"): ("--principal", "User:order-service"),
+        ("status",): (),
+        ("quarantine", "erase"): (record, "--yes", "--author", "dpo"),
     }
     assert set(cases) == set(json_commands(command(DOMAIN))), "a command takes --json that this test does not run"
 
     # When each prints its JSON
     documents: dict[str, Any] = {}
+    approving = settings_for(database_url, kafka, topics, ordering="key", console_edit_approval=True)
     for words, args in cases.items():
-        done = await cli(settings, *words, *args, "--json")
+        if words in {("quarantine", "reject-edit"), ("quarantine", "approve-edit")}:
+            edit = ("quarantine", "edit", record, "--set-header", "x-fix=1", "--actor", "alice", "--json")
+            args = (str(json.loads((await cli(approving, *edit)).stdout)["edit_id"]), "--actor", "bob")
+        done = await cli(approving, *words, *args, "--json")
+        assert done.returncode == 0, (words, done.stderr)
         documents[" ".join(words)] = json.loads(done.stdout)
     # And each API route of the console answers
     api = [route.path for route in routes.ROUTES if route.path.startswith("/api/")]  # type: ignore[attr-defined]
