@@ -111,8 +111,13 @@ async def decide(
 ) -> dict[str, Any]:
     """Approve (send) or reject an edit that waits for approval; its row as it is now. The author may reject
     (withdraw) their own edit, never approve it."""
+    seen = await store.get(connection, edit_id)
+    if seen is None:
+        raise EditRefused(f"no edit {edit_id}")
+    # The record's row first, then the edit's: the order an erasure or a resolve takes them in (no deadlock).
+    await quarantine.lock_status(connection, RecordKey(seen["consumer_name"], seen["failure_id"]))
     edit = await store.get(connection, edit_id, lock=True)
-    if edit is None:
+    if edit is None:  # purged with its record meanwhile
         raise EditRefused(f"no edit {edit_id}")
     if edit["state"] != "pending_approval":
         raise EditRefused(f"edit {edit_id} is {edit['state']}, not pending approval")

@@ -8,7 +8,16 @@ from typing import Annotated, Any
 import typer
 
 from service import editing, operations
-from service.cli.common import JsonFlag, configured, domain, print_json, run_async, who_acts, with_connection
+from service.cli.common import (
+    JsonFlag,
+    configured,
+    domain,
+    echo,
+    print_json,
+    run_async,
+    who_acts,
+    with_connection,
+)
 from service.cli.selection import RecordConsumerOption
 from service.policy.edits import EditRefused, HeaderChanges, parse_setting
 
@@ -86,8 +95,8 @@ def quarantine_edit(
             }
         )
     else:
-        typer.echo(proposed.diff)
-        typer.echo(f"validation: {proposed.verdict.reason()}")
+        echo(proposed.diff)  # record content: every invisible character escaped
+        echo(f"validation: {proposed.verdict.reason()}")
         if proposed.state == "sent":
             typer.echo(f"edit {proposed.edit_id}: sent (once, under the original message id)")
         elif proposed.state == "pending_approval":
@@ -139,7 +148,7 @@ def _decide(edit_id: int, *, approve: bool, actor: str | None, as_json: bool) ->
     if as_json:
         print_json({key: value for key, value in edit.items() if key not in {"payload_before", "payload_after"}})
     else:
-        typer.echo(f"edit {edit_id} of {edit['failure_id']}: {edit['state']} by {who}")
+        echo(f"edit {edit_id} of {edit['failure_id']}: {edit['state']} by {who}")
 
 
 def _refusing(command: str, work: Any) -> Any:

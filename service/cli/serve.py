@@ -50,9 +50,9 @@ def serve_parts(settings: Settings, *parts: str) -> None:
             # stopped, then marks the process stopped.
             heartbeat = container.heartbeat(role=role_of(parts))
             heartbeat = await heartbeat if isinstance(heartbeat, Awaitable) else heartbeat
-            beating = asyncio.Event()
-            beats = asyncio.create_task(heartbeat.run(beating))
             await health.start()
+            beating = asyncio.Event()
+            beats = asyncio.create_task(heartbeat.run(beating))  # stopped and awaited below, whatever happens
             try:
                 if not await check.wait(needed, stop):
                     return

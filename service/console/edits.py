@@ -11,8 +11,9 @@ from service import editing, operations
 from service.console import views
 from service.console.asking import field
 from service.console.pages import locate
-from service.console.web import Refused, caller, changing, checked_form, reading, render, state_of
+from service.console.web import Refused, caller, changing, checked_form, render, state_of
 from service.policy.edits import EditRefused, HeaderChanges, parse_setting
+from service.store import audit
 from service.store import edits as edits_store
 
 
@@ -132,13 +133,27 @@ async def decide_edit(request: Request) -> Response:
 async def edit_page(request: Request) -> Response:
     """One edit: who made it, its state, its diff and the edited payload beside the original (record content:
     operators only), and, while it waits, the buttons that approve or reject it."""
-    caller(request, acts=True)
+    who = caller(request, acts=True)
     try:
         edit_id = int(request.path_params["edit_id"])
     except ValueError:
         raise Refused(404, "no such edit") from None
-    async with reading(request) as connection:
+    async with changing(request) as connection:
         found = await edits_store.get(connection, edit_id) if 1 <= edit_id < 2**63 else None
+        if found is not None:
+            # The page shows the record's bytes and header values: a reveal, audited as the record page's is.
+            await audit.record(
+                connection,
+                who.operator.name,
+                "quarantine.reveal",
+                {
+                    "consumer": found["consumer_name"],
+                    "failure_id": found["failure_id"],
+                    "as": [f"edit {edit_id}"],
+                    "via": "console",
+                },
+                {"revealed": True},
+            )
     if found is None:
         raise Refused(404, f"no edit {edit_id}")
     return render(

@@ -7,7 +7,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.store.quarantine import RecordKey
-from service.store.retention import HEADER_NAMES_ONLY, scrub_edits
+from service.store.retention import HEADER_NAMES_ONLY, scrub_copies, scrub_edits
 
 _OF_KEY = text(
     """
@@ -35,7 +35,8 @@ _ERASE = text(
     ), events AS (
         INSERT INTO quarantine_events (consumer_name, failure_id, at, event, actor, detail)
         SELECT consumer_name, failure_id, now(), 'erased', :actor, 'payload and header values removed' FROM erased
-    ), edits AS ({scrub_edits("erased")})
+    ), edits AS ({scrub_edits("erased")}
+    ), copies AS ({scrub_copies("erased")})
     SELECT failure_id FROM erased
     """
 )

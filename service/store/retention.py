@@ -29,6 +29,21 @@ def names_only(column: str) -> str:
 HEADER_NAMES_ONLY = names_only("source_headers")
 
 
+def scrub_copies(erased: str) -> str:
+    """A CTE body that removes the copies of the records in CTE `erased` from the outbox (a reprocess run's or an
+    edit's, which carry the record's bytes and its `failure-id` and `consumer` headers): one not yet published is
+    never sent; one published keeps no bytes and no header value."""
+    return f"""
+        UPDATE outbox o
+        SET payload = ''::bytea, headers = {names_only("o.headers")},
+            published_at = COALESCE(o.published_at, now())
+        FROM {erased}
+        WHERE o.headers @> jsonb_build_array(jsonb_build_array('failure-id', {erased}.failure_id))
+          AND o.headers @> jsonb_build_array(jsonb_build_array('consumer', {erased}.consumer_name))
+        RETURNING 1
+    """
+
+
 def scrub_edits(erased: str, actor: str = ":actor") -> str:
     """A CTE body that removes the bytes and header values the edits of the records in CTE `erased` hold (their
     diffs too, which quote them), and turns an edit still waiting for approval down: nothing is left to send."""
@@ -90,7 +105,7 @@ _PURGE_ORPHAN_EVENTS = text(
     """
     DELETE FROM quarantine_events WHERE id IN (
         SELECT e.id FROM quarantine_events e
-        WHERE e.at < now() - CAST(:period AS interval)
+        WHERE e.event = 'failed' AND e.at < now() - CAST(:period AS interval)
           AND NOT EXISTS (SELECT 1 FROM quarantine q
                           WHERE q.consumer_name = e.consumer_name AND q.failure_id = e.failure_id)
         ORDER BY e.id LIMIT :batch)
@@ -168,14 +183,18 @@ async def erase_closed_payloads(connection: AsyncConnection, period: timedelta, 
 
 
 async def purge_closed_records(connection: AsyncConnection, period: timedelta, batch: int) -> tuple[int, int]:
-    """Delete up to `batch` records closed longer than `period` ago, with their timelines, notes and edits, and up
-    to `batch` timeline events as old of records that were never quarantined; how many records, and how many
-    timeline events."""
+    """Delete up to `batch` records closed longer than `period` ago, with their timelines, notes and edits; how
+    many records, and how many timeline events."""
     await connection.execute(_ALLOW_PURGE)
-    params = {"period": period, "batch": batch}
-    row = (await connection.execute(_PURGE_CLOSED_RECORDS, params)).one()
-    orphans = (await connection.execute(_PURGE_ORPHAN_EVENTS, params)).rowcount
-    return int(row.records), int(row.events) + orphans
+    row = (await connection.execute(_PURGE_CLOSED_RECORDS, {"period": period, "batch": batch})).one()
+    return int(row.records), int(row.events)
+
+
+async def purge_orphan_events(connection: AsyncConnection, period: timedelta, batch: int) -> int:
+    """Delete up to `batch` timeline events older than `period` of records that were never quarantined (a record's
+    hand-offs to the retry tiers, migration 0020, when it then succeeded); how many."""
+    await connection.execute(_ALLOW_PURGE)
+    return (await connection.execute(_PURGE_ORPHAN_EVENTS, {"period": period, "batch": batch})).rowcount
 
 
 async def purge_audit(connection: AsyncConnection, period: timedelta, batch: int) -> int:

@@ -233,6 +233,7 @@ class Reconciler:
             (inbox.purge, self._dedup_window, "inbox_purged"),
             (outbox.purge_published, self._dedup_window, "outbox_purged"),
             (partial(self._purge_quarantine, summary), kept.quarantine, "quarantine_purged"),
+            (retention.purge_orphan_events, kept.quarantine, "quarantine_events_purged"),
             (retention.erase_closed_payloads, kept.quarantine_payload, "quarantine_payloads_erased"),
             (retention.purge_audit, kept.audit, "audit_purged"),
             (retention.purge_runs, kept.runs, "runs_purged"),

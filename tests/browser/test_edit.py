@@ -150,3 +150,6 @@ async def test_with_approvals_on_another_operator_approves_an_edit_and_its_autho
         {"actor": "ann", "action": "quarantine.edit"},
         {"actor": "bob", "action": "quarantine.approve_edit"},
     ]
+    # And bob's reading of the edit's page (the record's bytes, the edited ones, the diff) is audited as a reveal
+    reveals = await rows(engine, "SELECT selection FROM audit_log WHERE action = 'quarantine.reveal' AND actor = 'bob'")
+    assert [row["selection"]["as"] for row in reveals] == [[f"edit {edit_id}"]]

@@ -185,6 +185,21 @@ async def test_erasing_a_record_erases_its_edits_too_and_turns_down_one_waiting_
                 },
             )
 
+        # And copies of them in the outbox (a reprocess run's, published; an edit's, not yet), and one of s/0/4
+        for failure_id, published in (("s/0/1", "now()"), ("s/0/2", "NULL"), ("s/0/4", "NULL")):
+            await connection.execute(
+                text(
+                    "INSERT INTO outbox (topic, key, headers, payload, published_at)"
+                    f" VALUES ('erasure.reprocess', 'K', CAST(:headers AS jsonb), :payload, {published})"
+                ),
+                {
+                    "headers": json.dumps(
+                        [["customer-email", "jane@example.com"], ["failure-id", failure_id], ["consumer", CONSUMER]]
+                    ),
+                    "payload": SECRET_PAYLOAD,
+                },
+            )
+
     # When the key's records are erased
     real = await cli(settings(database_url), "quarantine", "erase", "--key", "K-1", "--yes", "--author", "dpo")
     assert real.returncode == 0, real.stderr
@@ -202,3 +217,11 @@ async def test_erasing_a_record_erases_its_edits_too_and_turns_down_one_waiting_
     assert edits["s/0/2"]["state"] == "sent"
     assert bytes(edits["s/0/4"]["payload_before"]) == SECRET_PAYLOAD
     assert edits["s/0/4"]["state"] == "pending_approval"
+    # And their copies hold no bytes and no header value, the unpublished one is never sent; s/0/4's is untouched
+    copies = await rows(engine, "SELECT headers, payload, published_at FROM outbox ORDER BY id")
+    assert [(bytes(copy["payload"]), copy["headers"][0]) for copy in copies] == [
+        (b"", ["customer-email", ""]),
+        (b"", ["customer-email", ""]),
+        (SECRET_PAYLOAD, ["customer-email", "jane@example.com"]),
+    ]
+    assert [copy["published_at"] is not None for copy in copies] == [True, True, False]
