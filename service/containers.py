@@ -142,10 +142,11 @@ def _processor(
     clock: Callable[[], datetime],
     rng: random.Random,
     downtime: Downtime,
+    breakers: Breakers,
 ) -> Processor:
     """A consumer's processor, its rounds on PostgreSQL; one handler serves both (its aggregate store the rounds')."""
     store = PostgresRounds(engine, settings.consumer, handler)
-    return Processor(settings, store, handler, owners, policy, metrics, clock, rng, downtime)
+    return Processor(settings, store, handler, owners, policy, metrics, clock, rng, downtime, breakers)
 
 
 def _kafka_diagnosis(settings: Settings) -> KafkaDiagnosis:
@@ -214,6 +215,7 @@ class Container(containers.DeclarativeContainer):
         clock=clock,
         rng=rng,
         downtime=downtime,
+        breakers=breakers,
     )
     kafka_consumer = providers.Factory(kafka.make_consumer, settings=settings)
     kafka_producer = providers.Factory(kafka.make_producer, settings=settings)

@@ -20,18 +20,20 @@ import asyncio
 import random
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
 
+from service.adapters.breakers import Breakers
 from service.codes import Code, ErrorCode
 from service.config import Topics
 from service.errors import ConcurrentWrite, InfrastructureUnavailable
 from service.metrics import Metrics
 from service.policy import redelivery
 from service.policy.backoff import outage_wait
+from service.policy.breaker import State
 from service.policy.classify import Failure
 from service.policy.decide import decide
 from service.policy.delivery import Delivery, RetryState
@@ -99,8 +101,10 @@ class Processor:
         clock: Clock,
         rng: random.Random,
         downtime: Downtime,
+        breakers: Breakers | None = None,
     ) -> None:
         self._store = store
+        self._breakers = breakers
         self._handler = handler
         self._metrics = metrics
         self._clock = clock
@@ -247,6 +251,14 @@ class Processor:
                 looked_up[key] = answer
 
         await asyncio.gather(*(look_up(key) for key in wanted))
+        if failures and self._breakers is not None and self._breakers[downstream].breaker.state is not State.CLOSED:
+            # The round's look-ups opened the downstream's breaker (or met it open): an outage, and its failures are
+            # no record's. Without this, the first `threshold - 1` answers of the run that opens it would be charged,
+            # once per member and per outage: a record whose tier copies move between members would pay each time.
+            failures = {
+                delivery: replace(failure, charged=False) if failure.downstream == downstream else failure
+                for delivery, failure in failures.items()
+            }
         return looked_up, failures
 
     async def _write_one_by_one(

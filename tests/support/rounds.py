@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
 
+from service.adapters.breakers import Breakers
 from service.codes import Code, ErrorCode
 from service.config import Topics
 from service.metrics import Metrics
@@ -165,6 +166,7 @@ def processor(
     *,
     timeout: timedelta = timedelta(seconds=5),
     faults: FaultPoints | None = None,
+    breakers: Breakers | None = None,
 ) -> Processor:
     """A processor of things on `store`, its clock stopped at NOW."""
     settings = RoundSettings(Topics(TOPIC), "things-service", "key", timeout, faults=faults or FaultPoints())
@@ -178,6 +180,7 @@ def processor(
         lambda: NOW,
         random.Random(1),
         Downtime(),
+        breakers,
     )
 
 

@@ -7,8 +7,10 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
+from service.adapters.breakers import Breakers
 from service.codes import ErrorCode
 from service.errors import RecordFailure
+from service.policy.breaker import Outcome, State, Verdict
 from service.policy.classify import Failure
 from service.policy.decide import RoundWrite
 from service.store.round_write import Rows
@@ -84,6 +86,33 @@ async def test_a_failed_look_up_leaves_a_retry_state_and_writes_nothing() -> Non
     assert state.last_code is ErrorCode.DOWNSTREAM_UNAVAILABLE
     assert state.history.attempts == 1
     assert (store.transactions, store.inbox) == (0, {})
+
+
+async def test_the_failures_of_a_round_whose_look_ups_open_the_breaker_spend_no_record_attempt() -> None:
+    # Given a directory in an outage, behind its breaker (5 failed calls of 2+ keys open it): the first 4 answers
+    # of the run are charged by the breaker, the 5th opens it
+    breakers = Breakers()
+    guard = breakers["directory"]
+
+    async def outage(key: str) -> Any:
+        ticket = guard.admit(key)
+        if ticket is None:
+            raise RecordFailure(ErrorCode.DOWNSTREAM_UNAVAILABLE, downstream="directory", charged=False)
+        charged = guard.record(ticket, Outcome(Verdict.FAILED, ErrorCode.DOWNSTREAM_UNAVAILABLE, target=key))
+        raise RecordFailure(ErrorCode.DOWNSTREAM_UNAVAILABLE, downstream="directory", charged=charged)
+
+    store = FakeRounds()
+
+    # When one round's eight creations all need it
+    creations = [f"create:T-{n}".encode() for n in range(8)]
+    attempted = await _attempt(store, *creations, handler=Things(outage), breakers=breakers)
+
+    # Then the breaker opened, and none of them spent an attempt: they wait for it (an outage is no record's failure;
+    # else each member's opening run would charge a record again, and a record moving between members pays each time)
+    assert guard.breaker.state is State.OPEN
+    assert len(attempted.retry) == 8
+    assert [state.history.attempts for state in attempted.retry.values()] == [0] * 8
+    assert all(state.breaker == "directory" for state in attempted.retry.values())
 
 
 async def test_a_look_up_that_outlasts_the_processing_timeout_fails_with_processing_timeout() -> None:
