@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import ipaddress
 import socket
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from typing import Any
 
 import typer
@@ -105,12 +105,22 @@ def console() -> None:
                     create_app(wiring), log_config=None, access_log=False, lifespan="on", server_header=False
                 )
             )
-            log.info("console.listening", url=f"http://{settings.console_bind}/")
-            serving = asyncio.create_task(server.serve(sockets=[listening]))
-            stopping = asyncio.create_task(stop.wait())
-            await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            server.should_exit = True
-            stopping.cancel()
-            await serving
+            # The console beats as every long-running process does (role `console`, no parts of its own): the
+            # Processes page shows who serves it, and a killed console shows as gone.
+            heartbeat = container.heartbeat(role="console")
+            heartbeat = await heartbeat if isinstance(heartbeat, Awaitable) else heartbeat
+            beating = asyncio.Event()
+            beats = asyncio.create_task(heartbeat.run(beating))  # stopped and awaited below, whatever happens
+            try:
+                log.info("console.listening", url=f"http://{settings.console_bind}/")
+                serving = asyncio.create_task(server.serve(sockets=[listening]))
+                stopping = asyncio.create_task(stop.wait())
+                await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                server.should_exit = True
+                stopping.cancel()
+                await serving
+            finally:
+                beating.set()
+                await beats
 
     run_async(serve)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -171,6 +172,40 @@ async def test_a_cleanly_stopped_process_is_marked_stopped(
     assert mine["stopped_at"] is not None
     assert shown["live"] == 0
     assert shown["gone"] == 0
+
+
+async def test_the_console_beats_as_role_console_and_is_marked_stopped_when_it_stops(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, tmp_path: Path
+) -> None:
+    # Given a console process (loopback, a viewer token) that beats every 300 ms
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = settings_for(
+        database_url,
+        kafka,
+        topics,
+        heartbeat_interval="300ms",
+        console_bind=f"127.0.0.1:{port}",
+        console_tokens=f"ana:viewer:{TOKEN}",
+    )
+    console = ServiceProcess("console", settings, tmp_path / "console.log")
+    pid = console.process.pid
+    try:
+        # Then its row names it, with no partitions and no breakers open, and `status` counts it live
+        row = await eventually(lambda: heartbeat_of(engine, pid), timeout=60)
+        assert row["role"] == "console"
+        assert row["facts"]["partitions"] == []
+        live = await eventually(lambda: _status_of(settings, pid, "live"), timeout=30)
+        assert live["live"] >= 1
+    finally:
+        # When it stops cleanly
+        assert console.terminate() == 0, console.log()
+
+    # Then its row says stopped
+    stopped = await heartbeat_of(engine, pid)
+    assert stopped is not None
+    assert stopped["stopped_at"] is not None
 
 
 async def _when(engine: AsyncEngine, pid: int, topic: str) -> dict[str, Any] | None:
