@@ -1,5 +1,5 @@
-"""Durations as the contract writes them (`500ms`, `30s`, `5m`, `1h`, `7d`), and points in time as operators
-write them (RFC 3339, or a duration ago)."""
+"""Durations as the contract writes them (`500ms`, `30s`, `5m`, `1h`, `7d`), and time ranges (points in time as
+operators write them are read by service/bounds.py)."""
 
 from __future__ import annotations
 
@@ -29,22 +29,6 @@ def format_duration(value: timedelta) -> str:
         if ms and ms % factor == 0:
             return f"{ms // factor}{unit}"
     return f"{ms}ms"
-
-
-def moment_of(text: str, now: datetime) -> datetime:
-    """A point in time as an operator writes it: RFC 3339 with its zone (`2026-12-01T08:00:00Z`), or a duration
-    before `now` (`2h`: two hours ago); raise ValueError naming both forms otherwise."""
-    try:
-        return now - parse_duration(text)
-    except ValueError:
-        pass
-    try:
-        found = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
-    except ValueError:
-        raise ValueError(f"{text!r} is neither an RFC 3339 timestamp nor {FORMAT_HINT} (ago)") from None
-    if found.tzinfo is None:
-        raise ValueError(f"{text!r} needs a time zone (e.g. Z)")
-    return found
 
 
 def time_range(since: datetime | None, until: datetime | None) -> tuple[datetime | None, datetime | None]:

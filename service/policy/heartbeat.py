@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 GONE_AFTER_BEATS = 3
-# A process not heard from for this long is no longer listed (and its row is purged by the next process to start).
+# A process not heard from for this long is no longer listed (and its row is purged by the next reconcile pass).
 RETENTION_SECONDS = 24 * 3600
 
 

@@ -7,7 +7,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.store.quarantine import RecordKey
-from service.store.retention import HEADER_NAMES_ONLY, scrub_copies, scrub_edits
+from service.store.retention import erase_records
 
 _OF_KEY = text(
     """
@@ -26,19 +26,11 @@ _IS_ERASED = text(
     "SELECT erased_at IS NOT NULL FROM quarantine WHERE consumer_name = :consumer AND failure_id = :failure_id"
 )
 _ERASE = text(
-    f"""
-    WITH erased AS (
-        UPDATE quarantine SET payload = NULL, source_headers = {HEADER_NAMES_ONLY}, erased_at = now(),
-                              erased_by = :actor
-        WHERE consumer_name = :consumer AND failure_id = ANY(CAST(:failure_ids AS text[])) AND erased_at IS NULL
-        RETURNING consumer_name, failure_id
-    ), events AS (
-        INSERT INTO quarantine_events (consumer_name, failure_id, at, event, actor, detail)
-        SELECT consumer_name, failure_id, now(), 'erased', :actor, 'payload and header values removed' FROM erased
-    ), edits AS ({scrub_edits("erased")}
-    ), copies AS ({scrub_copies("erased")})
-    SELECT failure_id FROM erased
-    """
+    erase_records(
+        """SELECT consumer_name, failure_id FROM quarantine
+           WHERE consumer_name = :consumer AND failure_id = ANY(CAST(:failure_ids AS text[])) AND erased_at IS NULL
+           FOR UPDATE"""
+    )
 )
 
 

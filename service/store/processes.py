@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
@@ -39,7 +39,13 @@ _BEAT = text(
     """
 )
 _STOPPED = text("UPDATE processes SET last_seen = now(), stopped_at = now() WHERE process_id = :process_id")
-_PURGE = text("DELETE FROM processes WHERE last_seen < now() - make_interval(secs => :seconds)")
+_PURGE = text(
+    """
+    DELETE FROM processes WHERE process_id IN (
+        SELECT process_id FROM processes WHERE last_seen < now() - CAST(:period AS interval) LIMIT :batch
+    )
+    """
+)
 _COLUMNS = """
     process_id, role, consumer_name, host, pid, version, interval_seconds, started_at, last_seen, stopped_at, facts,
     extract(epoch FROM last_seen) AS last_seen_epoch, extract(epoch FROM now()) AS now_epoch
@@ -87,9 +93,9 @@ async def stopped(connection: AsyncConnection, process_id: str) -> None:
     await connection.execute(_STOPPED, {"process_id": process_id})
 
 
-async def purge(connection: AsyncConnection, older_than_seconds: float = heartbeat.RETENTION_SECONDS) -> int:
-    """Delete the rows not heard from within the retention; return how many."""
-    result = await connection.execute(_PURGE, {"seconds": older_than_seconds})
+async def purge(connection: AsyncConnection, period: timedelta, batch: int) -> int:
+    """Delete up to `batch` rows not heard from within `period` (reconcile's purges); how many."""
+    result = await connection.execute(_PURGE, {"period": period, "batch": batch})
     return int(getattr(result, "rowcount", 0) or 0)
 
 

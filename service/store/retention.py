@@ -59,21 +59,34 @@ def scrub_edits(erased: str, actor: str = ":actor") -> str:
     """
 
 
-_ERASE_CLOSED_PAYLOADS = text(
-    f"""
+def erase_records(selected: str) -> str:
+    """The one statement that erases records: `selected` picks them (a FROM item giving consumer_name and
+    failure_id, locked); their bytes and header values go, they are marked erased by `:actor` with an event in
+    their timelines, and their edits and copies lose what they hold (`scrub_edits`, `scrub_copies`). It returns
+    the failure ids erased."""
+    return f"""
     WITH erased AS (
         UPDATE quarantine q SET payload = NULL, source_headers = {HEADER_NAMES_ONLY}, erased_at = now(),
                                 erased_by = :actor
-        FROM (SELECT consumer_name, failure_id FROM quarantine
-              WHERE status IN ('resolved', 'reprocessed') AND erased_at IS NULL
-                AND updated_at < now() - CAST(:period AS interval)
-              LIMIT :batch FOR UPDATE SKIP LOCKED) AS due
-        WHERE q.consumer_name = due.consumer_name AND q.failure_id = due.failure_id
+        FROM ({selected}) AS due
+        WHERE q.consumer_name = due.consumer_name AND q.failure_id = due.failure_id AND q.erased_at IS NULL
         RETURNING q.consumer_name, q.failure_id
-    ), edits AS ({scrub_edits("erased")})
-    INSERT INTO quarantine_events (consumer_name, failure_id, at, event, actor, detail)
-    SELECT consumer_name, failure_id, now(), 'erased', :actor, 'payload and header values removed' FROM erased
+    ), events AS (
+        INSERT INTO quarantine_events (consumer_name, failure_id, at, event, actor, detail)
+        SELECT consumer_name, failure_id, now(), 'erased', :actor, 'payload and header values removed' FROM erased
+    ), edits AS ({scrub_edits("erased")}
+    ), copies AS ({scrub_copies("erased")})
+    SELECT failure_id FROM erased
     """
+
+
+_ERASE_CLOSED_PAYLOADS = text(
+    erase_records(
+        """SELECT consumer_name, failure_id FROM quarantine
+           WHERE status IN ('resolved', 'reprocessed') AND erased_at IS NULL
+             AND updated_at < now() - CAST(:period AS interval)
+           LIMIT :batch FOR UPDATE SKIP LOCKED"""
+    )
 )
 _PURGE_CLOSED_RECORDS = text(
     """
@@ -179,7 +192,7 @@ class Retention:
 async def erase_closed_payloads(connection: AsyncConnection, period: timedelta, batch: int) -> int:
     """Remove the bytes and header values of up to `batch` records closed longer than `period` ago; how many."""
     params = {"period": period, "batch": batch, "actor": RETENTION_ACTOR}
-    return (await connection.execute(_ERASE_CLOSED_PAYLOADS, params)).rowcount
+    return len((await connection.execute(_ERASE_CLOSED_PAYLOADS, params)).all())
 
 
 async def purge_closed_records(connection: AsyncConnection, period: timedelta, batch: int) -> tuple[int, int]:

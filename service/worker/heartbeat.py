@@ -119,7 +119,6 @@ class Heartbeat:
     async def run(self, stop: asyncio.Event) -> None:
         """Beat now and every interval; on the way out, say the process stopped."""
         interval = self._who.interval_seconds
-        await self._bounded(self._purge, interval)
         while not stop.is_set():
             await self.tick()
             await sleep_unless_stopped(stop, interval)
@@ -141,11 +140,6 @@ class Heartbeat:
     async def _stopped(self) -> None:
         async with UnitOfWork(self._engine) as uow:
             await processes.stopped(uow.connection, self._who.process_id)
-            await uow.commit()
-
-    async def _purge(self) -> None:
-        async with UnitOfWork(self._engine) as uow:
-            await processes.purge(uow.connection)
             await uow.commit()
 
     async def _bounded(self, write: Callable[[], Awaitable[None]], seconds: float) -> None:

@@ -21,9 +21,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from service.codes import ErrorCode
 from service.config import Topics
 from service.metrics import Metrics
+from service.policy import heartbeat
 from service.policy.effects import EffectPolicy, LookupFailed, LookupOutcome, after_lookup
 from service.ports import EffectKind, EffectRegistry
-from service.store import effects, inbox, outbox, reconcile_runs, retention, retries
+from service.store import effects, inbox, outbox, processes, reconcile_runs, retention, retries
 from service.store.effects import EffectRow
 from service.store.retention import Retention
 from service.store.uow import UnitOfWork, translated_errors
@@ -32,6 +33,8 @@ from service.worker.effects import record_outcomes
 log = structlog.get_logger("reconciler")
 
 _PURGE_BATCH = 1000
+# A process not heard from for this long is no longer listed: its heartbeat row goes.
+_PROCESSES_KEPT = timedelta(seconds=heartbeat.RETENTION_SECONDS)
 # One batch of a purge: on this connection, rows past this period, at most this many; how many it removed.
 Purge = Callable[[AsyncConnection, timedelta, int], Awaitable[int]]
 _LOOKUP_BATCH = 100
@@ -60,6 +63,7 @@ class Summary:
     audit_purged: int = 0
     runs_purged: int = 0
     console_sessions_purged: int = 0
+    processes_purged: int = 0
     seconds: float = 0.0
     complete: bool = True  # False when the time budget ended the pass early
     failing_kinds: list[str] = field(default_factory=list)  # kinds whose look-ups failed several times in a row
@@ -73,7 +77,8 @@ class Summary:
             f"outbox rows; {self.retry_orphans_removed} orphan retry rows removed; retention: "
             f"{self.quarantine_payloads_erased} quarantine payloads erased, {self.quarantine_purged} quarantined "
             f"records ({self.quarantine_events_purged} events), {self.audit_purged} audit rows, {self.runs_purged} "
-            f"runs and {self.console_sessions_purged} console sessions purged; {self.seconds:.2f}s"
+            f"runs, {self.console_sessions_purged} console sessions and {self.processes_purged} process heartbeats "
+            f"purged; {self.seconds:.2f}s"
             + ("" if self.complete else " (time budget reached, run again)")
             + (f"; look-ups failing for {', '.join(sorted(self.failing_kinds))}" if self.failing_kinds else "")
         )
@@ -238,6 +243,7 @@ class Reconciler:
             (retention.purge_audit, kept.audit, "audit_purged"),
             (retention.purge_runs, kept.runs, "runs_purged"),
             (retention.purge_console_sessions, kept.console_sessions, "console_sessions_purged"),
+            (processes.purge, _PROCESSES_KEPT, "processes_purged"),
         )
         for purge, period, counted in purges:
             while True:

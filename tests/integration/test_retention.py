@@ -30,7 +30,7 @@ RECORDS = {
 
 
 async def seed(engine: AsyncEngine) -> None:
-    """The records above (each with a note), audit rows, runs and console sessions of several ages."""
+    """The records above (each with a note), audit rows, runs, console sessions and heartbeats of several ages."""
     now = datetime.now(UTC)
     await add(
         engine, [quarantined(fid, failed_at=now - timedelta(days=days + 1)) for fid, (_, days) in RECORDS.items()]
@@ -91,6 +91,14 @@ async def seed(engine: AsyncEngine) -> None:
                     "revoked": None if revoked is None else now - timedelta(days=revoked),
                 },
             )
+        for process_id, hours in (("gone-long-ago", 25), ("gone-lately", 23)):
+            await connection.execute(
+                text(
+                    "INSERT INTO processes (process_id, role, consumer_name, host, pid, version, interval_seconds,"
+                    " started_at, last_seen, facts) VALUES (:id, 'consume', :c, 'h', 1, 'v', 5, :at, :at, '{}')"
+                ),
+                {"id": process_id, "c": CONSUMER, "at": now - timedelta(hours=hours)},
+            )
 
 
 async def test_one_reconcile_pass_removes_exactly_what_is_past_its_period(
@@ -112,6 +120,7 @@ async def test_one_reconcile_pass_removes_exactly_what_is_past_its_period(
         "audit_purged": 1,
         "runs_purged": 1,
         "console_sessions_purged": 2,
+        "processes_purged": 1,
     }
     assert summary["quarantine_events_purged"] >= 4  # each purged record had at least its failure and its quarantine
     # And the records closed more than 90 days ago are gone with their notes and timelines; open ones stay whole
@@ -171,6 +180,7 @@ async def test_one_reconcile_pass_removes_exactly_what_is_past_its_period(
         {"run_id": "running"},
     ]
     assert await rows(engine, "SELECT id_hash FROM console_sessions") == [{"id_hash": "revoked"}]
+    assert await rows(engine, "SELECT process_id FROM processes") == [{"process_id": "gone-lately"}]
     # And no payload of an open record was touched
     assert await rows(engine, "SELECT payload FROM quarantine WHERE failure_id = 't/0/1'") == [
         {"payload": SECRET_PAYLOAD}

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from service.durations import moment_of, time_range
+from service.bounds import moment_or_ago
+from service.durations import time_range
 from service.policy.ramp import SCHEDULE, Batch, Done, Settled, Stop, next_step, plan
 
 NOW = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
@@ -122,13 +123,13 @@ def test_a_ramp_sends_the_selection_in_order_within_the_schedule_and_nothing_aft
     ],
 )
 def test_a_point_in_time_is_rfc3339_or_a_duration_ago(text: str, expected: datetime) -> None:
-    assert moment_of(text, NOW) == expected
+    assert moment_or_ago(text, NOW, zone_required=True) == expected
 
 
 @pytest.mark.parametrize("text", ["yesterday", "2026-12-01T08:00:00", "2h ago", "", "-2h"])
 def test_anything_else_is_refused_naming_both_forms(text: str) -> None:
     with pytest.raises(ValueError, match=r"RFC 3339|time zone"):
-        moment_of(text, NOW)
+        moment_or_ago(text, NOW, zone_required=True)
 
 
 def test_a_range_that_ends_before_it_starts_is_refused() -> None:
