@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,6 +28,7 @@ from service.policy.retry import RetryPolicy
 from service.ports import Domain, EffectRegistry, Handler, Plumbing
 from service.store.retention import Retention
 from service.store.uow import create_engine, ping
+from service.tracing import Tracing, wanted
 from service.worker.consumer import CONTEXT_LOOKUPS, ConsumerLoop, KafkaDiagnosis
 from service.worker.downtime import Downtime
 from service.worker.effects import EffectWorker, call_budget
@@ -143,10 +145,25 @@ def _processor(
     rng: random.Random,
     downtime: Downtime,
     breakers: Breakers,
+    tracing: Tracing,
 ) -> Processor:
     """A consumer's processor, its rounds on PostgreSQL; one handler serves both (its aggregate store the rounds')."""
     store = PostgresRounds(engine, settings.consumer, handler)
-    return Processor(settings, store, handler, owners, policy, metrics, clock, rng, downtime, breakers)
+    return Processor(settings, store, handler, owners, policy, metrics, clock, rng, downtime, breakers, tracing)
+
+
+def _tracing(settings: Settings, role: str) -> Iterator[Tracing]:
+    """The process's tracing (service/tracing.py): off unless the OTEL_* variables name an OTLP endpoint; what is
+    left is exported when the process ends."""
+    tracing = Tracing()
+    if wanted(os.environ):
+        from service.adapters import otel
+
+        tracing = otel.configured(settings.program, role)
+    try:
+        yield tracing
+    finally:
+        tracing.shutdown()
 
 
 def _kafka_diagnosis(settings: Settings) -> KafkaDiagnosis:
@@ -187,6 +204,9 @@ class Container(containers.DeclarativeContainer):
     settings = providers.Dependency(instance_of=Settings)
 
     engine = providers.Resource(_engine, settings=settings)
+    # The process's role (its command: consume, relay, effects, run, reconcile, console, …) for its traces.
+    role = providers.Object("run")
+    tracing = providers.Resource(_tracing, settings=settings, role=role)
     http = providers.Resource(_http, settings=settings)
     metrics = providers.Singleton(_metrics, settings=settings, domain=domain)
     clock = providers.Object(_utcnow)
@@ -216,6 +236,7 @@ class Container(containers.DeclarativeContainer):
         rng=rng,
         downtime=downtime,
         breakers=breakers,
+        tracing=tracing,
     )
     kafka_consumer = providers.Factory(kafka.make_consumer, settings=settings)
     kafka_producer = providers.Factory(kafka.make_producer, settings=settings)

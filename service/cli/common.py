@@ -102,13 +102,15 @@ def _command() -> str:
 
 
 @asynccontextmanager
-async def assembled(settings: Settings) -> AsyncIterator[Container]:
+async def assembled(settings: Settings, role: str | None = None) -> AsyncIterator[Container]:
     """The container with its resources (engine, HTTP client) open for the block, closed after it; first, the
     database must be at this version's schema (SchemaNotCurrent otherwise), so that no command reads or writes
     tables it does not know (a newer release's, say)."""
     from service.store import schema
 
     container = Container(settings=settings, domain=domain())
+    if role is not None:
+        container.role.override(role)  # its traces' `service.role` (service/tracing.py)
     await container.init_resources()  # type: ignore[misc]
     try:
         async with UnitOfWork(await provide(container, "engine")) as uow:
@@ -118,9 +120,13 @@ async def assembled(settings: Settings) -> AsyncIterator[Container]:
         await container.shutdown_resources()  # type: ignore[misc]
 
 
+# The role a one-shot command's traces name, by the part it builds.
+_ROLES = {"reconciler": "reconcile", "reprocessor": "reprocess"}
+
+
 async def use(settings: Settings, name: str, work: Callable[[Any], Awaitable[T]]) -> T:
     """Build one provider and run `work` with it, resources open."""
-    async with assembled(settings) as container:
+    async with assembled(settings, _ROLES.get(name)) as container:
         return await work(await provide(container, name))
 
 

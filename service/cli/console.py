@@ -89,7 +89,7 @@ def console() -> None:
     from service.console.web import Wiring, log
 
     async def serve(stop: asyncio.Event) -> None:
-        async with assembled(settings) as container:
+        async with assembled(settings, "console") as container:
             engine = await provide(container, "engine")
             wiring = Wiring(
                 settings=settings,

@@ -43,7 +43,7 @@ def serve_parts(settings: Settings, *parts: str) -> None:
     async def serve(stop: asyncio.Event) -> None:
         if not await _schema_ready(settings, stop):
             return
-        async with assembled(settings) as container:
+        async with assembled(settings, role_of(parts)) as container:
             health = await provide(container, "health")
             check = await provide(container, "topics_check")
             # The heartbeat beats from here (a missing topic is its first configuration error) until the parts

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
+from service.policy import traces
+
 _MAX_MESSAGE_ID = 300
 # A message id whose header bytes are not text a column can hold (invalid UTF-8, or NUL) is this prefix and the
 # bytes in base64; a text id that starts with the prefix is encoded the same way, so an encoded id never equals
@@ -57,8 +57,13 @@ class SourceRecord:
     key_text: str | None = field(init=False)
     # The producer's `message-id` header, else the coordinates: two records with one id have one effect.
     message_id: str = field(init=False)
-    # The W3C trace id from `traceparent`, only when well formed (it ends up in envelopes and logs).
+    # The W3C trace id from `traceparent`, only when well formed (it ends up in envelopes and logs); a consumer
+    # derives one for a record without it (service/policy/traces.py), so that every attempt joins one trace.
     trace_id: str | None = field(init=False)
+    # This attempt's span context as `traceparent` text, while tracing (service/tracing.py); None otherwise.
+    span: str | None = field(default=None, init=False)
+    # The span context of the attempt before this one, when it is not in the record's headers (a parked record's).
+    link: str | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.key_text = text_of(self.key) if self.key is not None and len(self.key) <= _MAX_KEY_TEXT else None
@@ -70,7 +75,8 @@ class SourceRecord:
             elif name == "traceparent":
                 parent = value
         self.message_id = message_id_of(given) or f"{self.topic}/{self.partition}/{self.offset}"
-        self.trace_id = _trace_id(text_of(parent)) if parent is not None else None
+        ref = traces.parse(parent) if parent is not None else None
+        self.trace_id = ref.trace_id if ref is not None else None
 
     @property
     def coordinates(self) -> Coordinates:
@@ -155,11 +161,3 @@ def text_of(value: bytes | None) -> str | None:
     except UnicodeDecodeError:
         return None
     return None if "\x00" in text else text
-
-
-def _trace_id(parent: str | None) -> str | None:
-    match = _TRACEPARENT.match(parent.strip().lower()) if parent else None
-    # W3C: version ff and an all-zero trace id are invalid.
-    if match is None or parent is None or parent.strip().startswith("ff") or set(match.group(1)) == {"0"}:
-        return None
-    return match.group(1)

@@ -15,11 +15,13 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from service.codes import ErrorCode
+from service.policy import traces
 from service.policy.records import Coordinates, SourceRecord, id_bytes, time_of
 from service.policy.retry import AttemptHistory
 
 _OURS = frozenset(
     {
+        traces.SPAN_HEADER,
         "message-id",
         "failure-id",
         "origin-timestamp",
@@ -85,12 +87,16 @@ def tier_headers(
     code: ErrorCode,
     *,
     consumer: str,
+    span: str | None = None,
 ) -> list[tuple[str, bytes]]:
-    """Headers of the copy `consumer` sends to a retry tier; the record's own headers are kept (traceparent)."""
+    """Headers of the copy `consumer` sends to a retry tier; the record's own headers are kept (traceparent), and
+    `span`, the context of the attempt that sent it while tracing, goes in a header of the service's own."""
     kept = [(name, value) for name, value in record.headers if name not in _OURS]
+    ours = [(traces.SPAN_HEADER, span.encode())] if span is not None else []
     # The id's own bytes, so that the copy is read back as the same message id.
     return [
         *kept,
+        *ours,
         ("message-id", id_bytes(message_id) or message_id.encode()),
         ("failure-id", origin.failure_id.encode()),
         ("origin-timestamp", str(origin_timestamp_ms).encode()),

@@ -36,14 +36,36 @@ class EffectRow:
 
 
 # New effects (domain `Effect` values) as a recordset for `ADD_ROWS`.
-COLUMNS = Columns(("idempotency_key", "text"), ("aggregate_id", "text"), ("kind", "text"), ("payload", "jsonb"))
+@dataclass(frozen=True, slots=True)
+class NewEffect:
+    """A domain's effect as a round records it, with the span context of the attempt that caused it."""
+
+    idempotency_key: str
+    aggregate_id: str
+    kind: str
+    payload: Any
+    trace_context: str | None = None
+
+    @classmethod
+    def of(cls, effect: Any, trace_context: str | None) -> NewEffect:
+        """A domain's effect (idempotency_key, aggregate_id, kind, payload) with its span context."""
+        return cls(effect.idempotency_key, effect.aggregate_id, effect.kind, effect.payload, trace_context)
+
+
+COLUMNS = Columns(
+    ("idempotency_key", "text"),
+    ("aggregate_id", "text"),
+    ("kind", "text"),
+    ("payload", "jsonb"),
+    ("trace_context", "text"),
+)
 
 
 # Records effects as `pending`, part of a round's one write statement (service/store/batch.py); an idempotency
 # key that exists already keeps its row.
 ADD_ROWS = f"""
-    INSERT INTO effects (idempotency_key, aggregate_id, kind, payload)
-    SELECT idempotency_key, aggregate_id, kind, payload FROM ({COLUMNS.select("effect_rows")}) AS v
+    INSERT INTO effects (idempotency_key, aggregate_id, kind, payload, trace_context)
+    SELECT idempotency_key, aggregate_id, kind, payload, trace_context FROM ({COLUMNS.select("effect_rows")}) AS v
     ON CONFLICT (idempotency_key) DO NOTHING"""
 
 

@@ -34,6 +34,8 @@ class OutboxMessage:
     # where bytes travel as base64 (docs/performance.md, "One statement, one transaction per round"). The database
     # must be UTF8.
     text: str | None = None
+    # The span context (`traceparent`) of what wrote it, while tracing: the relay's `send` span continues it.
+    trace_context: str | None = None
 
     @property
     def value(self) -> bytes:
@@ -44,9 +46,11 @@ class OutboxMessage:
         return self.payload
 
     @staticmethod
-    def json(topic: str, key: str | None, headers: dict[str, str], document: dict[str, Any]) -> OutboxMessage:
+    def json(
+        topic: str, key: str | None, headers: dict[str, str], document: dict[str, Any], trace_context: str | None = None
+    ) -> OutboxMessage:
         """A message whose value is a compact JSON document."""
-        return OutboxMessage(topic, key, headers, None, None, orjson.dumps(document).decode())
+        return OutboxMessage(topic, key, headers, None, None, orjson.dumps(document).decode(), trace_context)
 
 
 @dataclass(slots=True)  # not frozen (slower to build): one is built per row claimed
@@ -83,10 +87,11 @@ COLUMNS = Columns(
     ("payload", "bytea"),
     ("kafka_key", "bytea"),
     ("text", "text"),
+    ("trace_context", "text"),
 )
 ADD_ROWS = f"""
-    INSERT INTO outbox (topic, key, headers, payload, kafka_key)
-    SELECT topic, key, headers, COALESCE(convert_to(text, 'UTF8'), payload), kafka_key
+    INSERT INTO outbox (topic, key, headers, payload, kafka_key, trace_context)
+    SELECT topic, key, headers, COALESCE(convert_to(text, 'UTF8'), payload), kafka_key, trace_context
     FROM ({COLUMNS.select("outbox_rows")}) AS v"""
 _ADD = text(ADD_ROWS + "\n    RETURNING id")
 

@@ -26,6 +26,7 @@ class ParkedRecord:
     value: bytes | None
     headers: list[list[str]]
     source_key: bytes | None = None  # the original Kafka key, `pack_key`ed; None in rows parked before 0008
+    trace_context: str | None = None  # the span context of the attempt that parked it (`traceparent`), if traced
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,11 @@ class StoredParked:
 
     id: int
     record: ParkedRecord
+
+    @property
+    def trace_context(self) -> str | None:
+        """The span context of the attempt that parked it."""
+        return self.record.trace_context
 
 
 # `ParkedRecord` values as a recordset (service/store/recordset.py): a round's parked records in one statement,
@@ -48,12 +54,13 @@ COLUMNS = Columns(
     ("value", "bytea"),
     ("headers", "jsonb"),
     ("source_key", "bytea"),
+    ("trace_context", "text"),
 )
 # Two members parking one record at once (a rebalance): the second one's row is not needed.
 _PARK = text(
     f"""
     INSERT INTO parked (consumer_name, ordering_key, message_id, source_topic, source_partition, source_offset,
-                        timestamp_ms, value, headers, source_key)
+                        timestamp_ms, value, headers, source_key, trace_context)
     SELECT :consumer, * FROM ({COLUMNS.select("parked_rows")}) AS v
     ON CONFLICT (consumer_name, message_id) DO NOTHING
     """
@@ -184,7 +191,7 @@ _CLAIM = text(
             WHERE consumer_name = :consumer AND ordering_key = ANY(CAST(:free AS text[]))) AS numbered
         WHERE n <= :per_key)
     RETURNING id, ordering_key, message_id, source_topic, source_partition, source_offset, timestamp_ms, value,
-              headers, source_key
+              headers, source_key, trace_context
     """
 )
 
@@ -252,6 +259,7 @@ def _stored(row: Any) -> StoredParked:
             value=bytes(row.value) if row.value is not None else None,
             headers=list(row.headers),
             source_key=bytes(row.source_key) if row.source_key is not None else None,
+            trace_context=row.trace_context,
         ),
     )
 

@@ -39,6 +39,7 @@ class QuarantineRow:
     attempts: int
     first_failed_at: datetime
     last_failed_at: datetime
+    trace_context: str | None = None  # the span context of the attempt that quarantined it, while tracing
 
 
 # Quarantines a round's records, part of its one write statement (service/store/batch.py); a failure id this
@@ -55,10 +56,11 @@ COLUMNS = Columns(
     ("attempts", "int"),
     ("first_failed_at", "timestamptz"),
     ("last_failed_at", "timestamptz"),
+    ("trace_context", "text"),
 )
 ADD_ROWS = f"""
     INSERT INTO quarantine (consumer_name, failure_id, message_id, error_code, owner, ordering_key, envelope, payload,
-                            source_headers, attempts, first_failed_at, last_failed_at)
+                            source_headers, attempts, first_failed_at, last_failed_at, trace_context)
     SELECT :consumer, * FROM ({COLUMNS.select("quarantine_rows")}) AS v
     ON CONFLICT (consumer_name, failure_id) DO NOTHING"""
 

@@ -18,6 +18,7 @@ from service.policy.delivery import Delivery
 from service.policy.retry import AttemptHistory
 from service.store import batch, inbox, parking, quarantine, retries
 from service.store.batch import AggregateRows
+from service.store.effects import NewEffect
 from service.store.inbox import InboxRow
 from service.store.outbox import OutboxMessage
 from service.store.parking import ParkedRecord
@@ -36,6 +37,7 @@ class Rows:
     quarantined: list[QuarantineRow] = field(default_factory=list)
     parked: list[ParkedRecord] = field(default_factory=list)
     retrying: list[RetryRow] = field(default_factory=list)
+    effects: list[NewEffect] = field(default_factory=list)  # the plan's effects, with their span contexts
 
 
 async def apply(
@@ -61,7 +63,7 @@ async def apply(
         inbox_rows=rows.inbox_rows,
         created=plan.created,
         changed=plan.changed,
-        new_effects=plan.effects,
+        new_effects=rows.effects,
         quarantined=rows.quarantined,
         messages=rows.messages,
     )

@@ -20,6 +20,7 @@ import asyncio
 import random
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -44,10 +45,12 @@ from service.policy.owners import Owners
 from service.policy.records import SourceRecord, unpack_key
 from service.policy.retry import RetryPolicy
 from service.policy.round import Outcome, Round, RoundPlan, Write, ready, survey, to_lock
+from service.policy.traces import derived_trace_id
 from service.ports import Handler
 from service.stopping import sleep_unless_stopped
 from service.store.parking import StoredParked
 from service.store.uow import is_passing
+from service.tracing import Tracing
 from service.worker.downtime import Downtime
 from service.worker.failures import Failures
 from service.worker.middleware import FaultPoints, classified, faulty_commit, faulty_write, timed
@@ -102,9 +105,14 @@ class Processor:
         rng: random.Random,
         downtime: Downtime,
         breakers: Breakers | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._store = store
         self._breakers = breakers
+        self._tracing = tracing if tracing is not None and tracing.enabled else None
+        # The round's process spans and their outcomes, while tracing (a processor runs one round at a time).
+        self._spans: dict[Delivery, Any] | None = None
+        self._outcomes: dict[Delivery, tuple[str, str | None]] = {}
         self._handler = handler
         self._metrics = metrics
         self._clock = clock
@@ -122,6 +130,8 @@ class Processor:
         """A fetched record as a delivery; a tier copy carries its origin and history in headers. A tier or reprocess
         copy addressed to another consumer name (two consumers of one source share its topics) is foreign: it is
         committed past, never applied."""
+        if record.trace_id is None:
+            record.trace_id = derived_trace_id(self._consumer, record.message_id)
         decoded = self._handler.decode(record.value)
         copied = record.topic == self._topics.reprocess or record.topic.startswith(self._topics.retry_prefix)
         if copied and redelivery.addressed_elsewhere(record, self._consumer):
@@ -145,6 +155,7 @@ class Processor:
     def unreadable(self, topic: str, partition: int, offset: int) -> Delivery:
         """A record the Kafka client cannot decode: only its coordinates are known (the consumer loop)."""
         record = SourceRecord(topic, partition, offset, int(self._clock().timestamp() * 1000), None, None)
+        record.trace_id = derived_trace_id(self._consumer, record.message_id)
         decoded = DecodeFailure(ErrorCode.UNREADABLE_RECORD)
         return Delivery(record, decoded, record.coordinates, record.timestamp_ms)
 
@@ -162,6 +173,9 @@ class Processor:
         )
         # The id it was parked under, computed once at the source: never recomputed from a copy.
         record.message_id = parked.message_id
+        if record.trace_id is None:
+            record.trace_id = derived_trace_id(self._consumer, record.message_id)
+        record.link = stored.trace_context  # the attempt that parked it
         decoded = self._handler.decode(record.value)
         return Delivery(record, decoded, record.coordinates, record.timestamp_ms, stored.id)
 
@@ -203,6 +217,22 @@ class Processor:
         return _NOTHING
 
     async def _attempt(self, due: Mapping[Delivery, RetryState]) -> Attempted:
+        tracing = self._tracing
+        if tracing is None:
+            return await self._attempt_untraced(due)
+        self._spans, self._outcomes = tracing.process(list(due), self._consumer), {}
+        try:
+            attempted = await self._attempt_untraced(due)
+            for delivery, state in attempted.retry.items():
+                if delivery not in self._outcomes:
+                    code = state.last_code.value if state.last_code is not None else None
+                    self._outcomes[delivery] = ("waiting", None) if state.breaker else ("failed", code)
+            return attempted
+        finally:
+            tracing.ended(self._spans, self._outcomes)
+            self._spans = None
+
+    async def _attempt_untraced(self, due: Mapping[Delivery, RetryState]) -> Attempted:
         key_ordering = self._ordering == "key"
         round_ = survey(due, await self._store.facts(due, keys=key_ordering), self._ordering)
         looked_up, failures = await self._look_up(round_)
@@ -241,9 +271,16 @@ class Processor:
         limit = asyncio.Semaphore(LOOKUP_CONCURRENCY)
         call = classified(downstream)(timed(self._timeout)(self._handler.look_up))
 
+        spans = self._spans
+
         async def look_up(key: str) -> None:
             async with limit:
-                answer = await call(key)
+                if spans is None:
+                    answer = await call(key)
+                else:
+                    # Its HTTP spans are children of the first record's process span that asks for it.
+                    with self._tracing.within(spans.get(wanted[key][0])):  # type: ignore[union-attr]
+                        answer = await call(key)
             if isinstance(answer, Failure):
                 for delivery in wanted[key]:
                     failures[delivery] = answer
@@ -308,13 +345,22 @@ class Processor:
     ) -> frozenset[Delivery]:
         """Lock, decide what the writable deliveries write, apply it and commit, in one transaction (`last_resort`:
         the one delivery's quarantine with an envelope of nothing but its identities, see `_write_failed`)."""
-        async with self._store.transaction() as transaction:
-            current = await transaction.lock(to_lock(writable, round_, self._handler.creates))
-            write = decide(
-                writable, round_, looked_up, current, self._clock(), self._handler, self._rows, last_resort=last_resort
-            )
-            await self._faulty_write(transaction.apply)(write)
-            await self._faulty_commit(transaction.commit)()
+        spans = self._spans
+        with self._tracing.write(spans, writable) if spans is not None else nullcontext():  # type: ignore[union-attr]
+            async with self._store.transaction() as transaction:
+                current = await transaction.lock(to_lock(writable, round_, self._handler.creates))
+                write = decide(
+                    writable,
+                    round_,
+                    looked_up,
+                    current,
+                    self._clock(),
+                    self._handler,
+                    self._rows,
+                    last_resort=last_resort,
+                )
+                await self._faulty_write(transaction.apply)(write)
+                await self._faulty_commit(transaction.commit)()
         self._report(write.plan, round_.due)
         return frozenset([step.delivery for step in write.plan.steps])
 
@@ -325,6 +371,10 @@ class Processor:
             log.warning("retry_orphan_removed", message_id=message_id)
         # Counted here, not with a Counter over every step: each step's key would hash an enum in Python.
         counts: Counter[tuple[Write, Code | None]] = Counter()
+        if self._spans is not None:
+            for delivery, write, code, _, _ in plan.steps:
+                failed = write in (Write.QUARANTINE, Write.LAST_RESORT, Write.REQUARANTINE)
+                self._outcomes[delivery] = (write.outcome.value, code.value if failed and code else None)
         for delivery, write, code, _, _ in plan.steps:
             if write is not Write.APPLY:
                 counts[write, code] += 1

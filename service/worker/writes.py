@@ -24,6 +24,7 @@ from service.policy.records import pack_key
 from service.policy.retry import AttemptHistory
 from service.policy.round import RoundPlan, Write
 from service.ports import Handler
+from service.store.effects import NewEffect
 from service.store.inbox import InboxRow
 from service.store.outbox import OutboxMessage
 from service.store.parking import ParkedRecord
@@ -59,6 +60,8 @@ class RowMaker:
                 version = applied.aggregate.version
                 for event in applied.events:
                     message(self._event(delivery, event, version))
+                span = delivery.record.span
+                rows.effects.extend(NewEffect.of(effect, span) for effect in applied.effects)
                 if reopen:
                     rows.reopened.append(_inbox_row(delivery, "processed", None))
                 else:
@@ -91,14 +94,16 @@ class RowMaker:
     def _event(self, delivery: Delivery, event: object, version: int) -> OutboxMessage:
         event_type, aggregate_id, document = self._handler.event(event, version, delivery.message_id)
         headers = event_headers(delivery.message_id, event_type, delivery.record.trace_id)
-        return OutboxMessage.json(self._topics.events, aggregate_id, headers, document)
+        return OutboxMessage.json(self._topics.events, aggregate_id, headers, document, delivery.record.span)
 
     def _reject(self, rows: Rows, delivery: Delivery, code: Code, reopen: bool, now: datetime) -> None:
         event_type, document = self._handler.rejection(
             delivery.message_id, delivery.aggregate_id, code, delivery.schema_name, delivery.origin, now
         )
         headers = {**event_headers(delivery.message_id, event_type, delivery.record.trace_id), "error-code": code}
-        rows.messages.append(OutboxMessage.json(self._topics.rejected, delivery.aggregate_id, headers, document))
+        rows.messages.append(
+            OutboxMessage.json(self._topics.rejected, delivery.aggregate_id, headers, document, delivery.record.span)
+        )
         self._terminal(rows, delivery, "rejected", code, reopen)
 
     def _quarantine(
@@ -130,7 +135,7 @@ class RowMaker:
             None if last_resort else delivery.key
         )  # the last resort stores nothing taken from the record as text
         rows.messages.append(
-            OutboxMessage.json(self._topics.quarantine, stored_key, envelope.headers(), envelope.document)
+            OutboxMessage.json(self._topics.quarantine, stored_key, envelope.headers(), envelope.document, record.span)
         )
         rows.quarantined.append(
             QuarantineRow(
@@ -145,6 +150,7 @@ class RowMaker:
                 attempts=history.attempts,
                 first_failed_at=history.first_failed_at,
                 last_failed_at=history.last_failed_at,
+                trace_context=record.span,
             )
         )
         rows.inbox_rows.append(_inbox_row(delivery, "quarantined", code))
@@ -166,10 +172,13 @@ class RowMaker:
             due_at,
             state.last_code,
             consumer=self._consumer,
+            span=record.span,
         )
         topic = self._topics.retry(format_duration(state.next_tier))
         rows.messages.append(
-            OutboxMessage(topic, delivery.key, to_json(headers), record.value or b"", pack_key(record.key))
+            OutboxMessage(
+                topic, delivery.key, to_json(headers), record.value or b"", pack_key(record.key), None, record.span
+            )
         )
         rows.retrying.append(
             RetryRow(
@@ -215,4 +224,5 @@ def _parked(delivery: Delivery) -> ParkedRecord:
         value=record.value,
         headers=to_json(record.headers),
         source_key=pack_key(record.key),
+        trace_context=record.span,
     )

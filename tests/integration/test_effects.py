@@ -696,7 +696,8 @@ async def test_a_batchs_outcomes_read_effects_and_orders_by_key_on_a_ledger_neve
             text(order_store.CREATE_ROWS), {"created_aggregates": order_store.COLUMNS.encode(orders)}
         )
         await uow.connection.execute(
-            text(effect_store.ADD_ROWS), {"effect_rows": effect_store.COLUMNS.encode(captures)}
+            text(effect_store.ADD_ROWS),
+            {"effect_rows": effect_store.COLUMNS.encode([effect_store.NewEffect.of(c, None) for c in captures])},
         )
         await uow.connection.execute(
             text(
@@ -754,7 +755,8 @@ async def test_a_claim_of_a_kind_with_nothing_pending_reads_no_pending_effect_of
     async with UnitOfWork(engine) as uow:
         await never_analyzed(uow.connection)
         await uow.connection.execute(
-            text(effect_store.ADD_ROWS), {"effect_rows": effect_store.COLUMNS.encode(captures)}
+            text(effect_store.ADD_ROWS),
+            {"effect_rows": effect_store.COLUMNS.encode([effect_store.NewEffect.of(c, None) for c in captures])},
         )
         await uow.commit()
 

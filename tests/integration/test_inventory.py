@@ -286,8 +286,8 @@ async def test_a_redelivered_record_is_a_duplicate_with_one_inbox_row_and_one_ef
 async def test_the_schema_is_current_only_with_the_domains_branch_applied(core_database_url: str) -> None:
     # Given a database migrated by the core's history: the core is current, the inventory domain's branch is not
     await schema.require_head(core_database_url)
-    assert schema.head_revision(DOMAIN.migrations) == "0020, inv_0001"
-    with pytest.raises(SchemaNotCurrent, match=r"is at 0020, this version needs 0020, inv_0001: run"):
+    assert schema.head_revision(DOMAIN.migrations) == "0021, inv_0001"
+    with pytest.raises(SchemaNotCurrent, match=r"is at 0021, this version needs 0021, inv_0001: run"):
         await schema.require_head(core_database_url, DOMAIN.migrations)
 
     # When the domain's branch is applied through the seam
@@ -295,9 +295,9 @@ async def test_the_schema_is_current_only_with_the_domains_branch_applied(core_d
 
     # Then both heads are current: the version table keeps the core's newest revision and the branch, which
     # depends on the core revision it was written against (0010), not on every later one
-    assert head == "0020, inv_0001"
+    assert head == "0021, inv_0001"
     await schema.require_head(core_database_url, DOMAIN.migrations)
-    assert await schema.current_revision(core_database_url) == "0020, inv_0001"
+    assert await schema.current_revision(core_database_url) == "0021, inv_0001"
     # And the core's history left no other domain's table behind
     engine = make_engine(core_database_url)
     try:

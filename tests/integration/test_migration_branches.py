@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.orders import tables as order_tables  # noqa: F401 (the domain's tables join the metadata)
 from service.orders.domain import DOMAIN
 from service.orders.migrations import LOCATION
+from service.policy.traces import derived_trace_id
 from service.store import schema
 from service.store.tables import metadata
 from tests.support import ROOT, Topics, env_for, eventually, produce, rows, scalar, settings_for
@@ -132,11 +133,23 @@ async def test_a_database_the_previous_release_migrated_keeps_every_row_on_the_w
     heads = await asyncio.to_thread(schema.upgrade_to_head, database_url, DOMAIN.migrations)
 
     # Then every table holds the same rows, the orders table is the branch's, and the schema is current
-    assert heads == "0020, orders_0001"
+    assert heads == "0021, orders_0001"
     after = await _tables(engine)
+    # (an envelope without a trace id gains the one the service derives from its consumer and message id)
+    found = await rows(engine, "SELECT consumer_name, message_id, envelope->>'traceId' AS trace_id FROM quarantine")
+    assert found
+    assert [row["trace_id"] for row in found] == [derived_trace_id(r["consumer_name"], r["message_id"]) for r in found]
+    after["quarantine"] = [
+        row["line"]
+        for row in await rows(
+            engine,
+            "SELECT jsonb_strip_nulls(to_jsonb(t) || jsonb_build_object('envelope', t.envelope - 'traceId'))::text"
+            " AS line FROM quarantine t ORDER BY 1",
+        )
+    ]
     assert {name: after.get(name) for name in before} == before
     assert [name for name in after.keys() - before.keys() if after[name]] == []  # tables this version adds start empty
-    assert set(await schema.current_heads(database_url)) == {"0020", "orders_0001"}
+    assert set(await schema.current_heads(database_url)) == {"0021", "orders_0001"}
     await schema.require_head(database_url, DOMAIN.migrations)
 
 
@@ -178,7 +191,7 @@ async def test_the_previous_release_keeps_consuming_while_this_version_migrates_
         await eventually(lambda: _inbox(engine, "rejected"), timeout=60)
 
         # When this version migrates the database under it: the empty table is dropped and the branch creates it
-        assert await asyncio.to_thread(schema.upgrade_to_head, database_url, DOMAIN.migrations) == "0020, orders_0001"
+        assert await asyncio.to_thread(schema.upgrade_to_head, database_url, DOMAIN.migrations) == "0021, orders_0001"
 
         # Then the previous release goes on: new orders are placed, each with its inbox row
         await produce(kafka, topics.source, [(f"B-{n}", placed(f"B-{n}"), {}) for n in (1, 2, 3)])

@@ -47,9 +47,19 @@ class Thing:
 
 
 @dataclass(frozen=True)
+class Notify:
+    """A thing's one effect, as domains give them (idempotency key, aggregate, kind, payload)."""
+
+    idempotency_key: str
+    aggregate_id: str
+    kind: str = "notify"
+    payload: Any = None
+
+
+@dataclass(frozen=True)
 class Done:
     aggregate: Thing
-    effects: tuple[str, ...]
+    effects: tuple[Notify, ...]
     events: tuple[str, ...]
 
 
@@ -85,7 +95,7 @@ class Things:
         if message.action == "refuse" or (current is None) != (message.action == "create"):
             return Rejected(ErrorCode.INVALID_FIELD)
         thing = Thing(message.aggregate_id, current.version + 1 if current else 1)
-        return Done(thing, (f"{thing.aggregate_id}/notify",), (f"thing.{message.action}d",))
+        return Done(thing, (Notify(f"{thing.aggregate_id}/notify", thing.aggregate_id),), (f"thing.{message.action}d",))
 
     def event(self, event: Any, version: int, message_id: str) -> tuple[str, str, dict[str, Any]]:
         return event, message_id, {"version": version}

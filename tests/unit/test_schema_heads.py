@@ -32,14 +32,14 @@ def test_the_packaged_revisions_declare_the_heads_alembic_finds() -> None:
 
 def test_the_version_table_leaves_out_a_head_that_another_head_depends_on(tmp_path: Path) -> None:
     # The order domain's branch depends on 0016 and the inventory domain's on 0010, both older than the core's head
-    # (0020), so the core's head is recorded beside each
-    assert schema._recorded_heads(()) == {"0020"}
-    assert schema._recorded_heads((ORDERS,)) == {"0020", "orders_0001"}
-    assert schema._recorded_heads((INVENTORY,)) == {"0020", "inv_0001"}
-    assert schema._recorded_heads((ORDERS, INVENTORY)) == {"0020", "orders_0001", "inv_0001"}
+    # (0021), so the core's head is recorded beside each
+    assert schema._recorded_heads(()) == {"0021"}
+    assert schema._recorded_heads((ORDERS,)) == {"0021", "orders_0001"}
+    assert schema._recorded_heads((INVENTORY,)) == {"0021", "inv_0001"}
+    assert schema._recorded_heads((ORDERS, INVENTORY)) == {"0021", "orders_0001", "inv_0001"}
     # A branch that depends on the core's head stands for it in the version table
     _write(
-        tmp_path, "d_0001.py", "revision = 'd_0001'\ndown_revision = None\nbranch_labels = ('d',)\ndepends_on = '0020'"
+        tmp_path, "d_0001.py", "revision = 'd_0001'\ndown_revision = None\nbranch_labels = ('d',)\ndepends_on = '0021'"
     )
     assert schema._recorded_heads((tmp_path,)) == {"d_0001"}
 
