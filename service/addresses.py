@@ -1,5 +1,6 @@
-"""Addresses in the settings: host names, ports, `host:port` servers, base URLs and the database URL, each checked
-for what the clients could connect to, with a message naming the accepted form (pure: no I/O)."""
+"""Addresses in the settings: host names, ports, `host:port` servers, base URLs, the console's trace link and the
+database URL, each checked for what the clients could connect to, with a message naming the accepted form (pure: no
+I/O)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ _PORT = re.compile(r"[0-9]{1,5}", re.ASCII)
 _BASE_URL_FORM = (
     "allowed: an http:// or https:// base URL, http(s)://host[:port][/path] with a port from 1 to 65535, "
     "without user:password@, query or fragment; or empty to disable the call"
+)
+TRACE_PLACEHOLDER = "{trace_id}"  # where a trace link setting takes a record's trace id
+_SAMPLE_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"  # W3C Trace Context's example: what fills the placeholder
+_TRACE_URL_FORM = (
+    f"allowed: an http:// or https:// URL holding {TRACE_PLACEHOLDER} once, e.g. "
+    f"http://jaeger.internal:16686/trace/{TRACE_PLACEHOLDER}, visible ASCII, any other brace percent-encoded (%7B, "
+    "%7D), without user:password@; or empty for no link"
 )
 DATABASE_URL_FORM = (
     "allowed: postgresql+asyncpg://user[:password]@host[:port]/database[?options], a port from 1 to 65535, "
@@ -67,23 +75,27 @@ def check_address(authority: str, form: str, *, port_required: bool) -> None:
         raise ValueError(f"the port must be a number from 1 to 65535; {form}")
 
 
+def _check_http_url(url: str, form: str, *, query: bool) -> None:
+    """Refuse an http(s) URL that cannot be followed, or that holds credentials, in a message ending with `form`:
+    another scheme, no host, a port out of range, user:password@; a query or a fragment too unless `query`."""
+    if not _VISIBLE_ASCII.fullmatch(url):
+        raise ValueError(f"must be visible ASCII (percent-encoded, a non-ASCII host name in punycode); {form}")
+    scheme, separator, rest = url.partition("://")
+    if scheme.lower() not in ("http", "https") or not separator:
+        raise ValueError(f"must start with http:// or https://; {form}")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    if "@" in authority:
+        raise ValueError(f"must not hold credentials (user@ or user:password@); {form}")
+    if not query and ("?" in rest or "#" in rest):
+        raise ValueError(f"must not have a query or a fragment; {form}")
+    check_address(authority, form, port_required=False)
+
+
 def _check_base_url(url: str) -> None:
     """Refuse a base URL the HTTP client could not call (service/adapters/http.py): another scheme, no host, a port
     out of range, credentials (contract §6 gives a downstream settings of its own for them); and a query or a
     fragment, which the calls' own paths and parameters would be appended to."""
-    if not _VISIBLE_ASCII.fullmatch(url):
-        raise ValueError(
-            f"must be visible ASCII (percent-encoded, a non-ASCII host name in punycode); {_BASE_URL_FORM}"
-        )
-    scheme, separator, rest = url.partition("://")
-    if scheme.lower() not in ("http", "https") or not separator:
-        raise ValueError(f"must start with http:// or https://; {_BASE_URL_FORM}")
-    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
-    if "@" in authority:
-        raise ValueError(f"must not hold credentials (user@ or user:password@); {_BASE_URL_FORM}")
-    if "?" in rest or "#" in rest:
-        raise ValueError(f"must not have a query or a fragment; {_BASE_URL_FORM}")
-    check_address(authority, _BASE_URL_FORM, port_required=False)
+    _check_http_url(url, _BASE_URL_FORM, query=False)
 
 
 def check_database_url(url: str) -> None:
@@ -124,6 +136,23 @@ def base_url(value: Any) -> Any:
         if not value:
             return None
         _check_base_url(value)
+    return value
+
+
+def trace_url(value: Any) -> Any:
+    """The console's trace link setting: blank is no link, else an http(s) URL holding `{trace_id}` exactly once and
+    no other brace (a second placeholder would never be filled), where the console puts a record's trace id.
+
+    The URL is checked with a trace id in the placeholder's place, as the console's links will be."""
+    if isinstance(value, str):
+        value = value.strip()
+        if not value:
+            return ""
+        if value.count(TRACE_PLACEHOLDER) != 1:
+            raise ValueError(f"must hold {TRACE_PLACEHOLDER} exactly once; {_TRACE_URL_FORM}")
+        if re.search(r"[{}]", value.replace(TRACE_PLACEHOLDER, "")):
+            raise ValueError(f"must hold no placeholder or brace but {TRACE_PLACEHOLDER}; {_TRACE_URL_FORM}")
+        _check_http_url(value.replace(TRACE_PLACEHOLDER, _SAMPLE_TRACE_ID), _TRACE_URL_FORM, query=True)
     return value
 
 

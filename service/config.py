@@ -153,6 +153,8 @@ class Settings(BaseSettings):
     console_tokens: Annotated[SecretStr, _CONSOLE] = SecretStr("")
     console_behind_tls: Annotated[bool, _CONSOLE] = False
     console_session_ttl: Annotated[Duration, _CONSOLE] = timedelta(hours=8)
+    # Where a record page links its trace: a URL holding `{trace_id}` (addresses.trace_url); empty: no link.
+    console_trace_url: Annotated[str, _CONSOLE, BeforeValidator(addresses.trace_url)] = ""
     # How long the reconciler keeps what operators no longer need (docs/runbook.md, Retention and erasure): the
     # original bytes and header values of closed quarantined records, then the closed records with their timelines,
     # the audit log, reprocess and reconcile runs, and ended console sessions. Open records are never purged.

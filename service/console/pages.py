@@ -179,6 +179,7 @@ def _record_context(request: Request, record: dict[str, Any]) -> dict[str, Any]:
         "failing_field": failing,
         "payload_size": len(bytes(payload)) if payload is not None else None,
         "envelope": views.pretty(record["envelope"]),
+        "trace": views.trace(record["envelope"], state_of(request).wiring.settings.console_trace_url),
         "headers": record.get("source_headers") or [],
     }
 
@@ -352,13 +353,24 @@ async def api_quarantine(request: Request) -> Response:
 
 
 async def api_record(request: Request) -> Response:
-    """`quarantine show --json` without the payload (a reveal is the console's, audited); `?consumer=` names the
-    consumer's record where several consumer names quarantined the failure id (409 without it)."""
+    """`quarantine show --json` without the payload (a reveal is the console's, audited), with the record's trace id
+    and link (`trace_id`, `trace_url`); `?consumer=` names the consumer's record where several consumer names
+    quarantined the failure id (409 without it)."""
     caller(request)
     consumer = field(query_fields(request), "consumer") or None
     record = await _record(request, path_value(request, "failure_id"), consumer)
     context = _record_context(request, record)
-    return InertJSON(jsonable({**context["record"], "failing_field": context["failing_field"]}))
+    trace: views.Trace = context["trace"]
+    return InertJSON(
+        jsonable(
+            {
+                **context["record"],
+                "failing_field": context["failing_field"],
+                "trace_id": trace.trace_id,
+                "trace_url": trace.url,
+            }
+        )
+    )
 
 
 async def api_stats(request: Request) -> Response:

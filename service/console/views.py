@@ -1,12 +1,14 @@
 """How the console shows what it reads (pure; no I/O): ages, payloads, the last day's chart, record content.
 
 Everything a record holds is untrusted: it reaches a page only as text (Jinja2 escapes it) or as hex, never as
-HTML, an attribute the page did not choose, or a URL.
+HTML, an attribute the page did not choose, or a URL. (A trace link is the operator's URL around a trace id that was
+checked to be 32 hex digits: nothing else of the record gets into it.)
 """
 
 from __future__ import annotations
 
 import json
+import re
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,12 +16,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 from service import inert
+from service.addresses import TRACE_PLACEHOLDER
 from service.moments import epoch_millis
 from service.moments import utc as utc  # the one timestamp style of every output
 
 HEX_LIMIT = 64 * 1024  # bytes shown as hex at most; the rest is counted, not shown
 TEXT_LIMIT = 256 * 1024  # characters of a text payload shown at most
 _SHOWN_CONTROL = set("\n\t")
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")  # a W3C trace id as the service writes one: lowercase hex
 
 
 def age(seconds: float | None) -> str:
@@ -55,6 +59,26 @@ def header_moment(value: Any) -> str:
     """The UTC time a header value of epoch milliseconds names (`2026-12-01T10:00:00Z`); empty for any other."""
     moment = epoch_millis(value)
     return utc(moment) if moment is not None else ""
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A record's trace: the id its envelope holds (None: none), and the link to it (None: no trace URL is set, or
+    the id is not one a link may carry)."""
+
+    trace_id: str | None
+    url: str | None
+
+
+def trace(envelope: Any, url_template: str) -> Trace:
+    """The trace of a record's envelope (`traceId`), linked through `url_template` (ORDERS_CONSOLE_TRACE_URL) only
+    when the id is exactly 32 lowercase hex digits: a stored envelope is outside input, and anything else in a link
+    could lead anywhere. Nothing else is quoted: the template is the operator's, checked at start-up."""
+    found = envelope.get("traceId") if isinstance(envelope, dict) else None
+    trace_id = found if isinstance(found, str) else None
+    if not url_template or trace_id is None or _TRACE_ID.fullmatch(trace_id) is None:
+        return Trace(trace_id, None)
+    return Trace(trace_id, url_template.replace(TRACE_PLACEHOLDER, trace_id))
 
 
 @dataclass(frozen=True)

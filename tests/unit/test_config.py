@@ -116,6 +116,19 @@ def test_without_any_variable_the_contract_defaults_apply() -> None:
         ("ORDERS_PAYMENTS_URL", "https://payments.internal/", "payments_url", "https://payments.internal"),
         ("ORDERS_EMAILS_URL", "", "emails_url", None),
         ("ORDERS_EMAILS_URL", "   ", "emails_url", None),
+        ("ORDERS_CONSOLE_TRACE_URL", "", "console_trace_url", ""),
+        (
+            "ORDERS_CONSOLE_TRACE_URL",
+            " http://jaeger.internal:16686/trace/{trace_id} ",
+            "console_trace_url",
+            "http://jaeger.internal:16686/trace/{trace_id}",
+        ),
+        (
+            "ORDERS_CONSOLE_TRACE_URL",
+            "https://grafana.internal/explore?trace={trace_id}&left=%7B%7D#x",
+            "console_trace_url",
+            "https://grafana.internal/explore?trace={trace_id}&left=%7B%7D#x",
+        ),
     ],
 )
 def test_a_valid_variable_is_read_into_its_setting(
@@ -169,6 +182,10 @@ def test_an_explicit_override_wins_over_the_environment(monkeypatch: pytest.Monk
         ("ORDERS_KNOWN_TENANTS", " , "),
         ("ORDERS_METRICS_PORT", "70000"),
         ("ORDERS_METRICS_PORT", "http"),
+        ("ORDERS_CONSOLE_TRACE_URL", "http://jaeger.internal:16686/trace/"),
+        ("ORDERS_CONSOLE_TRACE_URL", "http://jaeger/{trace_id}/{trace_id}"),
+        ("ORDERS_CONSOLE_TRACE_URL", "http://jaeger/{trace_id}?span={span_id}"),
+        ("ORDERS_CONSOLE_TRACE_URL", "javascript:alert(1)//{trace_id}"),
     ],
 )
 def test_an_invalid_variable_stops_start_up_with_one_line_naming_it(
@@ -195,6 +212,7 @@ def test_an_invalid_variable_stops_start_up_with_one_line_naming_it(
         ("ORDERS_BLOCKING_ATTEMPTS", "101", ["100"]),
         ("ORDERS_BLOCKING_ELAPSED", "briefly", ["500ms", "30s", "7d"]),
         ("ORDERS_PROCESSING_TIMEOUT", "0s", ["longer than 0"]),
+        ("ORDERS_CONSOLE_TRACE_URL", "http://jaeger/trace", ["{trace_id} once", "http://", "empty for no link"]),
     ],
 )
 def test_the_message_names_the_allowed_values(
@@ -407,6 +425,16 @@ def test_an_address_that_can_be_connected_to_is_read(
         ("ORDERS_DATABASE_URL", f"postgresql+asyncpg://orders:{SECRET}@a:1,b:2/orders", "SQLAlchemy can read"),
         ("ORDERS_DATABASE_URL", f"postgresql+asyncpg://orders:{SECRET}@@db/orders", "the host must be"),
         ("ORDERS_DATABASE_URL", f"postgresql://orders:{SECRET}@db/orders", "postgresql+asyncpg://"),
+        ("ORDERS_CONSOLE_TRACE_URL", "http://jaeger/trace/{traceid}", "must hold {trace_id} exactly once"),
+        ("ORDERS_CONSOLE_TRACE_URL", "http://j/{trace_id}{trace_id}", "must hold {trace_id} exactly once"),
+        ("ORDERS_CONSOLE_TRACE_URL", "http://j/{trace_id}/{span}", "must hold no placeholder or brace but"),
+        ("ORDERS_CONSOLE_TRACE_URL", 'http://j/?q={"t":"{trace_id}"}', "must hold no placeholder or brace"),
+        ("ORDERS_CONSOLE_TRACE_URL", "ftp://jaeger/{trace_id}", "must start with http:// or https://"),
+        ("ORDERS_CONSOLE_TRACE_URL", "/trace/{trace_id}", "must start with http:// or https://"),
+        ("ORDERS_CONSOLE_TRACE_URL", f"http://u:{SECRET}@jaeger/{{trace_id}}", "must not hold credentials"),
+        ("ORDERS_CONSOLE_TRACE_URL", "http://jaeger:0/{trace_id}", "the port must be a number from 1 to 65535"),
+        ("ORDERS_CONSOLE_TRACE_URL", "http:///trace/{trace_id}", "the host must be a host name or an IP address"),
+        ("ORDERS_CONSOLE_TRACE_URL", "http://jaeger/trace id/{trace_id}", "must be visible ASCII"),
     ],
 )
 def test_an_address_that_cannot_be_connected_to_stops_start_up_with_one_line(
@@ -497,3 +525,46 @@ def test_any_text_given_as_bootstrap_servers_is_read_or_refused_in_one_line(valu
         assert host.strip() == host != ""
         assert port.isascii()
         assert 1 <= int(port) <= 65535
+
+
+# The placeholder and its near misses; what a URL's path, query and fragment are made of.
+_PLACEHOLDERS = st.sampled_from(["{trace_id}", "{trace_id}", "{trace_id", "{span_id}", "", "{trace_id}{trace_id}"])
+_URL_PIECES = st.sampled_from(["/trace/", "?q=", "#", "%7B", "{", "}", " ", "-"])
+
+
+@st.composite
+def trace_urls(draw: st.DrawFn) -> str:
+    """Any text, or a URL template of any scheme, credentials or none, host, port, placeholder and rest."""
+    if draw(st.integers(0, 3)) == 0:
+        return draw(st.text(max_size=60))
+    scheme = draw(st.sampled_from(["http://", "https://", "HTTP://", "javascript:", "ftp://", ""]))
+    userinfo = draw(st.sampled_from(["", "", "user:pw@"]))
+    host = draw(st.sampled_from(["jaeger", "10.0.0.1", "[::1]", "", "a..b", "{trace_id}.jaeger"]))
+    port = draw(st.sampled_from(["", ":16686", ":0", ":65536"]))
+    before, after = (draw(st.lists(_URL_PIECES, max_size=2)) for _ in range(2))
+    return f"{scheme}{userinfo}{host}{port}/{''.join(before)}{draw(_PLACEHOLDERS)}{''.join(after)}"
+
+
+@settings(max_examples=500)
+@given(trace_urls())
+def test_any_text_given_as_the_trace_url_is_read_or_refused_in_one_line(value: str) -> None:
+    # Given any text as the console's trace URL, When the settings load
+    loaded, message = loaded_or_refused(console_trace_url=value)
+
+    # Then either it is refused in one line naming the variable
+    if loaded is None:
+        assert message.startswith("invalid configuration: ORDERS_CONSOLE_TRACE_URL: ")
+        assert "\n" not in message
+        return
+    # Or it is empty (no link), or an http(s) URL with a host that holds the placeholder once and no other brace
+    template = loaded.console_trace_url
+    if not template:
+        assert value.strip() == ""
+        return
+    assert template.count("{trace_id}") == 1
+    link = template.replace("{trace_id}", "4bf92f3577b34da6a3ce929d0e0e4736")
+    parts = urlsplit(link)
+    assert parts.scheme.lower() in ("http", "https")
+    assert parts.hostname
+    assert (parts.username, parts.password) == (None, None)
+    assert not {"{", "}", " "} & set(link)

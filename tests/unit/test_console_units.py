@@ -20,7 +20,17 @@ from hypothesis import strategies as st
 from service.cli.console import refusal
 from service.console.actions import confirm_field, dry_run_list
 from service.console.sessions import LoginLimiter
-from service.console.views import CHART_HEIGHT, CHART_WIDTH, HEX_LIMIT, TEXT_LIMIT, chart, payload_view, printable
+from service.console.views import (
+    CHART_HEIGHT,
+    CHART_WIDTH,
+    HEX_LIMIT,
+    TEXT_LIMIT,
+    Trace,
+    chart,
+    payload_view,
+    printable,
+    trace,
+)
 from service.console.web import Refused
 from service.orders.settings import OrderSettings
 from service.policy.operators import MIN_TOKEN_LENGTH, ROLES, Operator, fingerprint, match, parse_tokens
@@ -253,6 +263,40 @@ def test_record_content_is_printed_as_one_visible_line(value: Any) -> None:
     text = value if isinstance(value, str) else str(value)
     if visible(text):
         assert shown == text
+
+
+# ---------------------------------------------------------------- the trace link
+
+TRACE_URL = "http://jaeger.internal:16686/trace/{trace_id}?from=console"
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+hex_ids = st.text("0123456789abcdef", min_size=32, max_size=32)
+# Near misses of a trace id (a character too many or too few, upper case, a quote, a bidi override), and any text
+near_ids = st.sampled_from(
+    [TRACE_ID + "0", TRACE_ID[1:], TRACE_ID.upper(), TRACE_ID[:-1] + '"', "\u202e" + TRACE_ID[1:], f"{TRACE_ID}\n"]
+)
+
+
+def test_a_trace_id_is_linked_through_the_trace_url_with_nothing_else_changed() -> None:
+    assert trace({"traceId": TRACE_ID}, TRACE_URL) == Trace(
+        TRACE_ID, f"http://jaeger.internal:16686/trace/{TRACE_ID}?from=console"
+    )
+    assert trace({"traceId": TRACE_ID}, "") == Trace(TRACE_ID, None)
+    assert trace({"traceId": None}, TRACE_URL) == Trace(None, None)
+    assert trace({}, TRACE_URL) == Trace(None, None)
+
+
+@PROPERTY
+@given(value=st.one_of(hex_ids, near_ids, st.text(max_size=40), st.integers(), st.none(), st.lists(hex_ids)))
+def test_only_32_lowercase_hex_digits_are_ever_put_in_a_trace_link(value: Any) -> None:
+    # When any value an envelope could hold as its traceId is shown
+    shown = trace({"traceId": value}, TRACE_URL)
+
+    # Then text is kept as the id, anything else is none; and a link is there exactly for a W3C trace id
+    assert shown.trace_id == (value if isinstance(value, str) else None)
+    if isinstance(value, str) and len(value) == 32 and set(value) <= set("0123456789abcdef"):
+        assert shown.url == TRACE_URL.replace("{trace_id}", value)
+    else:
+        assert shown.url is None
 
 
 # ---------------------------------------------------------------- the chart
