@@ -111,8 +111,8 @@ class Tracing:
                         FAILURE_ID: f"{origin[0]}/{origin[1]}/{origin[2]}",
                     }
                 )
-                if delivery.key is not None:
-                    span.set_attribute("messaging.kafka.message.key", delivery.key)
+                if record.key_text is not None:  # the Kafka key, only as text (not the ordering key: a payload's)
+                    span.set_attribute("messaging.kafka.message.key", record.key_text)
             spanned = span.get_span_context()
             record.span = traces.SpanRef(
                 f"{spanned.trace_id:032x}", f"{spanned.span_id:016x}", bool(spanned.trace_flags & TraceFlags.SAMPLED)
