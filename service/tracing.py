@@ -17,7 +17,7 @@ The provider, its sampler and its exporter are set up by service/adapters/otel.p
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -47,8 +47,18 @@ def wanted(environ: Mapping[str, str]) -> bool:
 class Tracing:
     """The process's tracer: spans for the workers, or nothing at all (`enabled` False)."""
 
-    def __init__(self, provider: TracerProvider | None = None) -> None:
+    def __init__(
+        self,
+        provider: TracerProvider | None = None,
+        *,
+        old_names: bool = False,
+        closers: Sequence[Callable[[], object]] = (),
+    ) -> None:
         self._provider = provider
+        self._closers = closers  # what undoes the set-up at shutdown (asyncpg's instrumentation)
+        # OTEL_SEMCONV_STABILITY_OPT_IN=messaging/dup: the attributes also under their names before the messaging
+        # conventions' 1.26 (for a backend whose queries still use them).
+        self.old_names = old_names
         self.enabled = provider is not None
         self._tracer: Tracer | None = provider.get_tracer(_SCOPE) if provider is not None else None
         self._root: Any = None
@@ -67,6 +77,8 @@ class Tracing:
         """Export what is left (bounded by the exporter's timeout) and stop."""
         if self._provider is not None:
             self._provider.shutdown()
+            for close in self._closers:
+                close()
             self._provider = None
             self._tracer = None
             self.enabled = False
@@ -113,6 +125,15 @@ class Tracing:
                 )
                 if record.key_text is not None:  # the Kafka key, only as text (not the ordering key: a payload's)
                     span.set_attribute("messaging.kafka.message.key", record.key_text)
+                if self.old_names:
+                    span.set_attributes(
+                        {
+                            "messaging.operation": "process",
+                            "messaging.kafka.consumer.group": group,
+                            "messaging.kafka.destination.partition": record.partition,
+                            "messaging.kafka.message.offset": record.offset,
+                        }
+                    )
             spanned = span.get_span_context()
             record.span = traces.SpanRef(
                 f"{spanned.trace_id:032x}", f"{spanned.span_id:016x}", bool(spanned.trace_flags & TraceFlags.SAMPLED)

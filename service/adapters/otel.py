@@ -53,10 +53,13 @@ def configured(program: str, role: str, environ: Mapping[str, str] | None = None
     provider = TracerProvider(sampler=sampler(environ), resource=Resource.create(attributes), id_generator=DerivedIds())
     provider.add_span_processor(BatchSpanProcessor(Quiet(OTLPSpanExporter())))
     instrumentor = AsyncPGInstrumentor()  # type: ignore[no-untyped-call]
+    closers = []
     if not instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.instrument(tracer_provider=provider)
+        closers.append(instrumentor.uninstrument)
     log.info("tracing_on", sampler=environ.get("OTEL_TRACES_SAMPLER") or DEFAULT_SAMPLER, role=role)
-    return Tracing(provider)
+    opted_in = {part.strip() for part in environ.get("OTEL_SEMCONV_STABILITY_OPT_IN", "").split(",")}
+    return Tracing(provider, old_names="messaging/dup" in opted_in, closers=closers)
 
 
 def sampler(environ: Mapping[str, str]) -> sampling.Sampler:

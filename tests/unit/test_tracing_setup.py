@@ -1,0 +1,111 @@
+"""Tracing's set-up from the standard OTEL_* variables (service/adapters/otel.py): off unless an OTLP endpoint is
+named and the SDK is not disabled; the service name, the role, the sampler; and an exporter whose collector is
+unreachable drops spans, says so once, and does not keep a shutdown waiting."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from structlog.testing import capture_logs
+
+from service.adapters import otel
+from service.tracing import wanted
+
+ENDPOINT = "http://127.0.0.1:9/"  # the discard port: nothing listens
+
+
+@pytest.mark.parametrize(
+    ("environ", "on"),
+    [
+        ({}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": ENDPOINT}, True),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "  "}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT, "OTEL_SDK_DISABLED": "true"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT, "OTEL_SDK_DISABLED": "TRUE"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT, "OTEL_SDK_DISABLED": "false"}, True),
+    ],
+)
+def test_tracing_is_on_only_with_an_otlp_endpoint_and_the_sdk_not_disabled(environ: dict[str, str], on: bool) -> None:
+    assert wanted(environ) is on
+
+
+def test_off_is_a_tracing_that_starts_nothing() -> None:
+    tracing = otel.configured("order-service", "consume", {})
+    assert tracing.enabled is False
+    tracing.shutdown()
+
+
+def test_on_names_the_program_and_the_role_and_samples_a_tenth_of_the_roots_by_default() -> None:
+    tracing = otel.configured("order-service", "relay", {"OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT})
+    try:
+        assert tracing.enabled
+        provider = tracing._provider
+        assert provider is not None
+        assert provider.resource.attributes["service.name"] == "order-service"
+        assert provider.resource.attributes["service.role"] == "relay"
+        assert "ParentBased" in provider.sampler.get_description()
+        assert "TraceIdRatioBased{0.1}" in provider.sampler.get_description()
+        assert tracing.old_names is False
+    finally:
+        tracing.shutdown()
+
+
+def test_the_standard_variables_name_the_service_and_the_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
+    environ = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT,
+        "OTEL_SERVICE_NAME": "orders-eu",
+        "OTEL_TRACES_SAMPLER": "parentbased_always_off",
+        "OTEL_SEMCONV_STABILITY_OPT_IN": "http, messaging/dup",
+    }
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)  # the SDK reads the sampler and the service name from the process
+    tracing = otel.configured("order-service", "consume", environ)
+    try:
+        provider = tracing._provider
+        assert provider is not None
+        assert provider.resource.attributes["service.name"] == "orders-eu"
+        assert "AlwaysOff" in provider.sampler.get_description()
+        assert tracing.old_names is True
+    finally:
+        tracing.shutdown()
+
+
+class Unreachable(SpanExporter):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.calls += 1
+        raise ConnectionRefusedError
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_an_unreachable_collector_drops_spans_says_so_once_and_is_tried_again_only_later() -> None:
+    inner = Unreachable()
+    quiet = otel.Quiet(inner, retry_seconds=60)
+    with capture_logs() as logs:
+        results = [quiet.export([]) for _ in range(5)]
+    assert results == [SpanExportResult.FAILURE] * 5
+    assert inner.calls == 1  # the others dropped at once: a shutdown does not wait on the collector again
+    assert [entry["event"] for entry in logs] == ["tracing_export_failed"]
+
+
+def test_a_collector_back_is_said_once_with_the_count_dropped() -> None:
+    class Flaky(Unreachable):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            self.calls += 1
+            if self.calls == 1:
+                raise ConnectionRefusedError
+            return SpanExportResult.SUCCESS
+
+    quiet = otel.Quiet(Flaky(), retry_seconds=0.0)
+    with capture_logs() as logs:
+        quiet.export([])
+        assert quiet.export([]) is SpanExportResult.SUCCESS
+    assert [entry["event"] for entry in logs] == ["tracing_export_failed", "tracing_export_resumed"]
