@@ -1,8 +1,9 @@
 """Fixtures shared by every test: a migrated template database (a fresh copy per test), the local Kafka
-broker, unique topics per test, and the downstream test server.
+broker, unique topics per test, the downstream test server, and Jaeger for tracing tests.
 
 `scripts/test` starts PostgreSQL (scripts/pg-local) and Kafka (scripts/kafka-local) and passes their
-addresses in ORDERS_TEST_PG_PORT and ORDERS_TEST_KAFKA.
+addresses in ORDERS_TEST_PG_PORT and ORDERS_TEST_KAFKA; the `jaeger` fixture starts Jaeger (scripts/jaeger-local)
+itself, once per session.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.orders.fakes import Downstream
 from tests.support import Topics, create_topics, delete_topics, kafka_reachable, make_engine
+from tests.support.jaeger import Jaeger, JaegerUnavailable, start_jaeger
 
 # The secured broker and the TLS PostgreSQL role (contract §11): fixtures secured_kafka, secured_admin,
 # secured_topics, pg_tls, tls_database_url.
@@ -104,3 +106,14 @@ def downstream() -> Iterator[Downstream]:
     """The fault-injecting downstream test server (customers, payments, emails)."""
     with Downstream() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def jaeger() -> Jaeger:
+    """Jaeger all-in-one with in-memory storage (scripts/jaeger-local, built once into the user's cache); the tests
+    that need it fail, not skip, when it cannot be built or started."""
+    try:
+        return start_jaeger()
+    except JaegerUnavailable as exc:
+        reason = str(exc)
+    pytest.fail(reason, pytrace=False)  # outside the except: the script's words alone, not a chain of tracebacks
