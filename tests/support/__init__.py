@@ -405,7 +405,7 @@ class Finished:
     stderr: str
 
 
-async def cli(settings: Settings, *args: str, check: bool = True) -> Finished:
+async def cli(settings: Settings, *args: str, check: bool = True, extra_env: dict[str, str] | None = None) -> Finished:
     """Run the CLI as a process without blocking this event loop (the service runs in it meanwhile)."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -413,7 +413,7 @@ async def cli(settings: Settings, *args: str, check: bool = True) -> Finished:
         "service",
         *args,
         cwd=ROOT,
-        env=env_for(settings),
+        env=env_for(settings) | (extra_env or {}),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

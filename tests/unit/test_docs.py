@@ -11,7 +11,7 @@ from service.orders.codes import OrderCode
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", ROOT / "docs" / "runbook.md", ROOT / "docs" / "console.md"]
-_SETTINGS = ("ORDERS_", "KAFKA_", "PG_", "CONSOLE_", "DEMO_")  # environment variables, not codes
+_SETTINGS = ("ORDERS_", "KAFKA_", "PG_", "CONSOLE_", "DEMO_", "OTEL_")  # environment variables, not codes
 _CODE = re.compile(r"`([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)`")
 
 
@@ -36,7 +36,7 @@ def test_every_error_code_is_in_the_readme() -> None:
     assert not missing, f"README does not document {missing}"
 
 
-_GUIDES = [*DOCS, ROOT / "docs" / "template-guide.md", ROOT / "docs" / "performance.md", ROOT / "docs" / "security.md"]
+_GUIDES = [*DOCS, ROOT / "docs" / "template-guide.md", ROOT / "docs" / "performance.md", ROOT / "docs" / "security.md", ROOT / "docs" / "tracing.md"]
 _PATH = re.compile(r"`((?:service|tests|scripts|docs|deploy|migrations|examples)/[A-Za-z0-9_./-]+?)(?::\d+)?`")
 _MODULE = re.compile(r"`((?:service|examples)(?:\.[a-z_]+)+)`")
 
