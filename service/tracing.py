@@ -23,6 +23,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from service.policy import traces
+from service.policy.records import trace_id_of
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -105,7 +106,7 @@ class Tracing:
             else:
                 # A root in the record's own trace: the id generator takes it (service/adapters/otel.py).
                 context = self._root
-                DERIVED.set(int(record.trace_id or traces.derived_trace_id(group, record.message_id), 16))
+                DERIVED.set(int(trace_id_of(record, group), 16))
             span = tracer.start_span(f"process {record.topic}", context, SpanKind.CONSUMER, links=links)
             DERIVED.set(None)
             if span.is_recording():

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from service.codes import ErrorCode
-from service.policy.records import BYTES_PREFIX, Coordinates, SourceRecord, time_of
+from service.policy.records import BYTES_PREFIX, Coordinates, SourceRecord, time_of, trace_id_of
 from service.policy.retry import AttemptHistory
 
 
@@ -77,7 +77,7 @@ def failure_envelope(
         "lastFailedAt": iso(history.last_failed_at),
         "errorCode": code.value,
         "payloadSchema": payload_schema,
-        "traceId": record.trace_id,
+        "traceId": trace_id_of(record, consumer),
     }
     return Envelope(origin.failure_id, record.message_id, code, document)
 

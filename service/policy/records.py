@@ -161,3 +161,9 @@ def text_of(value: bytes | None) -> str | None:
     except UnicodeDecodeError:
         return None
     return None if "\x00" in text else text
+
+
+def trace_id_of(record: SourceRecord, consumer: str) -> str:
+    """The record's trace id: its producer's, else the one derived from `consumer` and its message id (computed
+    where it is needed, not for every record: an envelope, a failure's log line, a span)."""
+    return record.trace_id or traces.derived_trace_id(consumer, record.message_id)

@@ -19,6 +19,7 @@ from service.metrics import Metrics
 from service.policy.classify import Failure
 from service.policy.delivery import Delivery, RetryState
 from service.policy.next_step import Budgets, Quarantine, RetryInPlace, ToTier, Wait, next_step
+from service.policy.records import trace_id_of
 from service.policy.round import Round
 from service.worker.downtime import Downtime
 
@@ -35,8 +36,10 @@ class Failures:
         clock: Callable[[], datetime],
         rng: random.Random,
         downtime: Downtime,
+        consumer: str,
     ) -> None:
         self._budgets = budgets
+        self._consumer = consumer  # whose derived trace ids the log lines name
         self._metrics = metrics
         self._clock = clock
         self._rng = rng
@@ -86,7 +89,7 @@ class Failures:
                 decision=step.action,
                 retry_in_seconds=delay.total_seconds() if delay else None,
                 breaker=step.state.breaker,
-                trace_id=delivery.record.trace_id,
+                trace_id=trace_id_of(delivery.record, self._consumer),
             )
         return retry
 

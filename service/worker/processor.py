@@ -42,10 +42,9 @@ from service.policy.handling import DecodeFailure
 from service.policy.headers import from_json
 from service.policy.next_step import Budgets
 from service.policy.owners import Owners
-from service.policy.records import SourceRecord, unpack_key
+from service.policy.records import SourceRecord, trace_id_of, unpack_key
 from service.policy.retry import RetryPolicy
 from service.policy.round import Outcome, Round, RoundPlan, Write, ready, survey, to_lock
-from service.policy.traces import derived_trace_id
 from service.ports import Handler
 from service.stopping import sleep_unless_stopped
 from service.store.parking import StoredParked
@@ -124,14 +123,12 @@ class Processor:
         self._faulty_write = faulty_write(settings.faults)
         self._faulty_commit = faulty_commit(settings.faults)
         self._downtime = downtime
-        self._failures = Failures(Budgets.of(policy), metrics, clock, rng, downtime)
+        self._failures = Failures(Budgets.of(policy), metrics, clock, rng, downtime, self._consumer)
 
     def pending(self, record: SourceRecord) -> Delivery:
         """A fetched record as a delivery; a tier copy carries its origin and history in headers. A tier or reprocess
         copy addressed to another consumer name (two consumers of one source share its topics) is foreign: it is
         committed past, never applied."""
-        if record.trace_id is None:
-            record.trace_id = derived_trace_id(self._consumer, record.message_id)
         decoded = self._handler.decode(record.value)
         copied = record.topic == self._topics.reprocess or record.topic.startswith(self._topics.retry_prefix)
         if copied and redelivery.addressed_elsewhere(record, self._consumer):
@@ -155,7 +152,6 @@ class Processor:
     def unreadable(self, topic: str, partition: int, offset: int) -> Delivery:
         """A record the Kafka client cannot decode: only its coordinates are known (the consumer loop)."""
         record = SourceRecord(topic, partition, offset, int(self._clock().timestamp() * 1000), None, None)
-        record.trace_id = derived_trace_id(self._consumer, record.message_id)
         decoded = DecodeFailure(ErrorCode.UNREADABLE_RECORD)
         return Delivery(record, decoded, record.coordinates, record.timestamp_ms)
 
@@ -173,8 +169,6 @@ class Processor:
         )
         # The id it was parked under, computed once at the source: never recomputed from a copy.
         record.message_id = parked.message_id
-        if record.trace_id is None:
-            record.trace_id = derived_trace_id(self._consumer, record.message_id)
         record.link = stored.trace_context  # the attempt that parked it
         decoded = self._handler.decode(record.value)
         return Delivery(record, decoded, record.coordinates, record.timestamp_ms, stored.id)
@@ -387,7 +381,7 @@ class Processor:
                     failure_id=delivery.origin.failure_id if due[delivery].history or code else None,
                     error_code=code.value if code else None,
                     key=delivery.key if outcome in (Outcome.PARKED, Outcome.HELD) else None,
-                    trace_id=delivery.record.trace_id,
+                    trace_id=trace_id_of(delivery.record, self._consumer),
                 )
         applied = len(plan.steps) - counts.total()  # an applied step has no code
         if applied:

@@ -36,7 +36,13 @@ def test_every_error_code_is_in_the_readme() -> None:
     assert not missing, f"README does not document {missing}"
 
 
-_GUIDES = [*DOCS, ROOT / "docs" / "template-guide.md", ROOT / "docs" / "performance.md", ROOT / "docs" / "security.md", ROOT / "docs" / "tracing.md"]
+_GUIDES = [
+    *DOCS,
+    ROOT / "docs" / "template-guide.md",
+    ROOT / "docs" / "performance.md",
+    ROOT / "docs" / "security.md",
+    ROOT / "docs" / "tracing.md",
+]
 _PATH = re.compile(r"`((?:service|tests|scripts|docs|deploy|migrations|examples)/[A-Za-z0-9_./-]+?)(?::\d+)?`")
 _MODULE = re.compile(r"`((?:service|examples)(?:\.[a-z_]+)+)`")
 

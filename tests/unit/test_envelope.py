@@ -15,6 +15,7 @@ from service.codes import ErrorCode
 from service.policy.envelope import event_headers, failure_envelope, iso
 from service.policy.records import EARLIEST_MS, LATEST_MS, Coordinates, SourceRecord, time_of
 from service.policy.retry import AttemptHistory
+from service.policy.traces import derived_trace_id, is_trace_id
 
 TIMESTAMP_MS = 1_785_488_400_123  # 2026-07-31T09:00:00.123Z
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -187,6 +188,28 @@ def test_the_envelope_has_exactly_the_contract_keys_with_the_values_of_the_failu
         "A-1001.2/order.shipped",
         ErrorCode.RATE_LIMITED_EXHAUSTED,
     )
+
+
+@given(message_id=st.text(min_size=1, max_size=60).filter(str.strip), consumer=st.text(min_size=1, max_size=30))
+def test_an_envelope_without_a_producers_trace_names_the_one_derived_from_consumer_and_message_id(
+    message_id: str, consumer: str
+) -> None:
+    # Given a record whose producer sent no traceparent (or a malformed one)
+    source = record(headers=(("message-id", message_id.encode()), ("traceparent", b"00-bad")))
+
+    # When it is quarantined
+    envelope = failure_envelope(
+        source,
+        source.coordinates,
+        consumer=consumer,
+        history=history(),
+        code=ErrorCode.INVALID_FIELD,
+        payload_schema=None,
+    )
+
+    # Then its traceId is never null: the one every attempt of the record derives
+    assert envelope.document["traceId"] == derived_trace_id(consumer, source.message_id)
+    assert is_trace_id(envelope.document["traceId"])
 
 
 def test_the_envelope_timestamps_are_utc_with_a_z() -> None:
