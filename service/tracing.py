@@ -167,6 +167,9 @@ class Tracing:
         tracer = self.tracer
         mine = [spans[delivery] for delivery in writing if delivery in spans]
         links = [Link(span.get_span_context()) for span in mine if span.get_span_context().trace_flags.sampled]
+        if not links:  # none of its records is traced: neither is the write (nor its queries)
+            yield
+            return
         round_span = tracer.start_span("write", self._root, SpanKind.INTERNAL, links=links)
         if round_span.is_recording():
             round_span.set_attributes({"db.system.name": "postgresql", "messaging.batch.message_count": len(writing)})

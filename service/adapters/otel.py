@@ -65,7 +65,7 @@ def configured(program: str, role: str, environ: Mapping[str, str] | None = None
 def sampler(environ: Mapping[str, str]) -> sampling.Sampler:
     """The sampler `OTEL_TRACES_SAMPLER` (and `_ARG`) names, by default parent-based with a tenth of the roots;
     never a trace begun by a database query of its own (a heartbeat's, a relay's claim): queries are traced inside
-    a record's or a round's span."""
+    a record's or a round's span; and a round's write whenever one of its records is traced."""
     if environ.get("OTEL_TRACES_SAMPLER", "").strip():
         return NoQueryRoots(sampling._get_from_env_or_default())
     return NoQueryRoots(sampling.ParentBasedTraceIdRatio(DEFAULT_RATIO))
@@ -90,7 +90,8 @@ class DerivedIds(IdGenerator):
 
 
 class NoQueryRoots(sampling.Sampler):
-    """Drops a root span of a database query; asks `inner` about everything else."""
+    """Drops a root span of a database query, samples a root span linked to a sampled span (a round's write of a
+    sampled record); asks `inner` about everything else."""
 
     def __init__(self, inner: sampling.Sampler) -> None:
         self._inner = inner
@@ -105,9 +106,12 @@ class NoQueryRoots(sampling.Sampler):
         links: Any = None,
         trace_state: Any = None,
     ) -> sampling.SamplingResult:
-        query = attributes is not None and ("db.system" in attributes or "db.system.name" in attributes)
-        if query and not trace.get_current_span(parent_context).get_span_context().is_valid:
-            return sampling.SamplingResult(sampling.Decision.DROP)
+        if not trace.get_current_span(parent_context).get_span_context().is_valid:
+            if attributes is not None and ("db.system" in attributes or "db.system.name" in attributes):
+                return sampling.SamplingResult(sampling.Decision.DROP)
+            if links and any(link.context.trace_flags.sampled for link in links):
+                # A round's write that writes a sampled record: traced with it (its links would point nowhere).
+                return sampling.SamplingResult(sampling.Decision.RECORD_AND_SAMPLE)
         return self._inner.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
 
     def get_description(self) -> str:

@@ -109,3 +109,22 @@ def test_a_collector_back_is_said_once_with_the_count_dropped() -> None:
         quiet.export([])
         assert quiet.export([]) is SpanExportResult.SUCCESS
     assert [entry["event"] for entry in logs] == ["tracing_export_failed", "tracing_export_resumed"]
+
+
+def test_the_sampler_never_starts_a_trace_at_a_query_and_traces_a_write_whenever_one_of_its_records_is() -> None:
+    from opentelemetry.context import Context
+    from opentelemetry.sdk.trace.sampling import Decision, ParentBasedTraceIdRatio
+    from opentelemetry.trace import Link, SpanContext, TraceFlags
+
+    sampler = otel.NoQueryRoots(ParentBasedTraceIdRatio(0.0))  # no root of its own would be sampled
+    sampled = SpanContext(1, 2, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    unsampled = SpanContext(1, 3, is_remote=False, trace_flags=TraceFlags(TraceFlags.DEFAULT))
+    root, everything = Context(), otel.NoQueryRoots(ParentBasedTraceIdRatio(1.0))
+
+    assert everything.should_sample(root, 5, "SELECT", attributes={"db.system.name": "postgresql"}).decision is (
+        Decision.DROP
+    )
+    assert sampler.should_sample(root, 5, "write", links=[Link(sampled)]).decision is Decision.RECORD_AND_SAMPLE
+    assert sampler.should_sample(root, 5, "write", links=[Link(unsampled)]).decision is Decision.DROP
+    assert sampler.should_sample(root, 5, "process orders").decision is Decision.DROP
+    assert everything.should_sample(root, 5, "process orders").decision is Decision.RECORD_AND_SAMPLE
