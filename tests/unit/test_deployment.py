@@ -533,3 +533,14 @@ def test_the_console_colours_ages_by_the_alerts_thresholds() -> None:
 
     assert rules["OrdersQuarantineOldestTooOld"].endswith(f"> {pages.OLDEST_OPEN_ALERT_SECONDS}")
     assert rules["OrdersOutboxStuck"].endswith(f"> {pages.OUTBOX_OLDEST_ALERT_SECONDS}")
+
+
+def test_the_plain_stack_traces_into_its_jaeger_and_the_console_links_there(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    endpoint = services["consume"]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    assert endpoint.endswith("http://jaeger:4318}")  # overridable; the OTLP/HTTP receiver of the jaeger service
+    assert services["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+    assert "jaeger" not in (services["consume"].get("depends_on") or {})  # export never holds the service back
+    link = services["console"]["environment"]["ORDERS_CONSOLE_TRACE_URL"]
+    assert link.startswith("http://localhost:16686/") and link.count("{trace_id}") == 1
+    assert "127.0.0.1:16686:16686" in services["jaeger"]["ports"]
