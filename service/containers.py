@@ -62,9 +62,9 @@ def http_connections(settings: Settings) -> int:
     return max(100, _KINDS_AT_ONCE * settings.effect_concurrency + CONTEXT_LOOKUPS)
 
 
-async def _http(settings: Settings) -> AsyncIterator[HttpClient]:
-    # One client, its connections kept alive (http_connections).
-    client = HttpClient.open(settings.http_timeout, connections=http_connections(settings))
+async def _http(settings: Settings, tracing: Tracing) -> AsyncIterator[HttpClient]:
+    # One client, its connections kept alive (http_connections); while tracing, a CLIENT span per request.
+    client = HttpClient.open(settings.http_timeout, connections=http_connections(settings), tracing=tracing)
     try:
         yield client
     finally:
@@ -207,7 +207,7 @@ class Container(containers.DeclarativeContainer):
     # The process's role (its command: consume, relay, effects, run, reconcile, console, …) for its traces.
     role = providers.Object("run")
     tracing = providers.Resource(_tracing, settings=settings, role=role)
-    http = providers.Resource(_http, settings=settings)
+    http = providers.Resource(_http, settings=settings, tracing=tracing)
     metrics = providers.Singleton(_metrics, settings=settings, domain=domain)
     clock = providers.Object(_utcnow)
     rng = providers.Singleton(random.Random)
@@ -268,6 +268,7 @@ class Container(containers.DeclarativeContainer):
         concurrency=settings.provided.effect_concurrency,
         budget=call_seconds,
         names=names,
+        tracing=tracing,
     )
     reconciler = providers.Factory(
         Reconciler,
@@ -282,6 +283,7 @@ class Container(containers.DeclarativeContainer):
         lookup_budget=call_seconds,
         program=settings.provided.program,
         consumer_name=settings.provided.consumer_name,
+        tracing=tracing,
     )
     reprocessor = providers.Factory(
         Reprocessor,
@@ -302,6 +304,7 @@ class Container(containers.DeclarativeContainer):
         batch_size=settings.provided.relay_batch_size,
         names=names,
         crash_at=settings.provided.fault_crash_at,
+        tracing=tracing,
     )
     # The start-up check of the topics a long-running process reads and writes (service/cli/serve.py).
     topics_check = providers.Singleton(

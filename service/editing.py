@@ -163,6 +163,7 @@ async def _editable(connection: AsyncConnection, record: RecordKey) -> Candidate
         source_headers=list(row["source_headers"]),
         envelope=dict(row["envelope"]),
         repeat_failures=row["repeat_failures"],
+        trace_context=await quarantine.trace_context_of(connection, record),
     )
 
 

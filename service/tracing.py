@@ -28,8 +28,10 @@ from service.policy.records import trace_id_of
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
+    from opentelemetry.util.types import AttributeValue
 
     from service.policy.delivery import Delivery
+    from service.store.outbox import ClaimedRow
 
 _ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 FAILURE_ID = "failure.id"  # a record's failure id, `<topic>/<partition>/<offset>` where it was first read
@@ -206,6 +208,161 @@ class Tracing:
                 if code is not None:
                     _failed(span, code)
             span.end()
+
+    # -- the relay, the effect worker, the reconciler, the HTTP client -------------------------------------------
+
+    def sends(self, rows: Sequence[ClaimedRow]) -> Sends:
+        """Start a `send <topic>` span (PRODUCER) for each row of a relay batch that carries a trace context, and
+        put the span's context in the row's headers (service/policy/propagation.py); `Sends` ends them."""
+        return Sends(self.tracer, rows)
+
+    @contextmanager
+    def continuing(self, name: str, parent: str | None, attributes: Mapping[str, str | int]) -> Iterator[Span | None]:
+        """An INTERNAL span `name` continuing `parent` (a row's `trace_context`), current while the block runs (its
+        HTTP calls' spans are its children) and ended after it (an exception's class its `error.type`). None, and
+        no span, without a well-formed parent: what was written while tracing was off starts no trace of its own."""
+        ref = traces.parse(parent)
+        if ref is None:
+            yield None
+            return
+        from opentelemetry import context, trace
+        from opentelemetry.trace import NonRecordingSpan, SpanKind
+
+        remote = trace.set_span_in_context(NonRecordingSpan(_context(ref)))
+        span = self.tracer.start_span(name, remote, SpanKind.INTERNAL, attributes=attributes)
+        token = context.attach(trace.set_span_in_context(span))
+        try:
+            yield span
+        except BaseException as error:
+            _failed(span, type(error).__name__)
+            raise
+        finally:
+            context.detach(token)
+            span.end()
+
+    @contextmanager
+    def requesting(self, method: str, host: str, port: int) -> Iterator[Span | None]:
+        """An HTTP request's CLIENT span, named by its method (HTTP semantic conventions), a child of the current
+        span, ended after the block (an exception's class its `error.type`). None, and no span, while no span is
+        current: a request outside a record's, an effect's or a look-up's span starts no trace of its own."""
+        from opentelemetry import trace
+        from opentelemetry.trace import SpanKind
+
+        if not trace.get_current_span().get_span_context().is_valid:
+            yield None
+            return
+        # Never `url.full` nor the path: a path holds ids taken from records and effects (an aggregate's, a key).
+        attributes: dict[str, str | int] = {"http.request.method": method, "server.address": host, "server.port": port}
+        span = self.tracer.start_span(method, kind=SpanKind.CLIENT, attributes=attributes)
+        try:
+            yield span
+        except BaseException as error:
+            _failed(span, type(error).__name__)
+            raise
+        finally:
+            span.end()
+
+    @staticmethod
+    def answered(span: Span, status: int) -> None:
+        """An HTTP answer's status on its CLIENT span: 4xx and 5xx are errors of a client's request, their
+        `error.type` the status (HTTP semantic conventions)."""
+        if span.is_recording():
+            span.set_attribute("http.response.status_code", status)
+            if status >= 400:
+                _failed(span, str(status))
+
+    @staticmethod
+    def outcome(span: Span | None, outcome: str, code: str | None = None) -> None:
+        """A span's `outcome`, and its error code (`error.type`, its status an error) when it failed."""
+        if span is not None and span.is_recording():
+            span.set_attribute("outcome", outcome)
+            if code is not None:
+                _failed(span, code)
+
+
+def header(span: Span) -> str:
+    """A span's context as `traceparent` text (what rows and headers carry)."""
+    from opentelemetry.trace import TraceFlags
+
+    spanned = span.get_span_context()
+    sampled = bool(spanned.trace_flags & TraceFlags.SAMPLED)
+    return traces.SpanRef(f"{spanned.trace_id:032x}", f"{spanned.span_id:016x}", sampled).header
+
+
+class Sends:
+    """The `send <topic>` spans of a relay batch's rows, by position in the batch: each ends when the broker
+    acknowledged its row, or refused it (`error.type` the row's set-aside code), or when the batch ends without
+    publishing it (`error.type` what stopped it). A row without a trace context (written while tracing was off) has
+    none: less noise than a root per row."""
+
+    def __init__(self, tracer: Tracer, rows: Sequence[ClaimedRow]) -> None:
+        from opentelemetry import trace
+        from opentelemetry.trace import NonRecordingSpan, SpanKind
+
+        from service.policy.propagation import propagated
+
+        self._spans: dict[int, Span] = {}
+        self._positions = {row.id: index for index, row in enumerate(rows)}
+        for index, row in enumerate(rows):
+            parent = traces.parse(row.trace_context)
+            if parent is None:
+                continue
+            remote = trace.set_span_in_context(NonRecordingSpan(_context(parent)))
+            span = tracer.start_span(f"send {row.topic}", remote, SpanKind.PRODUCER, attributes=_send_attributes(row))
+            row.headers = propagated(row.headers, copy=row.copy, context=header(span))
+            self._spans[index] = span
+
+    def acknowledged(self, index: int, partition: int) -> None:
+        """The broker took the batch's row at `index`, on `partition`."""
+        span = self._spans.pop(index, None)
+        if span is not None:
+            if span.is_recording():
+                span.set_attribute("messaging.destination.partition.id", str(partition))
+            span.end()
+
+    def took(self, row: ClaimedRow, partition: int) -> None:
+        """The broker took `row` (sent alone), on `partition`."""
+        self.acknowledged(self._positions[row.id], partition)
+
+    def failed(self, row: ClaimedRow, code: str) -> None:
+        """`row` was not published: refused (its set-aside code), or stopped by `code`."""
+        span = self._spans.pop(self._positions[row.id], None)
+        if span is not None:
+            _failed(span, code)
+            span.end()
+
+    def close(self, code: str) -> None:
+        """End the spans of the rows the batch did not publish, with `code` (what ended it)."""
+        spans, self._spans = self._spans, {}
+        for span in spans.values():
+            _failed(span, code)
+            span.end()
+
+
+def _send_attributes(row: ClaimedRow) -> dict[str, AttributeValue]:
+    """A row's `send` span's attributes: its coordinates, its text key, its message id and failure id; never its
+    payload nor another header's value."""
+    from service.policy.records import message_id_of, text_of
+
+    attributes: dict[str, AttributeValue] = {
+        "messaging.system": "kafka",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": row.topic,
+    }
+    if row.key is not None:
+        attributes["messaging.kafka.message.key"] = row.key
+    message_id = failure_id = None
+    for name, value in row.headers:
+        if name == "message-id" and message_id is None:
+            message_id = message_id_of(value)
+        elif name == "failure-id" and failure_id is None:
+            failure_id = text_of(value)
+    if message_id is not None:
+        attributes["messaging.message.id"] = message_id
+    if failure_id is not None:
+        attributes[FAILURE_ID] = failure_id
+    return attributes
 
 
 def _failed(span: Span, code: str) -> None:

@@ -42,6 +42,8 @@ from service.adapters.transport import (
 )
 from service.codes import ErrorCode
 from service.policy.breaker import OK, BreakerPolicy, Outcome, Verdict
+from service.policy.propagation import TRACEPARENT
+from service.tracing import Tracing, header
 
 __all__ = ["Answer", "ConnectFailed", "Cut", "Downstream", "Exchange", "HttpClient", "TimedOut", "TransportError"]
 
@@ -58,19 +60,22 @@ _AUTHORITY = re.compile(r"[^:/?#]+://[^/?#]*")
 
 
 class HttpClient:
-    """The process's one HTTP client: keep-alive connections, the same timeout for connecting and each read."""
+    """The process's one HTTP client: keep-alive connections, the same timeout for connecting and each read; while
+    tracing, a CLIENT span per request, its context sent in `traceparent`."""
 
-    def __init__(self, transport: Transport, timeout: float) -> None:
+    def __init__(self, transport: Transport, timeout: float, tracing: Tracing | None = None) -> None:
         self._transport = transport
         self._timeout = timeout
+        # Off: one check per request.
+        self._tracing = tracing if tracing is not None and tracing.enabled else None
 
     @staticmethod
-    def open(timeout: timedelta, connections: int) -> HttpClient:
+    def open(timeout: timedelta, connections: int, tracing: Tracing | None = None) -> HttpClient:
         """A client with at most `connections` exchanges at once (call inside the event loop; `close` it). A full
         pool's wait is bounded by the timeout too, and ends as ConnectFailed."""
         from service.adapters.aiohttp_transport import AiohttpTransport  # imported by the processes that call
 
-        return HttpClient(AiohttpTransport(connections, KEEPALIVE_SECONDS), timeout.total_seconds())
+        return HttpClient(AiohttpTransport(connections, KEEPALIVE_SECONDS), timeout.total_seconds(), tracing)
 
     async def close(self) -> None:
         """Close every connection."""
@@ -114,7 +119,22 @@ class HttpClient:
             outgoing = Outgoing(method, url, _request_headers(method, headers, content_type), body)
         except ValueError as error:
             raise ConnectFailed(f"{type(error).__name__}: {error}", timed_out=False) from error
-        return await self._transport.send(outgoing, self._timeout)
+        if self._tracing is None:
+            return await self._transport.send(outgoing, self._timeout)
+        return await self._traced(self._tracing, outgoing)
+
+    async def _traced(self, tracing: Tracing, outgoing: Outgoing) -> Answer:
+        """Send within the request's CLIENT span (a child of the current span, if there is one), its context in the
+        request's `traceparent` (a caller's own is replaced)."""
+        _, host, port = _origin(_AUTHORITY.match(outgoing.url).group())  # type: ignore[union-attr]
+        with tracing.requesting(outgoing.method, host, port) as span:
+            if span is None:
+                return await self._transport.send(outgoing, self._timeout)
+            headers = {name: value for name, value in outgoing.headers.items() if name.lower() != TRACEPARENT}
+            headers[TRACEPARENT] = header(span)
+            answer = await self._transport.send(replace(outgoing, headers=headers), self._timeout)
+            tracing.answered(span, answer.status_code)
+            return answer
 
 
 _OWS = " \t"

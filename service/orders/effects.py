@@ -124,7 +124,8 @@ def _event(
         **payload,
     }
     headers = event_headers(effect.idempotency_key, event_type, None)
-    return OutboxMessage.json(topics.events, effect.aggregate_id, headers, document)
+    # The span of the call or look-up that settled it, while tracing: the relay's `send` span continues it.
+    return OutboxMessage.json(topics.events, effect.aggregate_id, headers, document, effect.trace_context)
 
 
 class _ShippedEmail:

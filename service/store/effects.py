@@ -33,6 +33,9 @@ class EffectRow:
     attempts: int
     reconcile_count: int
     prerequisite_state: str | None  # the state of the effect this one waits for (EffectSpec.waits_for), if any
+    # The span context (`traceparent`) of what it continues, while tracing: as claimed, the attempt that wrote it; once
+    # called or looked up, that call's span, which what its outcome writes (events) carries in turn.
+    trace_context: str | None = None
 
 
 # New effects (domain `Effect` values) as a recordset for `ADD_ROWS`.
@@ -95,7 +98,8 @@ _CLAIM = text(
         ORDER BY p.next_attempt_at
         LIMIT :limit
         FOR UPDATE SKIP LOCKED)
-    RETURNING e.idempotency_key, e.aggregate_id, e.kind, e.payload, e.attempts, e.reconcile_count, {_PREREQUISITE_STATE}
+    RETURNING e.idempotency_key, e.aggregate_id, e.kind, e.payload, e.attempts, e.reconcile_count, e.trace_context,
+              {_PREREQUISITE_STATE}
     """
 )
 
@@ -109,6 +113,7 @@ def _row(row: Any) -> EffectRow:
         row.attempts,
         row.reconcile_count,
         row.prerequisite_state,
+        row.trace_context,
     )
 
 
@@ -276,7 +281,8 @@ async def expire_leases(connection: AsyncConnection) -> list[str]:
 
 _UNCERTAIN = text(
     f"""
-    SELECT e.idempotency_key, e.aggregate_id, e.kind, e.payload, e.attempts, e.reconcile_count, {_PREREQUISITE_STATE}
+    SELECT e.idempotency_key, e.aggregate_id, e.kind, e.payload, e.attempts, e.reconcile_count, e.trace_context,
+           {_PREREQUISITE_STATE}
     FROM effects e WHERE e.state = 'uncertain' ORDER BY e.updated_at LIMIT :limit
     """
 )

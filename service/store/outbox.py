@@ -64,6 +64,11 @@ class ClaimedRow:
     payload: bytes
     # What goes out as the Kafka key: a copy's original bytes (null included), else the ordering key as UTF-8.
     kafka_key: bytes | None
+    # The span context (`traceparent`) of what wrote it, while tracing: the relay's `send` span continues it.
+    trace_context: str | None = None
+    # A copy of a producer's record (a tier's, a reprocess or an edit's: the rows with the original Kafka key), whose
+    # headers go out byte-exact; else a message the service wrote itself (an event, a rejection, an envelope).
+    copy: bool = False
 
     @property
     def size(self) -> int:
@@ -132,7 +137,7 @@ _SLOT_OF_KEY = f"abs(hashtext(key) % {SLOTS})"
 _CLAIM = text(
     f"""
     WITH claimed AS (
-        SELECT id, topic, key, CAST(headers AS text) AS headers, payload, kafka_key FROM outbox
+        SELECT id, topic, key, CAST(headers AS text) AS headers, payload, kafka_key, trace_context FROM outbox
         WHERE published_at IS NULL AND set_aside_at IS NULL AND NOT (topic = ANY(CAST(:missing AS text[])))
           AND (key IS NULL OR {_SLOT_OF_KEY} = ANY(CAST(:slots AS int[]))
                                AND key NOT IN (SELECT unnest(CAST(:busy AS text[]))))
@@ -147,7 +152,7 @@ _CLAIM = text(
           AND id < (SELECT max(id) FROM claimed) AND id NOT IN (SELECT id FROM claimed)
         GROUP BY key
     )
-    SELECT id, topic, key, headers, payload, kafka_key, upto FROM (
+    SELECT id, topic, key, headers, payload, kafka_key, trace_context, upto FROM (
         SELECT c.*, sum(c.size) OVER (ORDER BY c.id) AS upto
         FROM (SELECT claimed.*, octet_length(payload) + octet_length(headers)
                      + coalesce(octet_length(kafka_key), octet_length(key), 0) AS size FROM claimed) AS c
@@ -235,8 +240,10 @@ async def claim(
             from_json(orjson.loads(headers)),
             payload,
             (unpack_key(kafka_key) if kafka_key is not None else key.encode() if key is not None else None),
+            trace_context,
+            kafka_key is not None,
         )
-        for row_id, topic, key, headers, payload, kafka_key, _ in result
+        for row_id, topic, key, headers, payload, kafka_key, trace_context, _ in result
     ]
     rows.sort(key=_BY_ID)  # (they come in id order: the statement just does not promise it)
     # `upto`: the bytes of the rows kept up to each one, in id order; the last row's reaching `max_bytes` means the

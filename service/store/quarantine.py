@@ -124,6 +124,19 @@ async def lock_status(connection: AsyncConnection, record: RecordKey) -> str | N
     return str(status) if status is not None else None
 
 
+_TRACE_CONTEXT = text(
+    "SELECT trace_context FROM quarantine WHERE consumer_name = :consumer AND failure_id = :failure_id"
+)
+
+
+async def trace_context_of(connection: AsyncConnection, record: RecordKey) -> str | None:
+    """The span context (`traceparent`) of the attempt that quarantined the record, if it was traced: a copy sent
+    back carries it (service/store/reprocess.py, `copy_of`)."""
+    params = {"consumer": record.consumer_name, "failure_id": record.failure_id}
+    found = (await connection.execute(_TRACE_CONTEXT, params)).scalar()
+    return str(found) if found is not None else None
+
+
 async def statuses(connection: AsyncConnection, records: Sequence[RecordKey]) -> dict[RecordKey, str]:
     """The status of each record as it is now, unlocked (what a dry run reads); one that does not exist is absent."""
     found: dict[RecordKey, str] = {}

@@ -14,7 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.policy.edits import RESERVED_HEADERS
 from service.policy.headers import from_json, to_json
+from service.policy.propagation import replaced
 from service.policy.records import id_bytes, pack_key
+from service.policy.traces import SPAN_HEADER
 from service.store.outbox import OutboxMessage
 from service.store.quarantine import RecordKey
 
@@ -34,6 +36,7 @@ class Candidate:
     envelope: dict[str, Any]
     repeat_failures: int
     erased: str | None = None  # when and by whom its bytes were removed: such a record cannot be sent again
+    trace_context: str | None = None  # the span context of the attempt that quarantined it, if it was traced
 
     @property
     def record(self) -> RecordKey:
@@ -73,7 +76,7 @@ def _utc(moment: datetime) -> str:
 _CANDIDATES = text(
     f"""
     SELECT consumer_name, failure_id, message_id, ordering_key, error_code, status, payload, source_headers, envelope,
-           repeat_failures, erased_at, erased_by
+           repeat_failures, erased_at, erased_by, trace_context
     FROM quarantine WHERE {_SELECTED}
     ORDER BY first_failed_at, failure_id
     """
@@ -137,6 +140,7 @@ async def select_candidates(
             envelope=dict(row.envelope),
             repeat_failures=row.repeat_failures,
             erased=None if row.erased_at is None else f"erased at {_utc(row.erased_at)} by {row.erased_by}",
+            trace_context=row.trace_context,
         )
         for row in await connection.execute(_CANDIDATES, params)
     ]
@@ -318,7 +322,10 @@ def copy_of(
 ) -> OutboxMessage:
     """A quarantined record's copy for `topic` (its reprocess topic): its original bytes and headers, or an
     operator's corrected ones (`payload`, `headers`: service/editing.py), under its original message id, failure id,
-    timestamp and keys, naming its consumer and who sent it (`sender`: the run's or the edit's header)."""
+    timestamp and keys, naming its consumer and who sent it (`sender`: the run's or the edit's header). The span
+    context of the attempt that quarantined it, if it was traced, goes with the row (the relay's `send` span continues
+    it) and in the copy's own `SPAN_HEADER` (the attempt it makes links to it); the producer's headers stay as they
+    were, `traceparent` included."""
     original = from_json(candidate.source_headers) if headers is None else tuple(headers)
     kept = [(name, value) for name, value in original if name not in _OUR_HEADERS]
     # The id's own bytes, so that the copy is read back as the same message id.
@@ -333,6 +340,8 @@ def copy_of(
     stamp = _epoch_ms(candidate.envelope.get("source", {}).get("timestamp"))
     if stamp is not None:
         kept.append(("origin-timestamp", str(stamp).encode()))
+    if candidate.trace_context is not None:
+        kept = list(replaced(kept, SPAN_HEADER, candidate.trace_context.encode()))
     body = candidate.payload if payload is None else payload
     return OutboxMessage(
         topic,
@@ -340,6 +349,7 @@ def copy_of(
         to_json(kept),
         body or b"",
         pack_key(_source_key(candidate.envelope.get("source", {}))),
+        trace_context=candidate.trace_context,
     )
 
 

@@ -20,6 +20,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 
 import structlog
@@ -41,6 +42,7 @@ from service.policy.effects import (
     Found,
     LookupFailed,
     NotSent,
+    Refused,
     Sent,
     Unknown,
     after_call,
@@ -51,6 +53,7 @@ from service.stopping import sleep_unless_stopped, wait_unless_stopped
 from service.store import effects, wakeups
 from service.store.effects import EffectRow, Settlement
 from service.store.uow import UnitOfWork, one_statement
+from service.tracing import Tracing, header
 from service.worker.spacing import Spacing
 
 log = structlog.get_logger("effects")
@@ -62,6 +65,8 @@ _RECORD_TRIES = 5
 _RECORD_FIRST_WAIT_SECONDS, _RECORD_LONGEST_WAIT_SECONDS = 0.1, 2.0
 _PACE_WEIGHT = 0.05  # of each call in the moving average of a kind's call durations
 _HANDED_BACK = EffectDecision("pending", retry_in=timedelta(0), unmade=True)
+# A call's outcome as its span's `outcome` says it.
+_CALL_OUTCOMES: dict[type, str] = {Sent: "sent", Refused: "refused", NotSent: "not_sent", Unknown: "unknown"}
 
 
 def call_budget(http_timeout: timedelta) -> float:
@@ -127,8 +132,11 @@ class EffectWorker:
         concurrency: int,
         budget: float,
         names: Names,
+        tracing: Tracing | None = None,
     ) -> None:
         self._topics = topics
+        # The provider calls' spans, while tracing (service/tracing.py): off, one check per effect.
+        self._tracing = tracing if tracing is not None and tracing.enabled else None
         self._lease = lease  # how long a claim holds its effects (<PREFIX>EFFECT_LEASE)
         self._names = names  # the settings' class: the variable an unconfigured provider is told by
         self._engine = engine
@@ -274,40 +282,74 @@ class EffectWorker:
                 log.warning("effect_outcomes_waiting", reason="database_unavailable", retry_in_seconds=delay)
                 await asyncio.sleep(delay)
 
-    async def _execute_all(self, claimed: Sequence[EffectRow], lease_ends: float) -> list[CallOutcome | None]:
+    async def _execute_all(self, claimed: list[EffectRow], lease_ends: float) -> list[CallOutcome | None]:
         """Every claimed effect's outcome, in claim order, by at most the concurrency's number of tasks, each taking
         the next effect as it finishes one: a batch is several rounds of calls, and a task per effect would wait
-        at the kind's limit for most of them."""
+        at the kind's limit for most of them. While tracing, an effect called in a span is replaced in `claimed` by
+        itself carrying that span's context, which what its outcome writes (its events) continues."""
         outcomes: list[CallOutcome | None] = [None] * len(claimed)
         upcoming = iter(enumerate(claimed))
+        spanned: dict[str, str] | None = {} if self._tracing is not None else None
 
         async def calls() -> None:
             for index, effect in upcoming:
-                outcomes[index] = await self._execute(effect, lease_ends)
+                outcomes[index] = await self._execute(effect, lease_ends, spanned)
 
         await asyncio.gather(*(calls() for _ in range(min(self._concurrency, len(claimed)))))
+        if spanned:
+            for index, effect in enumerate(claimed):
+                if effect.idempotency_key in spanned:
+                    claimed[index] = replace(effect, trace_context=spanned[effect.idempotency_key])
         return outcomes
 
-    async def _execute(self, effect: EffectRow, lease_ends: float) -> CallOutcome | None:
+    async def _execute(
+        self, effect: EffectRow, lease_ends: float, spanned: dict[str, str] | None = None
+    ) -> CallOutcome | None:
+        """The effect's call, unless its lease could run out before its outcome is written (None: handed back).
+        `spanned` (while tracing): where a call made in a span puts that span's context, by idempotency key."""
         async with self._limits[effect.kind]:
             started = time.monotonic()
             if started + self._call_budget > lease_ends:
                 return None
             try:
-                # The client's timeout applies per phase; this bounds the whole exchange (look-up and send).
-                async with asyncio.timeout(self._call_budget):
-                    return await self._call(effect)
-            except TimeoutError:
-                return Unknown(ErrorCode.DOWNSTREAM_TIMEOUT)
-            except Exception as error:
-                # A kind's call that fails in a way nobody foresaw may have reached its provider; whatever it was,
-                # it must not take the outcomes of the batch's other calls with it.
-                log.warning("effect_call_failed", effect=effect.idempotency_key, error=type(error).__name__)
-                return Unknown(ErrorCode.UNEXPECTED_ERROR)
+                if spanned is None or self._tracing is None or effect.trace_context is None:
+                    return await self._attempt(effect)
+                return await self._traced(self._tracing, effect, spanned)
             finally:
                 took = time.monotonic() - started
                 pace = self._pace.get(effect.kind)
                 self._pace[effect.kind] = took if pace is None else pace + (took - pace) * _PACE_WEIGHT
+
+    async def _traced(self, tracing: Tracing, effect: EffectRow, spanned: dict[str, str]) -> CallOutcome:
+        """`_attempt` in a span named by the effect's kind, the child of the attempt that wrote the effect, current
+        around the provider call (its HTTP requests' CLIENT spans are its children).
+
+        INTERNAL, not CLIENT: the call is a logical operation of one or more HTTP requests (a look-up before a
+        repeat, a look-up of the effect it waits for), each its own CLIENT span; the conventions keep CLIENT for the
+        one span per outgoing request, and a CLIENT span whose children are CLIENT spans reads as two calls.
+        """
+        attributes: dict[str, str | int] = {"effect.kind": effect.kind, "effect.attempt": effect.attempts}
+        with tracing.continuing(effect.kind, effect.trace_context, attributes) as span:
+            outcome = await self._attempt(effect)
+            if span is not None:
+                code = getattr(outcome, "code", None)
+                tracing.outcome(span, _CALL_OUTCOMES[type(outcome)], code.value if code is not None else None)
+                spanned[effect.idempotency_key] = header(span)
+        return outcome
+
+    async def _attempt(self, effect: EffectRow) -> CallOutcome:
+        """The provider exchange, bounded as a whole; whatever goes wrong is an outcome, never an exception."""
+        try:
+            # The client's timeout applies per phase; this bounds the whole exchange (look-up and send).
+            async with asyncio.timeout(self._call_budget):
+                return await self._call(effect)
+        except TimeoutError:
+            return Unknown(ErrorCode.DOWNSTREAM_TIMEOUT)
+        except Exception as error:
+            # A kind's call that fails in a way nobody foresaw may have reached its provider; whatever it was,
+            # it must not take the outcomes of the batch's other calls with it.
+            log.warning("effect_call_failed", effect=effect.idempotency_key, error=type(error).__name__)
+            return Unknown(ErrorCode.UNEXPECTED_ERROR)
 
     async def _call(self, effect: EffectRow) -> CallOutcome:
         kind = self._kinds[effect.kind]

@@ -7,6 +7,7 @@ The relay (service/worker/relay.py) claims, settles and marks; this module only 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -68,9 +69,12 @@ def set_aside_code(refusal: KafkaError) -> str:
     return next((code for kind, code in _REFUSALS.items() if isinstance(refusal, kind)), SET_ASIDE_INVALID)
 
 
-async def send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[BaseException | None]:
+async def send_all(
+    producer: AIOKafkaProducer, rows: list[ClaimedRow], answered: Callable[[int, int], None] | None = None
+) -> list[BaseException | None]:
     """Send the rows at once; each one's error (`TopicMissing` for a topic the broker does not have), or None once
-    Kafka acknowledged it.
+    Kafka acknowledged it (then `answered`, if given, is told its position and partition as the answer comes: its
+    `send` span ends there).
 
     The rows go out in record batches built here, one partition each (the producer's batch API, much cheaper per
     record than `send`: docs/performance.md). A row goes to the partition `send` would pick, and a partition's rows
@@ -108,7 +112,7 @@ async def send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[B
         # sequence for a fresh idempotent producer whose first batch it refused, and would take the next one, whose
         # rows would overtake the refused batch's rows of the same keys. A refused batch's rows and every later
         # batch's go to the relay's one-by-one pass unsent, in order.
-        for position, (builder, _) in enumerate(chain):
+        for position, (builder, taken) in enumerate(chain):
             try:
                 await (await _submit(producer, builder, target))
             except Exception as error:
@@ -116,6 +120,9 @@ async def send_all(producer: AIOKafkaProducer, rows: list[ClaimedRow]) -> list[B
                     for index in later:
                         outcomes[index] = error
                 return
+            if answered is not None:
+                for index in taken:
+                    answered(index, target[1])
 
     await asyncio.gather(*(one_partition(target, chain) for target, chain in chains.items()))
     return outcomes

@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 
@@ -22,12 +22,13 @@ from service.codes import ErrorCode
 from service.config import Topics
 from service.metrics import Metrics
 from service.policy import heartbeat
-from service.policy.effects import EffectPolicy, LookupFailed, LookupOutcome, after_lookup
+from service.policy.effects import EffectPolicy, Found, LookupFailed, LookupOutcome, Missing, after_lookup
 from service.ports import EffectKind, EffectRegistry
 from service.store import effects, inbox, outbox, processes, reconcile_runs, retention, retries
 from service.store.effects import EffectRow
 from service.store.retention import Retention
 from service.store.uow import UnitOfWork, translated_errors
+from service.tracing import Tracing, header
 from service.worker.effects import record_outcomes
 
 log = structlog.get_logger("reconciler")
@@ -41,6 +42,8 @@ _LOOKUP_BATCH = 100
 # Look-ups of one kind that may fail in a row before a pass looks that kind's other uncertain effects up only after
 # every other kind's: a provider that is down or slow must not spend the pass the other kinds and the purge need.
 _FAILED_LOOKUPS_PER_KIND = 3
+# A look-up's answer as its span's `outcome` says it.
+_LOOKUP_OUTCOMES: dict[type, str] = {Found: "found", Missing: "missing", LookupFailed: "failed"}
 
 
 @dataclass
@@ -101,8 +104,10 @@ class Reconciler:
         lookup_budget: float,
         program: str,
         consumer_name: str,
+        tracing: Tracing | None = None,
     ) -> None:
         self._engine = engine
+        self._tracing = tracing if tracing is not None and tracing.enabled else None  # the look-ups' spans
         self._kinds = kinds
         self._policy = policy
         self._metrics = metrics
@@ -187,7 +192,11 @@ class Reconciler:
                     log.warning("effect_kind_unknown", effect=effect.idempotency_key, kind=effect.kind)
                 summary.still_uncertain += 1
                 continue
-            found = await self._look_up(kind, effect, min(left, self._lookup_budget))
+            within = min(left, self._lookup_budget)
+            if self._tracing is None or effect.trace_context is None:
+                found = await self._look_up(kind, effect, within)
+            else:
+                found, effect = await self._traced(self._tracing, kind, effect, within)
             if isinstance(found, LookupFailed):
                 failing[effect.kind] += 1
                 if failing[effect.kind] == _FAILED_LOOKUPS_PER_KIND:
@@ -220,6 +229,21 @@ class Reconciler:
             else:
                 summary.failed += 1
             log.info("effect_reconciled", effect=effect.idempotency_key, state=decision.state)
+
+    async def _traced(
+        self, tracing: Tracing, kind: EffectKind, effect: EffectRow, within: float
+    ) -> tuple[LookupOutcome, EffectRow]:
+        """`_look_up` in a span `look_up <kind>` (INTERNAL, as the effect worker's call: its HTTP requests are the
+        CLIENT spans), the child of the attempt that wrote the effect; and the effect carrying that span's context,
+        which what the answer settles (its events) continues."""
+        attributes: dict[str, str | int] = {"effect.kind": effect.kind, "effect.attempt": effect.attempts}
+        with tracing.continuing(f"look_up {effect.kind}", effect.trace_context, attributes) as span:
+            found = await self._look_up(kind, effect, within)
+            if span is None:
+                return found, effect
+            code = found.code.value if isinstance(found, LookupFailed) else None
+            tracing.outcome(span, _LOOKUP_OUTCOMES[type(found)], code)
+        return found, replace(effect, trace_context=header(span))
 
     async def _look_up(self, kind: EffectKind, effect: EffectRow, within: float) -> LookupOutcome:
         try:

@@ -27,6 +27,7 @@ from service.stopping import sleep_unless_stopped
 from service.store import outbox, wakeups
 from service.store.outbox import ClaimedRow
 from service.store.uow import UnitOfWork
+from service.tracing import Sends, Tracing
 from service.worker.publishing import (
     SUSPECT,
     TopicMissing,
@@ -82,8 +83,11 @@ class Relay:
         batch_size: int,
         names: Names,
         crash_at: str | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._start_client = start_client
+        # The `send` spans, while tracing (service/tracing.py): off, one check per batch.
+        self._tracing = tracing if tracing is not None and tracing.enabled else None
         self._batch_size = batch_size  # rows claimed at once (<PREFIX>RELAY_BATCH_SIZE)
         self._names = names  # the settings' class: the variables a failure's reason names
         self._crash_at = crash_at  # the armed fault point (test instrumentation only: service/faults.py)
@@ -209,27 +213,36 @@ class Relay:
             rows = claim.rows
             if not rows:
                 return 0
-            outcomes = await _said_while_waiting(send_all(producer, rows), previous)
-            if previous is not None:
-                # The batch before settles first: a refusal there spoils the producer for this one's failures too.
-                await asyncio.wait({previous})
-            self._missed([(row, outcome) for row, outcome in zip(rows, outcomes, strict=True)])
-            published = [row for row, outcome in zip(rows, outcomes, strict=True) if outcome is None]
-            failed = [
-                (row, outcome)
-                for row, outcome in zip(rows, outcomes, strict=True)
-                if outcome is not None and not isinstance(outcome, TopicMissing)
-            ]
-            refused: list[tuple[ClaimedRow, KafkaError]] = []
-            error: BaseException | None = None
-            if failed and (self.spoiled or any(isinstance(outcome, refusals() + SUSPECT) for _, outcome in failed)):
-                # After a refusal the idempotent producer's sequence for that partition is broken (the records
-                # after it fail `OutOfOrderSequenceNumber`): it is replaced, and the failed rows go one by one.
-                self.spoiled = True
-                more, refused, error = await self._one_by_one([row for row, _ in failed])
-                published += more
-            elif failed:
-                error = failed[0][1]
+            sends = self._tracing.sends(rows) if self._tracing is not None else None
+            try:
+                answered = sends.acknowledged if sends is not None else None
+                outcomes = await _said_while_waiting(send_all(producer, rows, answered), previous)
+                if previous is not None:
+                    # The batch before settles first: a refusal there spoils the producer for this one's failures.
+                    await asyncio.wait({previous})
+                self._missed([(row, outcome) for row, outcome in zip(rows, outcomes, strict=True)])
+                published = [row for row, outcome in zip(rows, outcomes, strict=True) if outcome is None]
+                failed = [
+                    (row, outcome)
+                    for row, outcome in zip(rows, outcomes, strict=True)
+                    if outcome is not None and not isinstance(outcome, TopicMissing)
+                ]
+                refused: list[tuple[ClaimedRow, KafkaError]] = []
+                error: BaseException | None = None
+                if failed and (self.spoiled or any(isinstance(outcome, refusals() + SUSPECT) for _, outcome in failed)):
+                    # After a refusal the idempotent producer's sequence for that partition is broken (the records
+                    # after it fail `OutOfOrderSequenceNumber`): it is replaced, and the failed rows go one by one.
+                    self.spoiled = True
+                    more, refused, error = await self._one_by_one([row for row, _ in failed], sends)
+                    published += more
+                elif failed:
+                    error = failed[0][1]
+            except BaseException as stopped:
+                if sends is not None:
+                    sends.close(type(stopped).__name__)
+                raise
+            if sends is not None:
+                _unsent(sends, rows, outcomes)
             crash_point("after-publish", self._crash_at)
             # What Kafka acknowledged is marked even when others failed: else it would go out again each round.
             await outbox.mark_published(uow.connection, [row.id for row in published])
@@ -276,11 +289,12 @@ class Relay:
         self._missing -= present
 
     async def _one_by_one(
-        self, rows: list[ClaimedRow]
+        self, rows: list[ClaimedRow], sends: Sends | None = None
     ) -> tuple[list[ClaimedRow], list[tuple[ClaimedRow, KafkaError]], KafkaError | None]:
         """Send each row alone and await it, in id order (so each key's rows keep their order); return those
         Kafka took, those it refused for their content (with its answer), and the error that stopped it early, if
-        one did (the rows after that one are left unpublished, for the next round)."""
+        one did (the rows after that one are left unpublished, for the next round). `sends`: their spans, each
+        ended as its row's answer comes."""
         producer = self._make_one_by_one_producer()
         published: list[ClaimedRow] = []
         refused: list[tuple[ClaimedRow, KafkaError]] = []
@@ -302,6 +316,8 @@ class Relay:
                         await (await send_row(producer, row, partition))
                 except refusals() as refusal:
                     refused.append((row, refusal))
+                    if sends is not None:
+                        sends.failed(row, set_aside_code(refusal))
                 except SUSPECT as suspect:
                     # Twice in a row: the row's content, if its partition took another row meanwhile or the row got
                     # it in pass after pass (a partition of such rows only); else a fault, ended and waited out.
@@ -310,8 +326,12 @@ class Relay:
                         raise
                     del self._suspected[row.id]
                     refused.append((row, suspect))
+                    if sends is not None:
+                        sends.failed(row, set_aside_code(suspect))
                 else:
                     published.append(row)
+                    if sends is not None:
+                        sends.took(row, partition)
                     took.add(target)
                     self._suspected.pop(row.id, None)
         except KafkaError as error:
@@ -319,6 +339,15 @@ class Relay:
         finally:
             await producer.stop()
         return published, refused, None
+
+
+def _unsent(sends: Sends, rows: list[ClaimedRow], outcomes: list[BaseException | None]) -> None:
+    """End the `send` spans still open when a batch is done: its rows left for a later batch, each with what its
+    send met (an outage, a topic the broker does not have)."""
+    for row, outcome in zip(rows, outcomes, strict=True):
+        if outcome is not None:
+            sends.failed(row, type(outcome).__name__)
+    sends.close("unsent")
 
 
 async def _settle(in_flight: deque[tuple[asyncio.Task[int], frozenset[str]]]) -> None:
