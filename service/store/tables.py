@@ -62,6 +62,8 @@ outbox = Table(
     Column("payload", LargeBinary, nullable=False),
     # A copy's original Kafka key (pack_key), published byte-exact; NULL: publish `key`, the ordering key.
     Column("kafka_key", LargeBinary),
+    # The span context (`traceparent`) of the attempt that wrote the row, while tracing (docs/tracing.md).
+    Column("trace_context", Text),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("published_at", DateTime(timezone=True)),
     # A row Kafka refused for its content (too large, invalid): the relay passes over it (runbook).
@@ -90,6 +92,8 @@ effects = Table(
     Column("next_attempt_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The span context (`traceparent`) of the attempt that wrote the row, while tracing (docs/tracing.md).
+    Column("trace_context", Text),
     CheckConstraint("state IN ('pending', 'in_flight', 'sent', 'uncertain', 'failed')", name="state"),
     Index("ix_effects_state_kind_next_attempt_at", "state", "kind", "next_attempt_at"),
     Index("ix_effects_aggregate_id", "aggregate_id"),
@@ -122,6 +126,8 @@ quarantine = Table(
     # row's facts stay; a record without its bytes cannot be reprocessed.
     Column("erased_at", DateTime(timezone=True)),
     Column("erased_by", Text),
+    # The span context (`traceparent`) of the attempt that wrote the row, while tracing (docs/tracing.md).
+    Column("trace_context", Text),
     # Two consumer names reading one source topic each keep their own record of a failure (contract §7).
     PrimaryKeyConstraint("consumer_name", "failure_id"),
     CheckConstraint("status IN ('open', 'resolved', 'reprocessing', 'reprocessed')", name="status"),
@@ -192,6 +198,8 @@ parked = Table(
     Column("claimed_until", DateTime(timezone=True)),
     # The record's original Kafka key (service.policy.records.pack_key): unparked records keep it byte-exact.
     Column("source_key", LargeBinary),
+    # The span context (`traceparent`) of the attempt that wrote the row, while tracing (docs/tracing.md).
+    Column("trace_context", Text),
     Index("ix_parked_consumer_name_ordering_key_id", "consumer_name", "ordering_key", "id"),
     # A record is parked once: a redelivery finds it here (the round's look-up) and parks nothing.
     Index("ux_parked_consumer_name_message_id", "consumer_name", "message_id", unique=True),
