@@ -17,7 +17,7 @@ The provider, its sampler and its exporter are set up by service/adapters/otel.p
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -169,6 +169,16 @@ class Tracing:
             context.detach(token)
             for span in (*shares, round_span):
                 span.end()
+
+    @staticmethod
+    def sampled_trace_id(spans: Iterable[Span]) -> str | None:
+        """The trace id of the first sampled span (a round's latency exemplar: a round serves many traces); None when
+        none is."""
+        for span in spans:
+            context = span.get_span_context()
+            if context.trace_flags.sampled:
+                return f"{context.trace_id:032x}"
+        return None
 
     @staticmethod
     def ended(spans: Mapping[Delivery, Span], outcomes: Mapping[Delivery, tuple[str, str | None]]) -> None:

@@ -22,6 +22,7 @@ from service.policy.records import Coordinates, SourceRecord
 from service.policy.retry import Budget, RetryPolicy
 from service.policy.round import Facts
 from service.store.round_write import Rows
+from service.tracing import Tracing
 from service.worker.downtime import Downtime
 from service.worker.middleware import FaultPoints
 from service.worker.processor import Processor, RoundSettings
@@ -177,6 +178,7 @@ def processor(
     timeout: timedelta = timedelta(seconds=5),
     faults: FaultPoints | None = None,
     breakers: Breakers | None = None,
+    tracing: Tracing | None = None,
 ) -> Processor:
     """A processor of things on `store`, its clock stopped at NOW."""
     settings = RoundSettings(Topics(TOPIC), "things-service", "key", timeout, faults=faults or FaultPoints())
@@ -191,6 +193,7 @@ def processor(
         random.Random(1),
         Downtime(),
         breakers,
+        tracing,
     )
 
 
