@@ -77,15 +77,25 @@ class Runs:
         self.per_record.setdefault(config, []).append(micros)
 
     def table(self) -> Table:
-        """Median, spread and the median against `off`'s."""
+        """Median and spread of each, its median against `off`'s, and the median and spread of its ratio to `off`
+        in the same round (the pairs: drift over the run touches both of a pair alike)."""
         table = Table(title="consume: CPU per record")
-        for column in ("configuration", "runs", "median µs", "min-max µs", "vs off"):
+        for column in ("configuration", "runs", "median µs", "min-max µs", "vs off", "paired vs off (min-max)"):
             table.add_column(column, justify="right")
-        off = statistics.median(self.per_record.get("off") or next(iter(self.per_record.values())))
+        offs = self.per_record.get("off") or next(iter(self.per_record.values()))
+        off = statistics.median(offs)
         for config, values in self.per_record.items():
             median = statistics.median(values)
             spread = f"{min(values):.0f}-{max(values):.0f}"
-            table.add_row(config, str(len(values)), f"{median:.0f}", spread, f"{(median / off - 1) * 100:+.1f} %")
+            paired = [(value / base - 1) * 100 for value, base in zip(values, offs, strict=False)]
+            table.add_row(
+                config,
+                str(len(values)),
+                f"{median:.0f}",
+                spread,
+                f"{(median / off - 1) * 100:+.1f} %",
+                f"{statistics.median(paired):+.1f} % ({min(paired):+.0f} to {max(paired):+.0f} %)",
+            )
         return table
 
 
@@ -252,7 +262,7 @@ async def main(args: argparse.Namespace) -> int:
     finally:
         await bench.close()
         await sink.stop()
-    Console().print(results.table())
+    Console(width=120).print(results.table())
     console.print(f"sink: {sink.requests:,} exports, {sink.bytes / 1e6:.1f} MB")
     return 0
 
