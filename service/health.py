@@ -1,6 +1,9 @@
 """`/metrics`, `/healthz` and `/readyz` on ORDERS_METRICS_PORT, served from the process's own event loop.
 
-Answering at all proves the loop is alive (`/healthz`); `/readyz` also checks PostgreSQL and Kafka.
+Answering at all proves the loop is alive (`/healthz`); `/readyz` also checks PostgreSQL and Kafka. `/metrics` answers
+in the OpenMetrics format to a scraper that asks for it (`Accept: application/openmetrics-text`, as Prometheus does
+with exemplar storage on): only that format carries the latency histogram's exemplars (trace ids); any other request
+gets the plain text format.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from service.metrics import Metrics
 
@@ -51,7 +55,7 @@ class HealthServer:
         try:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
             path = request.split(b" ", 2)[1].decode("ascii", "replace") if request.count(b" ") >= 2 else ""
-            status, content_type, body = await self._route(path.split("?", 1)[0])
+            status, content_type, body = await self._route(path.split("?", 1)[0], _header(request, b"accept"))
             head = f"HTTP/1.0 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
             writer.write(head.encode() + body)
             await writer.drain()
@@ -60,9 +64,10 @@ class HealthServer:
         finally:
             writer.close()
 
-    async def _route(self, path: str) -> tuple[str, str, bytes]:
+    async def _route(self, path: str, accept: str) -> tuple[str, str, bytes]:
         if path == "/metrics":
-            return "200 OK", CONTENT_TYPE_LATEST, generate_latest(self._metrics.registry)
+            content_type, body = exposition(self._metrics, accept)
+            return "200 OK", content_type, body
         if path == "/healthz":
             return "200 OK", "text/plain", b"ok\n"
         if path == "/readyz":
@@ -73,3 +78,20 @@ class HealthServer:
                 else ("503 Service Unavailable", "text/plain", b"not ready\n")
             )
         return "404 Not Found", "text/plain", b"not found\n"
+
+
+def exposition(metrics: Metrics, accept: str) -> tuple[str, bytes]:
+    """The metrics in the format `accept` asks for: OpenMetrics (with exemplars) when it names it, else plain text."""
+    encode, content_type = choose_encoder(accept)
+    if content_type.startswith("application/openmetrics-text"):
+        return content_type, encode(metrics.registry)
+    return CONTENT_TYPE_LATEST, generate_latest(metrics.registry)
+
+
+def _header(request: bytes, name: bytes) -> str:
+    """A request header's value (the first, case-insensitive), or "" without it."""
+    for line in request.split(b"\r\n")[1:]:
+        field, _, value = line.partition(b":")
+        if field.strip().lower() == name:
+            return value.strip().decode("latin-1")
+    return ""

@@ -110,6 +110,11 @@ class Metrics:
             f"{p}_reprocess_items", "Reprocessed items by verified outcome (all runs).", ["outcome"], registry=r
         )
 
+    def round_took(self, seconds: float, trace_id: str | None) -> None:
+        """A round's duration, with its trace id as the exemplar when one of its records is sampled (seen in the
+        OpenMetrics exposition only)."""
+        self.batch_seconds.observe(seconds, {"trace_id": trace_id} if trace_id is not None else None)
+
     def effect(self, state: str, error_code: str | None = None, count: int = 1) -> None:
         """Count `count` effect outcomes by the state they moved to, and by their code when they did not succeed."""
         self.effect_outcomes.labels(state=state).inc(count)

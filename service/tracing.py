@@ -17,7 +17,7 @@ The provider, its sampler and its exporter are set up by service/adapters/otel.p
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -91,26 +91,28 @@ class Tracing:
     def process(self, deliveries: Sequence[Delivery], group: str) -> dict[Delivery, Span]:
         """Start a `process <topic>` span for each delivery of a round; its record's `span` becomes the span's
         context (so that what the attempt writes carries it)."""
-        from opentelemetry import trace
-        from opentelemetry.trace import Link, NonRecordingSpan, SpanKind, TraceFlags
+        from opentelemetry import trace as api
 
-        tracer = self.tracer
+        # Every record pays this loop, sampled or not: what only a recorded span needs waits for `is_recording`
+        # (docs/performance.md, "Tracing").
+        tracer, root, consumer, link = self.tracer, self._root, api.SpanKind.CONSUMER, api.Link
+        names: dict[str, str] = {}
         spans: dict[Delivery, Span] = {}
         for delivery in deliveries:
             record = delivery.record
             parent = traces.parse(record.raw_header("traceparent"))
-            links = []
             before = traces.parse(record.span or record.link or record.raw_header(traces.SPAN_HEADER))
-            if before is not None:
-                links.append(Link(_context(before)))
+            links = [link(_context(before, api))] if before is not None else ()
+            name = names.get(record.topic) or names.setdefault(record.topic, f"process {record.topic}")
             if parent is not None:
-                context = trace.set_span_in_context(NonRecordingSpan(_context(parent)))
+                # The producer's span as the parent, and nothing else of the current context.
+                context = api.set_span_in_context(api.NonRecordingSpan(_context(parent, api)), root)
+                span = tracer.start_span(name, context, consumer, links=links)
             else:
                 # A root in the record's own trace: the id generator takes it (service/adapters/otel.py).
-                context = self._root
-                DERIVED.set(int(trace_id_of(record, group), 16))
-            span = tracer.start_span(f"process {record.topic}", context, SpanKind.CONSUMER, links=links)
-            DERIVED.set(None)
+                token = DERIVED.set(int(trace_id_of(record, group), 16))
+                span = tracer.start_span(name, root, consumer, links=links)
+                DERIVED.reset(token)
             if span.is_recording():
                 origin = delivery.origin
                 span.set_attributes(
@@ -138,9 +140,9 @@ class Tracing:
                         }
                     )
             spanned = span.get_span_context()
-            record.span = traces.SpanRef(
-                f"{spanned.trace_id:032x}", f"{spanned.span_id:016x}", bool(spanned.trace_flags & TraceFlags.SAMPLED)
-            ).header
+            # As `traces.SpanRef(...).header` writes it, without building one per record.
+            flags = "01" if spanned.trace_flags.sampled else "00"
+            record.span = f"00-{spanned.trace_id:032x}-{spanned.span_id:016x}-{flags}"
             spans[delivery] = span
         return spans
 
@@ -180,7 +182,7 @@ class Tracing:
             if span.is_recording():
                 share = tracer.start_span(
                     "write",
-                    trace.set_span_in_context(span),
+                    trace.set_span_in_context(span, self._root),
                     SpanKind.INTERNAL,
                     links=[Link(round_span.get_span_context())],
                 )
@@ -196,6 +198,16 @@ class Tracing:
             context.detach(token)
             for span in (*shares, round_span):
                 span.end()
+
+    @staticmethod
+    def sampled_trace_id(spans: Iterable[Span]) -> str | None:
+        """The trace id of the first sampled span (a round's latency exemplar: a round serves many traces); None when
+        none is."""
+        for span in spans:
+            context = span.get_span_context()
+            if context.trace_flags.sampled:
+                return f"{context.trace_id:032x}"
+        return None
 
     @staticmethod
     def ended(spans: Mapping[Delivery, Span], outcomes: Mapping[Delivery, tuple[str, str | None]]) -> None:
@@ -373,11 +385,13 @@ def _failed(span: Span, code: str) -> None:
         span.set_status(Status(StatusCode.ERROR))
 
 
-def _context(ref: traces.SpanRef) -> Any:
-    from opentelemetry.trace import SpanContext, TraceFlags
-
-    flags = TraceFlags(TraceFlags.SAMPLED if ref.sampled else TraceFlags.DEFAULT)
-    return SpanContext(int(ref.trace_id, 16), int(ref.span_id, 16), is_remote=True, trace_flags=flags)
+def _context(ref: traces.SpanRef, api: Any = None) -> Any:
+    """`ref` as a remote span context; `api` is `opentelemetry.trace`, imported once by the caller (a round's
+    records are many), or imported here."""
+    if api is None:
+        from opentelemetry import trace as api
+    flags = api.TraceFlags(api.TraceFlags.SAMPLED if ref.sampled else api.TraceFlags.DEFAULT)
+    return api.SpanContext(int(ref.trace_id, 16), int(ref.span_id, 16), is_remote=True, trace_flags=flags)
 
 
 def current_trace_id() -> str | None:

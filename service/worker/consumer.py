@@ -11,6 +11,7 @@ one before). An offset is committed only after its record left the processor (it
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -280,14 +281,16 @@ class ConsumerLoop:
     async def _round(self, consumer: AIOKafkaConsumer, stop: asyncio.Event, due: dict[Delivery, RetryState]) -> None:
         left: Collection[Delivery] = ()
         retried: Mapping[Delivery, RetryState] = {}
+        started = time.perf_counter()
+        trace_id = None
         try:
-            with self._metrics.batch_seconds.time():
-                attempted = await self._processor.attempt_round(due, stop)
-            left, retried = attempted.left, attempted.retry
+            attempted = await self._processor.attempt_round(due, stop)
+            left, retried, trace_id = attempted.left, attempted.retry, attempted.trace_id
         except Exception as error:
             self._error = error
             return
         finally:
+            self._metrics.round_took(time.perf_counter() - started, trace_id)
             self._rounds.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
             self._offsets.settle(self._lanes.settle(due, left, retried))
             self._arrived.set()

@@ -21,6 +21,7 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -84,6 +85,20 @@ class Attempted:
 
     left: frozenset[Delivery]
     retry: Mapping[Delivery, RetryState]
+    trace_id: str | None = None  # the first sampled process span's, while tracing (the round's latency exemplar)
+
+
+@dataclass
+class RoundSpans:
+    """A traced round's process spans and the outcomes they end with."""
+
+    spans: dict[Delivery, Any]
+    outcomes: dict[Delivery, tuple[str, str | None]] = field(default_factory=dict)
+
+
+# The traced round of the task that runs it: the consumer plans its next round while one's transaction runs, so two
+# rounds of one processor can overlap, each in its own task (and so its own context).
+_ROUND: ContextVar[RoundSpans | None] = ContextVar("round_spans", default=None)
 
 
 _NOTHING = Attempted(frozenset(), {})
@@ -109,9 +124,6 @@ class Processor:
         self._store = store
         self._breakers = breakers
         self._tracing = tracing if tracing is not None and tracing.enabled else None
-        # The round's process spans and their outcomes, while tracing (a processor runs one round at a time).
-        self._spans: dict[Delivery, Any] | None = None
-        self._outcomes: dict[Delivery, tuple[str, str | None]] = {}
         self._handler = handler
         self._metrics = metrics
         self._clock = clock
@@ -214,17 +226,18 @@ class Processor:
         tracing = self._tracing
         if tracing is None:
             return await self._attempt_untraced(due)
-        self._spans, self._outcomes = tracing.process(list(due), self._consumer), {}
+        traced = RoundSpans(tracing.process(list(due), self._consumer))
+        token = _ROUND.set(traced)
         try:
             attempted = await self._attempt_untraced(due)
             for delivery, state in attempted.retry.items():
-                if delivery not in self._outcomes:
+                if delivery not in traced.outcomes:
                     code = state.last_code.value if state.last_code is not None else None
-                    self._outcomes[delivery] = ("waiting", None) if state.breaker else ("failed", code)
-            return attempted
+                    traced.outcomes[delivery] = ("waiting", None) if state.breaker else ("failed", code)
+            return replace(attempted, trace_id=tracing.sampled_trace_id(traced.spans.values()))
         finally:
-            tracing.ended(self._spans, self._outcomes)
-            self._spans = None
+            _ROUND.reset(token)
+            tracing.ended(traced.spans, traced.outcomes)
 
     async def _attempt_untraced(self, due: Mapping[Delivery, RetryState]) -> Attempted:
         key_ordering = self._ordering == "key"
@@ -265,7 +278,8 @@ class Processor:
         limit = asyncio.Semaphore(LOOKUP_CONCURRENCY)
         call = classified(downstream)(timed(self._timeout)(self._handler.look_up))
 
-        spans = self._spans
+        traced = _ROUND.get()
+        spans = traced.spans if traced is not None else None
 
         async def look_up(key: str) -> None:
             async with limit:
@@ -339,7 +353,8 @@ class Processor:
     ) -> frozenset[Delivery]:
         """Lock, decide what the writable deliveries write, apply it and commit, in one transaction (`last_resort`:
         the one delivery's quarantine with an envelope of nothing but its identities, see `_write_failed`)."""
-        spans = self._spans
+        traced = _ROUND.get()
+        spans = traced.spans if traced is not None else None
         with self._tracing.write(spans, writable) if spans is not None else nullcontext():  # type: ignore[union-attr]
             async with self._store.transaction() as transaction:
                 current = await transaction.lock(to_lock(writable, round_, self._handler.creates))
@@ -365,10 +380,11 @@ class Processor:
             log.warning("retry_orphan_removed", message_id=message_id)
         # Counted here, not with a Counter over every step: each step's key would hash an enum in Python.
         counts: Counter[tuple[Write, Code | None]] = Counter()
-        if self._spans is not None:
+        traced = _ROUND.get()
+        if traced is not None:
             for delivery, write, code, _, _ in plan.steps:
                 failed = write in (Write.QUARANTINE, Write.LAST_RESORT, Write.REQUARANTINE)
-                self._outcomes[delivery] = (write.outcome.value, code.value if failed and code else None)
+                traced.outcomes[delivery] = (write.outcome.value, code.value if failed and code else None)
         for delivery, write, code, _, _ in plan.steps:
             if write is not Write.APPLY:
                 counts[write, code] += 1
