@@ -65,6 +65,7 @@ class Tracing:
         self.enabled = provider is not None
         self._tracer: Tracer | None = provider.get_tracer(_SCOPE) if provider is not None else None
         self._root: Any = None
+        self._sampler: Any = provider.sampler if provider is not None else None
         if provider is not None:
             from opentelemetry.context import Context
 
@@ -89,8 +90,8 @@ class Tracing:
     # -- the consumer ------------------------------------------------------------------------------------------
 
     def process(self, deliveries: Sequence[Delivery], group: str) -> dict[Delivery, Span]:
-        """Start a `process <topic>` span for each delivery of a round; its record's `span` becomes the span's
-        context (so that what the attempt writes carries it)."""
+        """Start a `process <topic>` span for each delivery of a round the sampler traces; its record's `span`
+        becomes the span's context (so that what the attempt writes carries it), None for one not traced."""
         from opentelemetry import trace as api
 
         # Every record pays this loop, sampled or not: what only a recorded span needs waits for `is_recording`
@@ -98,19 +99,30 @@ class Tracing:
         tracer, root, consumer, link = self.tracer, self._root, api.SpanKind.CONSUMER, api.Link
         names: dict[str, str] = {}
         spans: dict[Delivery, Span] = {}
+        sampler = self._sampler
         for delivery in deliveries:
             record = delivery.record
             parent = traces.parse(record.raw_header("traceparent"))
-            before = traces.parse(record.span or record.link or record.raw_header(traces.SPAN_HEADER))
-            links = [link(_context(before, api))] if before is not None else ()
             name = names.get(record.topic) or names.setdefault(record.topic, f"process {record.topic}")
             if parent is not None:
                 # The producer's span as the parent, and nothing else of the current context.
                 context = api.set_span_in_context(api.NonRecordingSpan(_context(parent, api)), root)
+                trace_id = int(parent.trace_id, 16)
+            else:
+                context, trace_id = root, int(trace_id_of(record, group), 16)
+            # The sampler's word first: most records are not traced, and the SDK's span costs them several µs for
+            # nothing. An attempt not traced has no span and no context to pass on (none of its record's attempts
+            # is traced: the sampler sees one trace id and one parent for them all).
+            if not sampler.should_sample(context, trace_id, name, consumer).decision.is_sampled():
+                record.span = None
+                continue
+            before = traces.parse(record.span or record.link or record.raw_header(traces.SPAN_HEADER))
+            links = [link(_context(before, api))] if before is not None else ()
+            if parent is not None:
                 span = tracer.start_span(name, context, consumer, links=links)
             else:
                 # A root in the record's own trace: the id generator takes it (service/adapters/otel.py).
-                token = DERIVED.set(int(trace_id_of(record, group), 16))
+                token = DERIVED.set(trace_id)
                 span = tracer.start_span(name, root, consumer, links=links)
                 DERIVED.reset(token)
             if span.is_recording():
