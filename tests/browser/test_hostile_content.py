@@ -223,7 +223,7 @@ async def test_hostile_content_is_shown_as_text_and_nothing_of_it_runs_or_loads(
     for hostile_text in (SCRIPT, IMAGE, JS_URL):
         assert hostile_text in queue
     await page.goto(f"{url}/quarantine/{quote(failure_id(SCRIPTED))}")
-    await expect(page.locator("dl.facts dd.id")).to_have_text([SCRIPT, SCRIPT])  # its message id and key
+    await expect(page.locator("dl.facts dd.id:not(#trace)")).to_have_text([SCRIPT, SCRIPT])  # its message id and key
     await expect(page.locator("table.headers")).to_contain_text(SCRIPT)
     await expect(page.locator("table.headers")).to_contain_text(IMAGE)
     await expect(page.locator("table.headers")).to_contain_text(JS_URL)
@@ -329,7 +329,7 @@ async def test_a_right_to_left_override_is_shown_escaped_in_the_envelope_the_fac
     # page holds neither anywhere
     escaped = "A-1\\u202eevil\\x1b[2J"
     assert escaped.replace("\\x1b", "\\u001b") in await page.locator("pre.document").inner_text()
-    await expect(page.locator("dl.facts dd.id")).to_have_text([escaped, escaped])  # its message id and key
+    await expect(page.locator("dl.facts dd.id:not(#trace)")).to_have_text([escaped, escaped])  # its message id and key
     await expect(page.locator("table.headers")).to_contain_text(escaped)
     text_of_page = await page.locator("html").inner_text()
     assert "\u202e" not in text_of_page
