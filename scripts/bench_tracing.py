@@ -45,7 +45,10 @@ TRACING = {
     "on1": {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.01"},
     "on10": {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"},
     "on100": {"OTEL_TRACES_SAMPLER": "always_on"},
+    "default": {},  # on, with the service's own default sampler (service/adapters/otel.py DEFAULT_SAMPLER)
 }
+# One producer's `traceparent` in this many is sampled (every second record carries one); 0: none is.
+SAMPLED_PARENTS = {"every": 10}
 
 
 def traced_record(index: int) -> Record:
@@ -54,7 +57,8 @@ def traced_record(index: int) -> Record:
     key, value, headers = record_at(index)
     if index % 2 == 0:
         trace_id = (index * 0x9E3779B97F4A7C15 + 1) % (1 << 128) or 1
-        flags = "01" if index % 20 == 0 else "00"
+        every = SAMPLED_PARENTS["every"]
+        flags = "01" if every and index % (2 * every) == 0 else "00"
         parent = f"00-{trace_id:032x}-{index + 1:016x}-{flags}"
         headers = [*headers, ("traceparent", parent.encode())]
     return key, value, headers
@@ -237,6 +241,7 @@ async def main(args: argparse.Namespace) -> int:
     """Alternate the configurations `--pairs` times; print each run and the table."""
     # The offset probe still asks about the topics of the runs before, deleted as each run ends.
     logging.getLogger("aiokafka.cluster").setLevel(logging.CRITICAL)
+    SAMPLED_PARENTS["every"] = args.sampled_parents
     bench = Bench(args.admin_url, args.bootstrap, QUICK, keep=False)
     sink = Sink()
     await sink.start()
@@ -278,6 +283,12 @@ def arguments() -> argparse.Namespace:
         "--configs",
         default="off,on10,on100",
         help=f"comma separated, of {', '.join(TRACING)}; with --baseline also <config>@base (default off,on10,on100)",
+    )
+    parser.add_argument(
+        "--sampled-parents",
+        type=int,
+        default=10,
+        help="one producer's traceparent in this many is sampled (default 10: 5 %% of the records); 0: none",
     )
     parser.add_argument("--profile", action="store_true", help="profile each consumer: <logs>/<run>.prof (cProfile)")
     parser.add_argument("--baseline", type=Path, help="a checkout whose consumer runs as `base` (tracing off)")

@@ -205,7 +205,7 @@ class Container(containers.DeclarativeContainer):
 
     engine = providers.Resource(_engine, settings=settings)
     # The process's role (its command: consume, relay, effects, run, reconcile, console, …) for its traces.
-    role = providers.Object("run")
+    role = providers.Object("cli")
     tracing = providers.Resource(_tracing, settings=settings, role=role)
     http = providers.Resource(_http, settings=settings, tracing=tracing)
     metrics = providers.Singleton(_metrics, settings=settings, domain=domain)

@@ -116,15 +116,22 @@ class Tracing:
             if not sampler.should_sample(context, trace_id, name, consumer).decision.is_sampled():
                 record.span = None
                 continue
-            before = traces.parse(record.span or record.link or record.raw_header(traces.SPAN_HEADER))
+            # The attempt before: this one's in memory, a parked record's, or a copy's header (a tier's, a
+            # reprocess's; a source record's header of that name is its producer's, not ours: not trusted).
+            copied = delivery.in_tier or delivery.reprocess
+            before = traces.parse(
+                record.span or record.link or (record.raw_header(traces.SPAN_HEADER) if copied else None)
+            )
             links = [link(_context(before, api))] if before is not None else ()
             if parent is not None:
                 span = tracer.start_span(name, context, consumer, links=links)
             else:
                 # A root in the record's own trace: the id generator takes it (service/adapters/otel.py).
                 token = DERIVED.set(trace_id)
-                span = tracer.start_span(name, root, consumer, links=links)
-                DERIVED.reset(token)
+                try:
+                    span = tracer.start_span(name, root, consumer, links=links)
+                finally:
+                    DERIVED.reset(token)
             if span.is_recording():
                 origin = delivery.origin
                 span.set_attributes(
@@ -366,7 +373,7 @@ class Sends:
 def _send_attributes(row: ClaimedRow) -> dict[str, AttributeValue]:
     """A row's `send` span's attributes: its coordinates, its text key, its message id and failure id; never its
     payload nor another header's value."""
-    from service.policy.records import message_id_of, text_of
+    from service.policy.records import message_id_of, text_of, unpack_key
 
     attributes: dict[str, AttributeValue] = {
         "messaging.system": "kafka",
@@ -374,8 +381,10 @@ def _send_attributes(row: ClaimedRow) -> dict[str, AttributeValue]:
         "messaging.operation.name": "send",
         "messaging.destination.name": row.topic,
     }
-    if row.key is not None:
-        attributes["messaging.kafka.message.key"] = row.key
+    # The Kafka key as text: a copy's own (`kafka_key`, packed), never its ordering key (which may be a payload's).
+    key = row.key if row.kafka_key is None else text_of(unpack_key(row.kafka_key))
+    if key is not None:
+        attributes["messaging.kafka.message.key"] = key
     message_id = failure_id = None
     for name, value in row.headers:
         if name == "message-id" and message_id is None:

@@ -31,9 +31,12 @@ WHERE envelope->>'traceId' IS NULL
 
 
 def upgrade() -> None:
+    # The long part first: the backfill takes row locks on the quarantine only (readers and new rows go on). The
+    # columns after it, each an instant change of the catalogue whose exclusive lock is then held only until the
+    # commit that follows at once, not through the backfill.
+    op.execute(_BACKFILL)
     for table in _TABLES:
         op.add_column(table, sa.Column("trace_context", sa.Text(), nullable=True))
-    op.execute(_BACKFILL)
 
 
 def downgrade() -> None:

@@ -120,7 +120,7 @@ async def assembled(settings: Settings, role: str | None = None) -> AsyncIterato
         await container.shutdown_resources()  # type: ignore[misc]
 
 
-# The role a one-shot command's traces name, by the part it builds.
+# The role a one-shot command's traces name, by the part it builds (any other command: `cli`).
 _ROLES = {"reconciler": "reconcile", "reprocessor": "reprocess"}
 
 

@@ -13,10 +13,12 @@ from typing import Any
 from service.policy.handling import DecodeFailure
 from service.policy.headers import Headers
 from service.policy.records import text_of
+from service.policy.traces import SPAN_HEADER
 
 # The headers a copy sent back carries of its own (service/worker/reprocess.py): an edit cannot set or drop them.
 RESERVED_HEADERS = frozenset(
     {
+        SPAN_HEADER,
         "message-id",
         "failure-id",
         "origin-timestamp",

@@ -59,11 +59,14 @@ def scrub_edits(erased: str, actor: str = ":actor") -> str:
     """
 
 
-def erase_records(selected: str) -> str:
+def erase_records(selected: str, *, copies: bool = True) -> str:
     """The one statement that erases records: `selected` picks them (a FROM item giving consumer_name and
     failure_id, locked); their bytes and header values go, they are marked erased by `:actor` with an event in
-    their timelines, and their edits and copies lose what they hold (`scrub_edits`, `scrub_copies`). It returns
-    the failure ids erased."""
+    their timelines, and their edits lose what they hold (`scrub_edits`), their copies in the outbox too with
+    `copies` (`scrub_copies`: an operator's erase; retention's needs not, the outbox's published rows are gone
+    after the dedup window, long before a closed record's payload period, and its join would scan the outbox for
+    each of a thousand records). It returns the failure ids erased."""
+    scrubbed = f""", copies AS ({scrub_copies("erased")})""" if copies else ""
     return f"""
     WITH erased AS (
         UPDATE quarantine q SET payload = NULL, source_headers = {HEADER_NAMES_ONLY}, erased_at = now(),
@@ -75,7 +78,7 @@ def erase_records(selected: str) -> str:
         INSERT INTO quarantine_events (consumer_name, failure_id, at, event, actor, detail)
         SELECT consumer_name, failure_id, now(), 'erased', :actor, 'payload and header values removed' FROM erased
     ), edits AS ({scrub_edits("erased")}
-    ), copies AS ({scrub_copies("erased")})
+    ){scrubbed}
     SELECT failure_id FROM erased
     """
 
@@ -85,7 +88,8 @@ _ERASE_CLOSED_PAYLOADS = text(
         """SELECT consumer_name, failure_id FROM quarantine
            WHERE status IN ('resolved', 'reprocessed') AND erased_at IS NULL
              AND updated_at < now() - CAST(:period AS interval)
-           LIMIT :batch FOR UPDATE SKIP LOCKED"""
+           LIMIT :batch FOR UPDATE SKIP LOCKED""",
+        copies=False,
     )
 )
 _PURGE_CLOSED_RECORDS = text(

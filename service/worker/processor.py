@@ -277,6 +277,8 @@ class Processor:
             return looked_up, failures
         limit = asyncio.Semaphore(LOOKUP_CONCURRENCY)
         call = classified(downstream)(timed(self._timeout)(self._handler.look_up))
+        guard = self._breakers[downstream] if self._breakers is not None else None
+        closed_before = guard is not None and guard.breaker.state is State.CLOSED
 
         traced = _ROUND.get()
         spans = traced.spans if traced is not None else None
@@ -296,10 +298,12 @@ class Processor:
                 looked_up[key] = answer
 
         await asyncio.gather(*(look_up(key) for key in wanted))
-        if failures and self._breakers is not None and self._breakers[downstream].breaker.state is not State.CLOSED:
-            # The round's look-ups opened the downstream's breaker (or met it open): an outage, and its failures are
-            # no record's. Without this, the first `threshold - 1` answers of the run that opens it would be charged,
-            # once per member and per outage: a record whose tier copies move between members would pay each time.
+        if failures and closed_before and guard is not None and guard.breaker.state is not State.CLOSED:
+            # The round's look-ups opened the downstream's breaker: an outage, and its failures are no record's.
+            # Without this, the first `threshold - 1` answers of the run that opens it would be charged, once per
+            # member and per outage: a record whose tier copies move between members would pay each time. (A breaker
+            # open before the round charged none of its calls already, and gives nothing back: a record that fails
+            # alone while another cause holds the breaker open is charged as a lone failure.)
             failures = {
                 delivery: replace(failure, charged=False) if failure.downstream == downstream else failure
                 for delivery, failure in failures.items()

@@ -149,14 +149,29 @@ async def test_a_failed_attempt_is_an_error_span_and_the_next_attempt_links_to_i
     assert [link.context.span_id for link in second.links] == [first.context.span_id]
 
 
-async def test_a_copy_links_to_the_attempt_its_own_header_names(
+async def test_a_copy_links_to_the_attempt_its_own_header_names_and_a_source_records_header_is_not_trusted(
     exported: tuple[Tracing, InMemorySpanExporter],
 ) -> None:
     tracing, exporter = exported
     before = f"00-{PRODUCER_TRACE}-1111111111111111-01"
-    await one_round(tracing, source(0, b"create:T-1", ("traceparent", PARENT.encode()), (SPAN_HEADER, before.encode())))
-    [process] = named(exporter.get_finished_spans(), f"process {TOPIC}")
-    assert [f"{link.context.span_id:016x}" for link in process.links] == ["1111111111111111"]
+    ours = (SPAN_HEADER, before.encode())
+    copy = SourceRecord(
+        f"{TOPIC}.reprocess",
+        0,
+        5,
+        0,
+        b"T-1",
+        b"create:T-1",
+        (("message-id", b"m0"), ("failure-id", b"things/0/0"), ours),
+    )
+    await one_round(tracing, copy, source(1, b"create:T-2", ours, key=b"T-2"))
+    spans = {span.attributes["messaging.destination.name"]: span for span in named_process(exporter)}  # type: ignore[index]
+    assert [f"{link.context.span_id:016x}" for link in spans[f"{TOPIC}.reprocess"].links] == ["1111111111111111"]
+    assert list(spans[TOPIC].links) == []
+
+
+def named_process(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
+    return [span for span in exporter.get_finished_spans() if span.name.startswith("process ")]
 
 
 async def test_tracing_off_still_gives_every_record_a_trace_id_and_no_span_context() -> None:
