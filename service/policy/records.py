@@ -75,8 +75,7 @@ class SourceRecord:
             elif name == "traceparent":
                 parent = value
         self.message_id = message_id_of(given) or f"{self.topic}/{self.partition}/{self.offset}"
-        ref = traces.parse(parent) if parent is not None else None
-        self.trace_id = ref.trace_id if ref is not None else None
+        self.trace_id = traces.trace_id_in(parent) if parent is not None else None
 
     @property
     def coordinates(self) -> Coordinates:

@@ -61,7 +61,10 @@ class RowMaker:
                 for event in applied.events:
                     message(self._event(delivery, event, version))
                 span = delivery.record.span
-                rows.effects.extend(NewEffect.of(effect, span) for effect in applied.effects)
+                for effect in applied.effects:
+                    rows.effects.append(
+                        NewEffect(effect.idempotency_key, effect.aggregate_id, effect.kind, effect.payload, span)
+                    )
                 if reopen:
                     rows.reopened.append(_inbox_row(delivery, "processed", None))
                 else:
