@@ -276,7 +276,7 @@ async def effects_stage(
     try:
         created = [new_order(number) for number in range(count)]
         await insert(connection, order_store.CREATE_ROWS, "created_aggregates", order_store.COLUMNS, created)
-        effects = [capture_of(order) for order in created]
+        effects = [effect_store.NewEffect.of(capture_of(order), None) for order in created]
         await insert(connection, effect_store.ADD_ROWS, "effect_rows", effect_store.COLUMNS, effects)
         await provider.control("reset")
         if latency:
