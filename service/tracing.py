@@ -158,10 +158,7 @@ class Tracing:
                             "messaging.kafka.message.offset": record.offset,
                         }
                     )
-            spanned = span.get_span_context()
-            # As `traces.SpanRef(...).header` writes it, without building one per record.
-            flags = "01" if spanned.trace_flags.sampled else "00"
-            record.span = f"00-{spanned.trace_id:032x}-{spanned.span_id:016x}-{flags}"
+            record.span = header(span)
             spans[delivery] = span
         return spans
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import NamedTuple
+from typing import NamedTuple, TypeGuard
 
 # The header of a copy (tier, reprocess, edit) that holds the span context of the attempt that sent it: the
 # producer's `traceparent` stays as it was.
 SPAN_HEADER = "service-traceparent"
 
 _PARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
-_TRACE_ID = re.compile(r"^[0-9a-f]{32}$")
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
 
 
 class SpanRef(NamedTuple):
@@ -77,6 +77,6 @@ def derived_trace_id(consumer: str, message_id: str) -> str:
     return digest if digest.strip("0") else "0" * 31 + "1"
 
 
-def is_trace_id(value: object) -> bool:
+def is_trace_id(value: object) -> TypeGuard[str]:
     """Whether `value` is a trace id as envelopes hold it (32 lowercase hex digits, not all zero)."""
-    return isinstance(value, str) and _TRACE_ID.match(value) is not None and bool(value.strip("0"))
+    return isinstance(value, str) and _TRACE_ID.fullmatch(value) is not None and bool(value.strip("0"))
