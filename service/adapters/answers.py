@@ -156,9 +156,8 @@ def call_outcome(exchange: Exchange) -> CallOutcome | None:
     if 200 <= status < 300:
         return Unknown(ErrorCode.PROVIDER_MISCONFIGURED)
     # Never charged: our configuration, not the effect. Behind the breaker it opened (or found open), claimed again
-    # as soon as a probe succeeds; alone (one request's trouble, the breaker closed), after the longest backoff.
-    wait = None if exchange.charged else timedelta(0)
-    return NotSent(_provider_code(exchange.outcome.code, status), retry_after=wait, charged=False)
+    # as soon as a probe succeeds.
+    return NotSent(_provider_code(exchange.outcome.code, status), retry_after=timedelta(0), charged=False)
 
 
 def lookup_outcome(exchange: Exchange) -> LookupFailed | None:

@@ -1,8 +1,8 @@
 """A circuit breaker per downstream: a pure state machine over immutable values.
 
 ```
-closed ──a run of `threshold` failed calls of 2+ requests; 2 answers of 2 requests not the API's own; a 429 with
-         Retry-After──▶ open
+closed ──a run of `threshold` failed calls; an answer not the API's own; a 429 with Retry-After──▶ open (a run of
+         one request alone: suspecting it)
 open ──its time is up: the next call is the one probe──▶ half_open
 open ──a request whose probe has not failed in this spell asks (suspects only)──▶ half_open, its probe
 half_open ──the probe is answered by the API──▶ closed
@@ -14,11 +14,15 @@ half_open ──the probe fails, fewer different requests' probes having failed�
 While the breaker is not closed, no call is charged to a record or an effect: a call it refuses is not made, and
 a failed call is charged only when the breaker is closed before and after it (`record` says so). The run that
 opens it is charged up to its last call, which opens it and is charged to nobody: in a round of many look-ups
-that fail together, only the first `threshold - 1` are charged, and only if their answers come first. A run opens
-it only when it holds failures of at least two different requests (two keys, two idempotency keys): one request
-failing again and again, or answered with what its API never answers, is its record's (or effect's) trouble, retried
-within its own budget, and must not hold back the calls of every other record. An answer that is not the API's own
-opens it as soon as a second request of the run gets one too: a wrong URL answers every request so.
+that fail together, only the first `threshold - 1` are charged, and only if their answers come first. A run of one
+request alone (one key failing again and again, or the one key that a hundred records wait on) opens it suspecting
+that request: any other request may probe at once, and the first that is answered closes it, so a request that fails
+alone holds back nobody while other requests are made, and is charged again (as its record's own trouble) once it
+closes; when it is the only request there is, it waits with everyone for the probe, as in any outage. An answer that
+is not the API's own opens it at once and is charged to nobody: it is our configuration (a wrong URL, a refused
+credential), never the record's, and a record must not spend its attempts on it (contract §6); seen by one request
+alone, it suspects that request the same way (a wrong URL answers the next request as it answered the first, and
+the breaker stays open for everyone).
 A probe is held to the same rule: a request that fails alone again and again (a key its downstream never finds)
 must not keep the breaker open once the downstream is back. When a probe fails, the breaker stays open for twice as
 long, but the request is a suspect: any other request may probe at once, and the first that is answered closes it.
@@ -159,11 +163,14 @@ def record(
     targets = breaker.targets
     if outcome.target is not None and len(targets) < 2:
         targets = targets | {outcome.target}
-    several = len(targets) >= 2 or outcome.target is None
-    # A misconfiguration seen by two requests opens it at once; an outage needs the whole run.
-    threshold = 2 if outcome.verdict is Verdict.MISCONFIGURED else policy.threshold
-    if several and failures >= min(threshold, policy.threshold):
-        return _open(breaker, outcome, now, policy), False
+    # An answer not the API's own is our URL or credentials, never the record's: it opens at once.
+    if failures >= policy.threshold or outcome.verdict is Verdict.MISCONFIGURED:
+        opened = _open(breaker, outcome, now, policy)
+        if outcome.target is not None and targets == {outcome.target}:
+            # One request alone: suspected, so that any other may probe at once (a request that fails alone, or that
+            # some proxy answers oddly, holds back nobody once another request is answered).
+            return replace(opened, suspects=targets), False
+        return opened, False
     return replace(breaker, failures=failures, targets=targets), True
 
 

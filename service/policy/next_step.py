@@ -10,11 +10,12 @@ applies it (its log lines); the lanes keep the new state.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import ClassVar
 
-from service.codes import ErrorCode
+from service.codes import ErrorCode, FailureKind
 from service.policy import backoff
 from service.policy.classify import Action, Failure, classify
 from service.policy.delivery import Delivery, RetryState
@@ -128,6 +129,26 @@ def next_step(
     # Quarantine (a rejection answered by a look-up is no business outcome of the record: quarantined too).
     spent = RetryState(history, loop_now, None, decision.code, None, failure.code, 0, downtime)
     return Quarantine(spent, decision.code)
+
+
+def charged_once(
+    failure: Failure, waiting: Sequence[Delivery], due: Mapping[Delivery, RetryState]
+) -> dict[Delivery, Failure]:
+    """The failure of one call that every delivery of `waiting` needed (one look-up asked for many records: many
+    records about one thing), charged to one of them: the one with the fewest attempts spent, the first in lane order
+    among equals. One call is one attempt: charging each record that waited on it would spend a hundred records in a
+    few calls, and no breaker could tell an outage from it (one request failing is not enough to open one). The others
+    wait for the downstream uncharged (`Wait`), their elapsed budgets running; the one charged changes from call to
+    call. A failure that is not transient (a bug's) is each record's own."""
+    if len(waiting) == 1 or not failure.charged or failure.code.kind is not FailureKind.TRANSIENT:
+        return dict.fromkeys(waiting, failure)
+    payer = min(waiting, key=lambda delivery: _attempts(due[delivery]))
+    spared = replace(failure, charged=False)
+    return {delivery: failure if delivery is payer else spared for delivery in waiting}
+
+
+def _attempts(state: RetryState) -> int:
+    return state.history.attempts if state.history is not None else 0
 
 
 # How long a record refused by a breaker waits when the breaker gave no time (its probe is out): it is woken as soon

@@ -41,7 +41,7 @@ from service.policy.decide import decide
 from service.policy.delivery import Delivery, RetryState
 from service.policy.handling import DecodeFailure
 from service.policy.headers import from_json
-from service.policy.next_step import Budgets
+from service.policy.next_step import Budgets, charged_once
 from service.policy.owners import Owners
 from service.policy.records import SourceRecord, trace_id_of, unpack_key
 from service.policy.retry import RetryPolicy
@@ -292,8 +292,7 @@ class Processor:
                     with self._tracing.within(spans.get(wanted[key][0])):  # type: ignore[union-attr]
                         answer = await call(key)
             if isinstance(answer, Failure):
-                for delivery in wanted[key]:
-                    failures[delivery] = answer
+                failures.update(charged_once(answer, wanted[key], round_.due))
             else:
                 looked_up[key] = answer
 

@@ -92,6 +92,25 @@ async def test_a_ten_second_outage_of_the_directory_quarantines_none_of_hundreds
     assert downstream.calls("customers.get") < ORDERS * 2
 
 
+async def test_a_ten_second_outage_quarantines_none_of_one_customers_hundred_orders(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a hundred healthy orders of one customer (one look-up a round for all of them: one request failing, which
+    # opens no breaker) arriving as the directory goes down for 10 s (503s, every 7th call hanging past the timeout)
+    settings = settings_for(database_url, kafka, topics, customers_url=downstream.url)
+    downstream.outage("customers.get", 10.0, 503, hang_every=7, hang=1.5)
+    await produce(kafka, topics.source, [(f"O-{n}", placed(f"O-{n}", customer="c-1"), {}) for n in range(100)])
+
+    # When the service works through them
+    async with running(settings, "consumer_loop", "relay"):
+        await eventually(lambda: all_terminal(engine, 100), timeout=90)
+
+    # Then each failed look-up was charged to one of them, not to all: every order was applied once it came back
+    assert await outcomes(engine) == {"processed": 100}
+    assert await scalar(engine, "SELECT count(*) FROM quarantine") == 0
+    assert downstream.outage_left("customers.get") == 0
+
+
 async def test_an_outage_longer_than_the_elapsed_budget_quarantines_each_waiting_record_once_naming_the_breaker(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
 ) -> None:
@@ -176,6 +195,36 @@ async def test_a_wrong_directory_path_waits_for_the_fix_and_then_everything_flow
     assert len(await read_topic(kafka, topics.rejected, expect=0, timeout=2)) == 0
 
 
+async def test_a_lone_order_answered_by_a_wrong_url_waits_with_the_breaker_open_and_spends_no_attempt(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given one order, and the directory's URL with a typo in its path (the server's HTML 404 page): one request alone
+    wrong = settings_for(database_url, kafka, topics, customers_url=f"{downstream.url}/v1typo")
+    await produce(kafka, topics.source, [("L-1", placed("L-1", customer="c-1"), {})])
+
+    # When the service runs with it for longer than its three attempts took before (about 2 s)
+    async with running(wrong, "consumer_loop", "relay") as container:
+        guard = container.breakers()["customers"]
+        await eventually(lambda: asyncio.sleep(0, guard.breaker.misconfigured))
+        waited = time.monotonic()
+        await eventually(lambda: asyncio.sleep(0, time.monotonic() - waited > 4.0), timeout=10)
+        registry = container.metrics().registry
+        misconfigured = registry.get_sample_value("orders_downstream_misconfigured", {"downstream": "customers"})
+        failures = registry.get_sample_value("orders_failures_total", {"error_code": "DOWNSTREAM_MISCONFIGURED"})
+        # Then the breaker is open as misconfigured (the metric the alert reads says so), nothing was decided about
+        # the order and no attempt was spent on it
+        assert (guard.breaker.state, misconfigured, failures) == (State.OPEN, 1.0, None)
+        assert await scalar(engine, "SELECT count(*) FROM inbox") == 0
+        assert await scalar(engine, "SELECT count(*) FROM quarantine") == 0
+
+    # And once the URL is fixed, it is applied
+    fixed = settings_for(database_url, kafka, topics, customers_url=downstream.url)
+    async with running(fixed, "consumer_loop", "relay"):
+        await eventually(lambda: all_terminal(engine, 1), timeout=60)
+    assert await outcomes(engine) == {"processed": 1}
+    assert len(await read_topic(kafka, topics.rejected, expect=0, timeout=2)) == 0
+
+
 async def test_a_head_quarantined_from_its_blocking_phase_parks_the_later_record_of_its_key_in_the_same_round(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
 ) -> None:
@@ -231,8 +280,9 @@ async def test_a_payments_outage_exhausts_no_effect_and_every_capture_goes_out_a
         {"status": 308, "headers": [("Location", "https://payments.example/payments")]},
         {"status": 401, "body": b"<html>Sign in</html>"},
         {"status": 204, "content_type": None},
+        {"status": 404, "body": b"<html><body>Not Found</body></html>", "content_type": "text/html"},
     ],
-    ids=["redirect", "401", "204"],
+    ids=["redirect", "401", "204", "html-404"],
 )
 async def test_a_payment_provider_answering_what_its_api_never_answers_fails_no_payment(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream, answer: dict[str, Any]
@@ -244,8 +294,7 @@ async def test_a_payment_provider_answering_what_its_api_never_answers_fails_no_
     await produce(kafka, topics.source, [(f"R-{n}", placed(f"R-{n}"), {}) for n in range(10)])
 
     # When the consumer, the effect worker and (for what may have been acted on) the reconciler run
-    # (the one capture first so answered alone, its provider's breaker still closed, is tried again 1 s later, not 30)
-    quick = providers.Singleton(EffectPolicy, max_attempts=3, alone_misconfigured_wait=timedelta(seconds=1))
+    quick = providers.Singleton(EffectPolicy, max_attempts=3)
     async with running(
         settings, "consumer_loop", "effect_worker", configure=lambda c: c.effect_policy.override(quick)
     ) as container:

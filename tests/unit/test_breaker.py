@@ -59,16 +59,32 @@ def test_a_run_of_failures_is_charged_until_the_call_that_opens_the_breaker() ->
     )
 
 
-def test_one_request_failing_again_and_again_is_its_records_trouble_and_opens_nothing() -> None:
-    # Given the directory failing for one customer only: a dead record retried in place, every call charged to it
-    breaker, charges = failing(20, target="customer-dead")
+def test_a_run_of_one_request_alone_opens_it_suspecting_that_request_so_any_other_probes_at_once() -> None:
+    # Given the directory failing for one customer only (a dead record, or the one customer a hundred orders wait on)
+    breaker, charges = failing(5, target="customer-dead")
 
-    # Then the breaker stays closed (the others' look-ups go on), and the record's budget pays for its failures
-    assert (breaker.state, all(charges)) == (State.CLOSED, True)
+    # Then the run is charged as any run is, and its last call opens the breaker suspecting that request
+    assert charges == [True, True, True, True, False]
+    assert (breaker.state, breaker.suspects) == (State.OPEN, {"customer-dead"})
+    # And that request waits, while another is let through at once as the probe: answered, it closes the breaker, and
+    # the dead record's next failures are charged to it again (its own trouble holds back nobody)
+    assert admit(breaker, 0.1, POLICY, "customer-dead")[0] is Admission.REFUSED
+    admission, probing = admit(breaker, 0.1, POLICY, "customer-2")
+    assert admission is Admission.PROBE
+    closed, _ = record(probing, OK, 0.2, POLICY, probe=True)
+    assert record(closed, replace(FAILED, target="customer-dead"), 0.3, POLICY, probe=False) == (
+        replace(CLOSED, failures=1, targets=frozenset({"customer-dead"})),
+        True,
+    )
+    # And when it is the only request there is, it probes once the open time is up, as in any outage
+    assert admit(breaker, 2.0, POLICY, "customer-dead")[0] is Admission.PROBE
 
-    # And a second request failing in that run is an outage's sign: the run opens the breaker
+
+def test_a_run_of_two_requests_opens_it_for_everyone() -> None:
+    breaker, _ = failing(4, target="customer-1")
     opened, charged = record(breaker, replace(FAILED, target="customer-2"), 0.0, POLICY, probe=False)
-    assert (opened.state, charged) == (State.OPEN, False)
+    assert (opened.state, opened.suspects, charged) == (State.OPEN, frozenset(), False)
+    assert admit(opened, 0.1, POLICY, "customer-3")[0] is Admission.REFUSED
 
 
 def test_a_success_ends_the_run() -> None:
@@ -100,25 +116,37 @@ def test_a_429_with_retry_after_opens_it_at_once_for_that_long_charging_nothing(
     assert breaker.code is ErrorCode.RATE_LIMITED
 
 
-def test_answers_not_the_apis_own_to_two_requests_open_it_as_misconfigured_one_request_alone_does_not() -> None:
-    # Given an answer that is not the API's own to one request (a WAF's page for one payload, a proxy's 414)
-    breaker, charged = record(CLOSED, replace(WRONG, target="c-1"), 0.0, POLICY, probe=False)
+def test_an_answer_not_the_apis_own_opens_it_at_once_charged_to_nobody_suspecting_a_lone_request() -> None:
+    # Given an answer that is not the API's own to one request (a wrong URL's HTML 404, a login page)
+    breaker, charged = record(CLOSED, replace(WRONG, target="c-1", status=401), 0.0, POLICY, probe=False)
 
-    # Then it is that request's trouble: charged to it, the breaker stays closed, and again and again likewise
-    assert (breaker.state, charged) == (State.CLOSED, True)
-    again, charged_again = record(breaker, replace(WRONG, target="c-1"), 0.0, POLICY, probe=False)
-    assert (again.state, charged_again) == (State.CLOSED, True)
-
-    # When a second request of the run gets one too (a wrong URL answers every request so), Then it opens at once
-    opened, charged = record(again, replace(WRONG, target="c-2", status=401), 0.0, POLICY, probe=False)
-    assert (opened.state, opened.misconfigured, opened.status, opened.until, charged) == (
+    # Then it opens at once as misconfigured, charged to nobody (contract §6), suspecting the request
+    assert (breaker.state, breaker.misconfigured, breaker.status, breaker.until, charged) == (
         State.OPEN,
         True,
         401,
         2.0,
         False,
     )
-    assert opened.code is ErrorCode.DOWNSTREAM_MISCONFIGURED
+    assert breaker.code is ErrorCode.DOWNSTREAM_MISCONFIGURED
+    assert breaker.suspects == {"c-1"}
+    # And that request waits, while any other may probe at once (a proxy answering one request oddly holds back nobody)
+    assert admit(breaker, 0.5, POLICY, "c-1")[0] is Admission.REFUSED
+    admission, probing = admit(breaker, 0.5, POLICY, "c-2")
+    assert admission is Admission.PROBE
+    # When the other request gets the same answer (a wrong URL answers every request so), Then everyone waits it out
+    reopened, charged = record(probing, replace(WRONG, target="c-2"), 0.6, POLICY, probe=True)
+    assert (reopened.state, reopened.suspects, charged) == (State.OPEN, frozenset(), False)
+    assert admit(reopened, 0.7, POLICY, "c-3")[0] is Admission.REFUSED
+    # And when it is answered as the API's own, it closes
+    assert record(admit(breaker, 0.5, POLICY, "c-2")[1], OK, 0.6, POLICY, probe=True) == (CLOSED, False)
+
+
+def test_a_misconfiguration_after_failures_of_two_requests_opens_it_suspecting_nobody() -> None:
+    breaker, _ = record(CLOSED, replace(FAILED, target="c-1"), 0.0, POLICY, probe=False)
+    breaker, _ = record(breaker, replace(FAILED, target="c-2"), 0.0, POLICY, probe=False)
+    opened, charged = record(breaker, replace(WRONG, target="c-3"), 0.0, POLICY, probe=False)
+    assert (opened.state, opened.misconfigured, opened.suspects, charged) == (State.OPEN, True, frozenset(), False)
 
 
 def test_while_open_every_call_is_refused_until_its_time_then_exactly_one_probe_goes() -> None:

@@ -39,9 +39,9 @@ POLICY = EffectPolicy(
         (Unknown(ErrorCode.OUTCOME_UNKNOWN), 1, EffectDecision("uncertain", ErrorCode.OUTCOME_UNKNOWN)),
         (Unknown(ErrorCode.OUTCOME_UNKNOWN), 4, EffectDecision("uncertain", ErrorCode.OUTCOME_UNKNOWN)),
         (
-            NotSent(ErrorCode.PROVIDER_UNAUTHORIZED, charged=False),
+            NotSent(ErrorCode.PROVIDER_UNAUTHORIZED, retry_after=timedelta(0), charged=False),
             4,
-            EffectDecision("pending", ErrorCode.PROVIDER_UNAUTHORIZED, retry_in=timedelta(seconds=30), unmade=True),
+            EffectDecision("pending", ErrorCode.PROVIDER_UNAUTHORIZED, retry_in=timedelta(0), unmade=True),
         ),
         (
             NotSent(ErrorCode.DOWNSTREAM_UNAVAILABLE, charged=False),
@@ -61,7 +61,7 @@ POLICY = EffectPolicy(
         "refused: failed for good",
         "may have been acted on: uncertain",
         "uncertain even past the attempts: the look-up decides",
-        "credentials refused, the breaker closed: 30 s, no attempt spent",
+        "credentials refused: the breaker it opened waited for, no attempt spent",
         "the breaker open: waits for it, no attempt spent, even on the last attempt",
         "transient on the last attempt: exhausted",
         "transient past the last attempt: exhausted",

@@ -10,12 +10,14 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from service.codes import ErrorCode
 from service.policy.classify import Failure
 from service.policy.delivery import FRESH, Delivery, RetryState
 from service.policy.handling import DecodeFailure
-from service.policy.next_step import Budgets, NextStep, Quarantine, RetryInPlace, ToTier, Wait, next_step
+from service.policy.next_step import Budgets, NextStep, Quarantine, RetryInPlace, ToTier, Wait, charged_once, next_step
 from service.policy.records import SourceRecord
 from service.policy.retry import AttemptHistory, Budget, RetryPolicy
 
@@ -308,3 +310,37 @@ def test_invalid_input_whose_quarantine_write_fails_waits_and_keeps_its_own_code
         timedelta(seconds=1),
         LOOP_NOW + 1,
     )
+
+
+def _record(offset: int) -> Delivery:
+    record = SourceRecord("things", 0, offset, 0, f"A-{offset}".encode(), b"{}")
+    return Delivery(record, _Message(f"A-{offset}"), record.coordinates, 0)
+
+
+@given(attempts=st.lists(st.integers(0, 6), min_size=1, max_size=30))
+def test_one_failed_call_that_many_records_needed_is_charged_to_one_of_them(attempts: list[int]) -> None:
+    # Given a look-up many records waited on (the orders of one customer), each with some attempts spent
+    waiting = [_record(offset) for offset in range(len(attempts))]
+    due = {record: failed(spent) if spent else FRESH for record, spent in zip(waiting, attempts, strict=True)}
+
+    # When the one call fails
+    charged = charged_once(TIMEOUT, waiting, due)
+
+    # Then exactly one record pays for it, the first of those with the fewest attempts spent; the others wait uncharged
+    payer = waiting[attempts.index(min(attempts))]
+    assert [record for record, failure in charged.items() if failure.charged] == [payer]
+    assert set(charged) == set(waiting)
+    assert all(failure.code is TIMEOUT.code for failure in charged.values())
+    assert all(isinstance(step(due[record], charged[record]), Wait) for record in waiting if record is not payer)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [Failure(ErrorCode.UNEXPECTED_ERROR, downstream="directory"), replace(TIMEOUT, charged=False)],
+    ids=["a bug's failure is each record's", "a failure the breaker charged to nobody"],
+)
+def test_a_shared_call_charges_everyone_or_nobody_as_before_when_its_failure_is_not_a_transient_charge(
+    failure: Failure,
+) -> None:
+    waiting = [_record(1), _record(2)]
+    assert charged_once(failure, waiting, dict.fromkeys(waiting, FRESH)) == dict.fromkeys(waiting, failure)
