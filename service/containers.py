@@ -312,6 +312,7 @@ class Container(containers.DeclarativeContainer):
         look=providers.Callable(functools.partial, topics.look, settings),
         source=settings.provided.source_topic,
         program=settings.provided.program,
+        names=settings,
     )
     readiness = providers.Callable(functools.partial, _ready, engine, settings, topics_check)
     gauges = providers.Factory(

@@ -12,7 +12,8 @@ import structlog
 from aiokafka.errors import KafkaError
 
 from service.adapters import topics
-from service.errors import TopicsProblem
+from service.errors import TokenUnavailable, TopicsProblem
+from service.explain import Names, explain
 from service.policy import backoff
 from service.policy.topics import not_ready_line
 from service.stopping import sleep_unless_stopped
@@ -27,10 +28,11 @@ _LONGEST_DELAY_SECONDS = 30.0  # the longest a process keeps working after `topi
 class TopicsCheck:
     """The process's start-up check; `ready` is what /readyz says of it (service/containers.py)."""
 
-    def __init__(self, look: Look, *, source: str, program: str) -> None:
+    def __init__(self, look: Look, *, source: str, program: str, names: Names) -> None:
         self._look = look
         self._source = source  # the source topic: its producers, not `topics apply`, create it
         self._program = program  # the console script a fix names
+        self._names = names  # the settings whose variables a failure's line names
         self.ready = True  # a process that checks nothing (effects) waits for nothing
         self.problem: str | None = None  # while topics are missing or may not be described: the fix, in a line
 
@@ -44,9 +46,17 @@ class TopicsCheck:
             delay = backoff.exponential(_FIRST_DELAY_SECONDS, looks + 1, _LONGEST_DELAY_SECONDS)
             try:
                 found = await self._look(names)
-            except (KafkaError, OSError, TimeoutError) as error:
-                error_name = type(error).__name__
-                log.warning("kafka_unavailable", client="topics check", error=error_name, retry_in_seconds=delay)
+            except (KafkaError, OSError, TimeoutError, TokenUnavailable) as error:
+                # The broker, a login it refuses, a certificate, a token endpoint that gives no token: an outage to
+                # wait out, not a crash (contract §11), said in the line a short command would exit with.
+                self.problem = explain(error, self._names)
+                log.warning(
+                    "kafka_unavailable",
+                    client="topics check",
+                    error=type(error).__name__,
+                    reason=self.problem,
+                    retry_in_seconds=delay,
+                )
             except TopicsProblem as error:  # an answer about a topic that is neither "missing" nor "not authorized"
                 log.warning("topics_check_failed", error=str(error), retry_in_seconds=delay)
             else:

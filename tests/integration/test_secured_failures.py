@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import sys
 import uuid
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support import ROOT, ServiceProcess, Topics, eventually
@@ -119,6 +121,66 @@ async def test_a_consumer_without_its_group_acl_says_so_once_per_backoff_step_an
         assert process.terminate() == 0
     assert "Traceback" not in process.log()
     assert not [secret for secret in secrets(secured_kafka, pg_tls) if secret in process.log()]
+
+
+@pytest.mark.parametrize(
+    ("command", "case", "expected"),
+    [
+        ("consume", "wrong client secret", "the OAuth token endpoint refused the client credentials (HTTP 401)"),
+        ("relay", "wrong client secret", "the OAuth token endpoint refused the client credentials (HTTP 401)"),
+        ("consume", "wrong password", "Kafka refused the login"),
+        ("consume", "another CA", "Kafka's certificate does not verify"),
+    ],
+)
+async def test_a_long_running_process_refused_by_the_secured_broker_waits_not_ready_saying_why_once_per_step(
+    command: str,
+    case: str,
+    expected: str,
+    secured_kafka: SecuredKafka,
+    secured_admin: SecuredAdmin,
+    pg_tls: PgTls,
+    tls_database_url: str,
+    tmp_path: Path,
+) -> None:
+    # Given the service's settings broken in one way, its topics and ACLs in place
+    topics = Topics(f"s{uuid.uuid4().hex[:10]}")
+    await secured_admin.create_test_topics(topics)
+    await secured_admin.grant(*least_privilege("User:service", topics.source, f"{topics.source}-svc"))
+    port = _free_port()
+    env = base_env(topics) | {"ORDERS_DATABASE_URL": tls_database_url, "ORDERS_METRICS_PORT": str(port)}
+    if case == "wrong client secret":
+        env |= secured_kafka.kafka_env("oauth", "service") | {"ORDERS_KAFKA_OAUTH_CLIENT_SECRET": "not-the-secret-42"}
+    elif case == "wrong password":
+        env |= secured_kafka.kafka_env("scram", "service") | {"ORDERS_KAFKA_SASL_PASSWORD": "not-the-password-42"}
+    else:
+        env |= secured_kafka.kafka_env("scram", "service") | {"ORDERS_KAFKA_SSL_CAFILE": secured_kafka.other_ca_file}
+
+    # When the long-running process starts
+    process = ServiceProcess.with_env(command, env, tmp_path / f"{command}.log")
+    try:
+        # Then it says why, once per backoff step (twice here), is not ready, and goes on waiting: no exit, no crash
+        await eventually(lambda: _said_twice(process, expected), timeout=60)
+        assert process.process.poll() is None, process.log()[-3000:]
+        assert await _ready(port) == 503
+    finally:
+        assert process.terminate() == 0
+    assert "Traceback" not in process.log()
+    assert not [secret for secret in [*secrets(secured_kafka, pg_tls), "not-the-"] if secret in process.log()]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def _ready(port: int) -> int:
+    async with httpx.AsyncClient(timeout=5) as client:
+        return (await client.get(f"http://127.0.0.1:{port}/readyz")).status_code
+
+
+async def _said_twice(process: ServiceProcess, text: str) -> bool:
+    return process.log().count(text) >= 2
 
 
 async def test_a_secret_given_twice_is_exit_2_and_one_line(secured_kafka: SecuredKafka, topics: Topics) -> None:

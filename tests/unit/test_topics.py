@@ -13,6 +13,7 @@ import structlog
 from service.adapters.topics import Found, declared
 from service.cli.environment import reads
 from service.config import Settings
+from service.errors import TokenUnavailable
 from service.orders.settings import OrderSettings
 from service.policy.topics import (
     CONSUMED,
@@ -326,7 +327,7 @@ async def test_a_process_is_not_ready_while_its_topics_are_missing_and_says_so_o
     # Given a broker that lacks a tier topic for two looks, then has it
     missing = Found(("shop.retry.1s",), ())
     broker = _Broker([missing, missing, Found((), ())])
-    check = TopicsCheck(broker.look, source="shop", program="order-service")
+    check = TopicsCheck(broker.look, source="shop", program="order-service", names=OrderSettings)
     stop = asyncio.Event()
     # (the backoff's steps are logged, not waited: a unit test does not sleep)
     monkeypatch.setattr("service.worker.topics_check.sleep_unless_stopped", _no_sleep)
@@ -351,9 +352,47 @@ async def test_a_process_is_not_ready_while_its_topics_are_missing_and_says_so_o
     assert broker.looks == 3
 
 
+class _RefusingTokens:
+    """A broker reached through a token endpoint that refuses the client's credentials, then gives a token."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals = refusals
+        self.looks = 0
+
+    async def look(self, names: Sequence[str]) -> Found:
+        self.looks += 1
+        if self.looks <= self.refusals:
+            raise TokenUnavailable("the OAuth token endpoint refused the client credentials (HTTP 401)")
+        return Found((), ())
+
+
+async def test_a_token_endpoint_that_refuses_is_an_outage_waited_out_never_a_crash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given an OAUTHBEARER broker whose token endpoint refuses twice (a wrong secret, fixed by its rotation)
+    broker = _RefusingTokens(2)
+    check = TopicsCheck(broker.look, source="shop", program="order-service", names=OrderSettings)
+    monkeypatch.setattr("service.worker.topics_check.sleep_unless_stopped", _no_sleep)
+
+    # When the process checks its topics
+    with structlog.testing.capture_logs() as logs:
+        waiting = asyncio.create_task(check.wait(["shop"], asyncio.Event()))
+        await asyncio.sleep(0)
+        problem_while_refused, ready_while_refused = check.problem, check.ready
+        found = await asyncio.wait_for(waiting, timeout=10)
+
+    # Then it waited, not ready, saying why once per step in the line a short command exits with, and went on
+    assert (ready_while_refused, found, check.ready, check.problem) == (False, True, True, None)
+    said = [line for line in logs if line["event"] == "kafka_unavailable"]
+    assert [line["retry_in_seconds"] for line in said] == [1.0, 2.0]
+    assert problem_while_refused == said[0]["reason"]
+    assert said[0]["reason"].startswith("the OAuth token endpoint refused the client credentials (HTTP 401) (")
+    assert "ORDERS_KAFKA_OAUTH_TOKEN_URL" in said[0]["reason"]
+
+
 async def test_a_stopped_process_stops_waiting_for_its_topics() -> None:
     broker = _Broker([Found(("shop",), ())])
-    check = TopicsCheck(broker.look, source="shop", program="order-service")
+    check = TopicsCheck(broker.look, source="shop", program="order-service", names=OrderSettings)
     stop = asyncio.Event()
 
     waiting = asyncio.create_task(check.wait(["shop"], stop))
@@ -366,7 +405,7 @@ async def test_a_stopped_process_stops_waiting_for_its_topics() -> None:
 
 async def test_a_process_that_needs_no_topic_is_ready_at_once() -> None:
     broker = _Broker([Found(("shop",), ())])
-    check = TopicsCheck(broker.look, source="shop", program="order-service")
+    check = TopicsCheck(broker.look, source="shop", program="order-service", names=OrderSettings)
 
     assert await check.wait([], asyncio.Event()) is True
     assert check.ready is True
