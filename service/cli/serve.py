@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Awaitable
 from dataclasses import asdict
 from typing import Annotated
@@ -24,7 +25,7 @@ from service.cli.common import (
 )
 from service.config import Settings
 from service.errors import InfrastructureUnavailable, SchemaNewer
-from service.explain import first_line
+from service.explain import explain, first_line
 from service.policy import topics as topic_plan
 from service.policy.backoff import outage_wait
 from service.runtime import collect_garbage, tune_garbage_collector
@@ -121,11 +122,17 @@ def migrate() -> None:
     except SchemaNewer as error:
         typer.echo(f"migrate: {error}", err=True)
         raise typer.Exit(1) from None
+    except ssl.SSLError as error:  # (a certificate that does not verify, a handshake refused)
+        typer.echo(f"migrate: {explain(error, settings)}", err=True)
+        raise typer.Exit(1) from None
     except OSError as error:
         typer.echo(f"migrate: database unreachable ({type(error).__name__})", err=True)
         raise typer.Exit(1) from None
     except SQLAlchemyError as error:
-        typer.echo(f"migrate: failed: {first_line(getattr(error, 'orig', None) or error)}", err=True)
+        said = explain(error, settings)  # a refused login, a database that does not exist: the one line for it
+        if said.startswith("unexpected error"):
+            said = f"failed: {first_line(getattr(error, 'orig', None) or error)}"
+        typer.echo(f"migrate: {said}", err=True)
         raise typer.Exit(1) from None
     if not before:
         typer.echo(f"migrated an empty database to the latest revision ({head})")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import make_url
 
 from tests.support import ROOT, ServiceProcess, Topics, eventually
 from tests.support.secured import PgTls, SecuredAdmin, SecuredKafka, least_privilege
@@ -204,8 +205,15 @@ async def test_a_secret_given_twice_is_exit_2_and_one_line(secured_kafka: Secure
     ],
     ids=["another CA", "no TLS"],
 )
+@pytest.mark.parametrize("command", [("quarantine", "stats"), ("migrate",)], ids=["quarantine stats", "migrate"])
 async def test_a_database_that_cannot_be_trusted_or_refuses_a_plain_login_is_one_line(
-    sslmode: str, ca: str, expected: str, pg_tls: PgTls, tls_database_url: str, secured_kafka: SecuredKafka
+    command: tuple[str, ...],
+    sslmode: str,
+    ca: str,
+    expected: str,
+    pg_tls: PgTls,
+    tls_database_url: str,
+    secured_kafka: SecuredKafka,
 ) -> None:
     # Given the TLS-only role, reached with another CA, or without TLS
     url = tls_database_url.replace("sslmode=verify-full", f"sslmode={sslmode}")
@@ -214,7 +222,7 @@ async def test_a_database_that_cannot_be_trusted_or_refuses_a_plain_login_is_one
     env = base_env(Topics("unused")) | {"ORDERS_DATABASE_URL": url}
 
     # When a command reads the database
-    code, printed = await cli(env, "quarantine", "stats")
+    code, printed = await cli(env, *command)
 
     # Then it exits 1 with one line saying why, and no password
     lines = [line for line in printed.splitlines() if line.strip()]
@@ -226,3 +234,18 @@ async def test_a_database_that_cannot_be_trusted_or_refuses_a_plain_login_is_one
 
 async def _logged(process: ServiceProcess, text: str) -> bool:
     return text in process.log()
+
+
+async def test_migrate_reaches_the_database_over_verify_full(pg_tls: PgTls, tls_database_url: str) -> None:
+    # Given the TLS-only role on a migrated database, reached with sslmode=verify-full, its password from a file
+    url = pg_tls.database_url(make_url(tls_database_url).database or "", with_password=False)
+    env = base_env(Topics("unused")) | {
+        "ORDERS_DATABASE_URL": url,
+        "ORDERS_DATABASE_PASSWORD_FILE": pg_tls.password_file,
+    }
+
+    # When migrate runs, Then it reads the schema's revision over TLS, has nothing to apply, and shows no password
+    code, printed = await cli(env, "migrate")
+    assert code == 0, printed
+    assert "nothing to apply" in printed, printed
+    assert pg_tls.password not in printed
