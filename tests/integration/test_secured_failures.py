@@ -249,3 +249,26 @@ async def test_migrate_reaches_the_database_over_verify_full(pg_tls: PgTls, tls_
     assert code == 0, printed
     assert "nothing to apply" in printed, printed
     assert pg_tls.password not in printed
+
+
+async def test_a_missing_topic_on_the_secured_broker_is_named_in_one_line_with_what_to_run(
+    secured_kafka: SecuredKafka, secured_admin: SecuredAdmin, pg_tls: PgTls, tls_database_url: str
+) -> None:
+    # Given the service's principal with exactly its ACLs, and none of its topics created (no automatic creation)
+    topics = Topics(f"s{uuid.uuid4().hex[:10]}")
+    await secured_admin.grant(*least_privilege("User:service", topics.source, f"{topics.source}-svc"))
+    env = base_env(topics) | secured_kafka.kafka_env("scram", "service", secrets_in_files=True)
+    env |= {"ORDERS_DATABASE_URL": tls_database_url}
+
+    # When an operator starts a reprocess run, and checks the plan
+    code, printed = await cli(env, "reprocess", "--error-code", "MALFORMED_PAYLOAD", "--reason", "fixed", "--yes")
+    checked, plan = await cli(env, "topics", "plan", "--check")
+
+    # Then the run exits 1 with one line naming the topic and `topics apply`; the check exits 1 naming what is missing
+    assert (code, printed.strip()) == (
+        1,
+        f"order-service reprocess: topic {topics.reprocess} does not exist: run `order-service topics apply`",
+    )
+    assert checked == 1, plan
+    assert topics.reprocess in plan
+    assert not [secret for secret in secrets(secured_kafka, pg_tls) if secret in printed + plan]
