@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -139,6 +140,7 @@ class TracingBench:
     def __init__(self, bench: Bench, sink: Sink, records: int, baseline: Path | None, chosen: list[str]) -> None:
         self.chosen = chosen
         self.profile = False  # run each consumer under cProfile (its main thread), its stats in the run's directory
+        self.drain = False  # measure a drain (`--drain`): the consumer stopped while the records are produced
         self.bench = bench
         self.sink = sink
         self.records = records
@@ -219,8 +221,18 @@ class TracingBench:
 
             if not await poll(committed, 120, 0.05):
                 raise BenchError(f"the warm-up was not consumed; see {bench.workdir}")
-            before = cpu_seconds(process.pid)
-            await bench.produce(topic, map(traced_record, range(WARMUP, WARMUP + self.records)))
+            if self.drain:
+                # The consumer stopped (SIGSTOP) while the records are produced, then measured as it drains them:
+                # its rounds are full batches, whatever the producer's pace (a live run's rounds follow it).
+                os.kill(process.pid, signal.SIGSTOP)
+                try:
+                    await bench.produce(topic, map(traced_record, range(WARMUP, WARMUP + self.records)))
+                    before = cpu_seconds(process.pid)
+                finally:
+                    os.kill(process.pid, signal.SIGCONT)
+            else:
+                before = cpu_seconds(process.pid)
+                await bench.produce(topic, map(traced_record, range(WARMUP, WARMUP + self.records)))
             if not await poll(committed, 60 + self.records / 100, 0.1):
                 raise BenchError(f"the records were not consumed; see {bench.workdir}")
             await asyncio.sleep(SETTLE)
@@ -248,6 +260,7 @@ async def main(args: argparse.Namespace) -> int:
     await bench.start()
     lab = TracingBench(bench, sink, args.records, args.baseline, args.configs.split(","))
     lab.profile = args.profile
+    lab.drain = args.drain
     results = Runs()
     console.print(f"bench-tracing {bench.stamp}: {args.records:,} records a run, logs in {bench.workdir}")
     try:
@@ -289,6 +302,11 @@ def arguments() -> argparse.Namespace:
         type=int,
         default=10,
         help="one producer's traceparent in this many is sampled (default 10: 5 %% of the records); 0: none",
+    )
+    parser.add_argument(
+        "--drain",
+        action="store_true",
+        help="measure a drain: the consumer is stopped (SIGSTOP) while the records are produced, then drains them",
     )
     parser.add_argument("--profile", action="store_true", help="profile each consumer: <logs>/<run>.prof (cProfile)")
     parser.add_argument("--baseline", type=Path, help="a checkout whose consumer runs as `base` (tracing off)")
