@@ -18,6 +18,7 @@ _EFFECTS = (*_PROCESS, Reader.EFFECTS, Reader.EFFECT_PROVIDERS)
 # what the group's entry says unless they have their own. Every command reads Reader.EVERY's settings too.
 RUNS: dict[str, tuple[Reader, ...]] = {
     "migrate": (Reader.DATABASE,),
+    "status": (Reader.DATABASE,),
     "consume": _CONSUME,
     "relay": _RELAY,
     "effects": _EFFECTS,

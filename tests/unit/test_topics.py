@@ -303,6 +303,7 @@ def test_the_topics_commands_read_no_database() -> None:
     )
     assert "ORDERS_CONSUMER_NAME" in reads("topics acls", OrderSettings)
     assert "ORDERS_DATABASE_URL" in reads("consume", OrderSettings)
+    assert "ORDERS_DATABASE_URL" in reads("status", OrderSettings)  # the heartbeats are rows
 
 
 class _Broker:
