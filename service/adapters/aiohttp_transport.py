@@ -1,6 +1,6 @@
 """`Transport` (service/adapters/transport.py) over aiohttp's client, for the process's one HTTP client.
 
-Keep-alive connections per origin (each with its own TLS context when `trust` names one), redirects handed back as
+Keep-alive connections per origin and TLS context (a request's own, or the one `trust` names), redirects handed back as
 they are, no cookies, no compression, no proxy from the environment. It bounds what aiohttp leaves open: how many
 exchanges run at once (waiting for one is bounded by the timeout too), how long an answer may be (a header line
 longer than aiohttp's 8190 bytes ends the exchange as Cut too), what closing the client does to the calls under
@@ -30,7 +30,7 @@ from aiohttp.tracing import Trace
 from yarl import URL
 
 from service.adapters import transport
-from service.adapters.transport import Answer, ConnectFailed, Cut, Outgoing, TimedOut
+from service.adapters.transport import Answer, CertificateRefused, ConnectFailed, Cut, Outgoing, TimedOut
 
 # A body longer than aiohttp's warning threshold (1 MiB) is sent from a stream.
 _LARGE_BODY: Final = 1024 * 1024
@@ -116,7 +116,8 @@ class AiohttpTransport:
         url = URL(request.url, encoded=True)
         context: ssl.SSLContext | bool = True
         if url.scheme == "https":
-            context = self._trusted.get((_host_key(url.raw_host or ""), url.port or 443), True)
+            trusted = self._trusted.get((_host_key(url.raw_host or ""), url.port or 443), True)
+            context = request.tls if request.tls is not None else trusted
         try:
             async with self._session.request(
                 request.method,
@@ -135,8 +136,10 @@ class AiohttpTransport:
                 return Answer(response.status, response.headers, body)
         except aiohttp.ConnectionTimeoutError as error:
             raise ConnectFailed("connecting timed out", timed_out=True) from error
+        except aiohttp.ClientConnectorCertificateError as error:
+            raise CertificateRefused(f"{type(error).__name__}: {error}") from error
         except aiohttp.ClientConnectorError as error:
-            # Refused, unresolvable, unreachable, a certificate refused.
+            # Refused, unresolvable, unreachable, a TLS handshake that failed otherwise.
             raise ConnectFailed(f"{type(error).__name__}: {error}", timed_out=False) from error
         except aiohttp.SocketTimeoutError as error:
             raise TimedOut(f"no answer within {seconds:g} s") from error

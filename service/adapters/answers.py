@@ -132,15 +132,18 @@ def call_outcome(exchange: Exchange) -> CallOutcome | None:
 
     Refused by the breaker, an outage's 429/5xx/408/425, a connection never made: not sent (charged only while the
     breaker is closed). A timeout after sending, a connection cut: unknown, the look-up decides. An answer that is
-    not the API's own: 401/403 `PROVIDER_UNAUTHORIZED`, a redirect, 404, 405 and the like `PROVIDER_MISCONFIGURED`,
-    not sent and charged to nobody (our configuration, not the effect); a 2xx that is not its document (a 204, a
-    body without the reference) may have been acted on by whatever answered: unknown, looked up.
+    not the API's own: 401/403 `PROVIDER_UNAUTHORIZED`, a redirect, 404, 405 and the like (or a certificate refused)
+    `PROVIDER_MISCONFIGURED`, not sent and charged to nobody (our configuration, not the effect); a 2xx that is not
+    its document (a 204, a body without the reference) may have been acted on by whatever answered: unknown, looked
+    up.
     """
     if exchange.refused:
         # Claimed again as soon as the breaker lets calls through; in the effect's own words (PROVIDER_*).
         code = _provider_code(exchange.outcome.code, exchange.outcome.status)
         return NotSent(code, retry_after=timedelta(0), charged=False)
     if exchange.error is not None:
+        if exchange.outcome.verdict is Verdict.MISCONFIGURED:  # a certificate refused: nothing left
+            return NotSent(ErrorCode.PROVIDER_MISCONFIGURED, retry_after=timedelta(0), charged=False)
         if isinstance(exchange.error, ConnectFailed):
             return NotSent(ErrorCode.DOWNSTREAM_UNREACHABLE, charged=exchange.charged)
         return Unknown(transport_code(exchange.error))
@@ -165,9 +168,9 @@ def lookup_outcome(exchange: Exchange) -> LookupFailed | None:
     is (the domain's client reads it)."""
     if exchange.refused:
         return LookupFailed(_provider_code(exchange.outcome.code, exchange.outcome.status), charged=False)
-    if exchange.error is not None:
-        return LookupFailed(transport_code(exchange.error), charged=exchange.charged)
     verdict = exchange.outcome.verdict
+    if exchange.error is not None and verdict is not Verdict.MISCONFIGURED:  # (a certificate refused is ours)
+        return LookupFailed(transport_code(exchange.error), charged=exchange.charged)
     if verdict is Verdict.OK:
         return None
     if verdict is Verdict.FAILED:

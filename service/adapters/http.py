@@ -9,10 +9,10 @@ on). The connections' own exceptions stop here.
 Every call goes through its downstream's circuit breaker (service/adapters/breakers.py), the process's one per
 downstream: `Downstream._get` / `_post` make the call unless the breaker refuses it, and judge the answer
 (service/adapters/answers.py, `judge`): an outage (429, 5xx, a transport error), the API's own answer (the domain's
-client says what its documents are), or a misconfiguration (any other answer). The result is an `Exchange`, which
-says whether a failure is charged to its record or effect (only while the breaker is closed); a domain's client reads
-the API's own answers and hands the rest to answers.py, so that every domain reads outages, misconfigurations and
-transport errors the same way.
+client says what its documents are), or a misconfiguration (any other answer, or a certificate our CA refuses). The
+result is an `Exchange`, which says whether a failure is charged to its record or effect (only while the breaker is
+closed); a domain's client reads the API's own answers and hands the rest to answers.py, so that every domain reads
+outages, misconfigurations and transport errors the same way.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from service.adapters.answers import Exchange, Own, document, judge, transport_c
 from service.adapters.breakers import Breakers, Guard
 from service.adapters.transport import (
     Answer,
+    CertificateRefused,
     ConnectFailed,
     Cut,
     Outgoing,
@@ -82,19 +83,26 @@ class HttpClient:
         await self._transport.close()
 
     async def get(
-        self, url: str, *, params: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None
+        self,
+        url: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> Answer:
-        """GET `url` (already percent-encoded) with these query parameters."""
-        return await self._request("GET", url, params, b"", headers or {})
+        """GET `url` (already percent-encoded) with these query parameters (over https, with this TLS context)."""
+        return await self._request("GET", url, params, b"", headers or {}, tls=tls)
 
     def trust(self, base_url: str, context: ssl.SSLContext) -> None:
         """Call the https origin of `base_url` with this TLS context (a downstream's own CA, a client certificate)."""
         _, host, port = _origin(_AUTHORITY.match(base_url).group())  # type: ignore[union-attr]
         self._transport.trust(host, port, context)
 
-    async def post(self, url: str, *, json: Any, headers: Mapping[str, str] | None = None) -> Answer:
-        """POST a JSON body to `url` (already percent-encoded)."""
-        return await self._request("POST", url, None, orjson.dumps(json), headers or {})
+    async def post(
+        self, url: str, *, json: Any, headers: Mapping[str, str] | None = None, tls: ssl.SSLContext | None = None
+    ) -> Answer:
+        """POST a JSON body to `url` (already percent-encoded; over https, with this TLS context)."""
+        return await self._request("POST", url, None, orjson.dumps(json), headers or {}, tls=tls)
 
     async def post_form(self, url: str, *, form: Mapping[str, str], headers: Mapping[str, str] | None = None) -> Answer:
         """POST a form (`application/x-www-form-urlencoded`: an OAuth 2 token request) to `url`."""
@@ -109,6 +117,8 @@ class HttpClient:
         body: bytes,
         headers: Mapping[str, str],
         content_type: str = _JSON,
+        *,
+        tls: ssl.SSLContext | None = None,
     ) -> Answer:
         # A request that cannot be written (a line break in an id, a lone surrogate in a parameter) fails before a
         # byte leaves.
@@ -116,7 +126,7 @@ class HttpClient:
             url = _checked_url(url)
             if params:
                 url = f"{url}{'&' if '?' in url else '?'}{urlencode(params, quote_via=quote, safe='')}"
-            outgoing = Outgoing(method, url, _request_headers(method, headers, content_type), body)
+            outgoing = Outgoing(method, url, _request_headers(method, headers, content_type), body, tls)
         except ValueError as error:
             raise ConnectFailed(f"{type(error).__name__}: {error}", timed_out=False) from error
         if self._tracing is None:
@@ -215,7 +225,7 @@ _CREDENTIALS = ("token", "ca_file", "cert_file", "key_file")
 class Downstream:
     """A downstream at a configurable base URL, sharing the process's HTTP client and its breaker (by name, from
     the process's `Breakers`); unset disables its calls. Its credentials go with every call: the token as
-    `Authorization: Bearer …`, its CA and client certificate on the connections to its origin."""
+    `Authorization: Bearer …`, its CA and client certificate as the TLS context of its connections."""
 
     downstream = "downstream"  # its name: its breaker, its metrics' label, its settings' prefix
 
@@ -233,9 +243,9 @@ class Downstream:
         credentials = credentials or Credentials()
         token = credentials.token
         self._auth = {"Authorization": f"Bearer {token.get_secret_value()}"} if token is not None else {}
-        context = credentials.tls()
-        if context is not None and base_url is not None and base_url.startswith("https://"):
-            http.trust(base_url, context)
+        # Sent with each call rather than trusted for its origin: two downstreams behind one gateway (one host and
+        # port) may each have their own CA and client certificate.
+        self._tls = credentials.tls()
 
     @property
     def enabled(self) -> bool:
@@ -250,7 +260,8 @@ class Downstream:
     async def _get(self, path: str, own: Own, params: Mapping[str, str] | None = None) -> Exchange:
         """GET `{base}{path}` through the breaker (`path` already percent-encoded)."""
         target = f"{path}?{urlencode(sorted(params.items()))}" if params else path
-        send = functools.partial(self._http.get, f"{self._base_url}{path}", params=params, headers=self._auth)
+        url = f"{self._base_url}{path}"
+        send = functools.partial(self._http.get, url, params=params, headers=self._auth, tls=self._tls)
         return await self._exchange(send, own, target)
 
     async def _post(
@@ -259,7 +270,7 @@ class Downstream:
         """POST a JSON body to `{base}{path}` through the breaker; `target` tells this request from others to the same
         path (an idempotency key, a ref), so that one request failing again and again opens no breaker."""
         headers = {**self._auth, **headers} if headers else self._auth
-        send = functools.partial(self._http.post, f"{self._base_url}{path}", json=body, headers=headers)
+        send = functools.partial(self._http.post, f"{self._base_url}{path}", json=body, headers=headers, tls=self._tls)
         return await self._exchange(send, own, target)
 
     async def _exchange(self, send: Callable[[], Awaitable[Answer]], own: Own, target: str) -> Exchange:
@@ -274,7 +285,12 @@ class Downstream:
             if outcome is not OK:
                 outcome = replace(outcome, target=target)
         except TransportError as error:
-            outcome = Outcome(Verdict.FAILED, transport_code(error), target=target)
+            if isinstance(error, CertificateRefused):
+                # Its CA file or the URL's host, the same for every request: like an answer not the API's own, it
+                # opens the breaker at once and charges nobody.
+                outcome = Outcome(Verdict.MISCONFIGURED, ErrorCode.DOWNSTREAM_MISCONFIGURED, target=target)
+            else:
+                outcome = Outcome(Verdict.FAILED, transport_code(error), target=target)
             charged = self._guard.record(ticket, outcome)
             return Exchange(None, error, outcome, charged, wait=None if charged else self._wait())
         except BaseException:

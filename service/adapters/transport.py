@@ -51,6 +51,14 @@ class ConnectFailed(TransportError):
         self.timed_out = timed_out
 
 
+class CertificateRefused(ConnectFailed):
+    """The downstream's certificate did not verify against the CA trusted for it (another CA, another host's name,
+    expired): the same for every request, our configuration or the downstream's, never a request's own failure."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, timed_out=False)
+
+
 class TimedOut(TransportError):
     """The request was sent and no answer came in time: the downstream may have acted on it."""
 
@@ -62,12 +70,14 @@ class Cut(TransportError):
 @dataclass(frozen=True, slots=True)
 class Outgoing:
     """A request ready to leave: an absolute URL already percent-encoded, headers that can be written as they are
-    (no line breaks), and the body."""
+    (no line breaks), the body, and for an https URL the TLS context of its downstream (its CA, its client
+    certificate; None: the one `trust` gave its origin, else the system's CAs)."""
 
     method: str
     url: str
     headers: Mapping[str, str]
     body: bytes = b""
+    tls: ssl.SSLContext | None = None
 
 
 class Transport(Protocol):

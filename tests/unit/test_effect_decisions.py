@@ -50,7 +50,7 @@ class _Answers:
     def __init__(self, status: int, content_type: str, body: bytes, headers: dict[str, str]) -> None:
         self._answer = Answer(status, CIMultiDict({"content-type": content_type, **headers}), body)
 
-    async def post(self, url: str, json: object = None, headers: object = None) -> Answer:
+    async def post(self, url: str, json: object = None, headers: object = None, tls: object = None) -> Answer:
         return self._answer
 
 

@@ -74,10 +74,10 @@ class _Answering:
         self._body = orjson.dumps(body)
         self._status = status
 
-    async def get(self, url: str, params: object = None, headers: object = None) -> Answer:
+    async def get(self, url: str, params: object = None, headers: object = None, tls: object = None) -> Answer:
         return Answer(self._status, JSON, self._body)
 
-    async def post(self, url: str, json: object = None, headers: object = None) -> Answer:
+    async def post(self, url: str, json: object = None, headers: object = None, tls: object = None) -> Answer:
         return Answer(self._status, JSON, self._body)
 
 
@@ -196,11 +196,13 @@ class _Payments:
         self._answers = answers
         self.posted: list[str] = []
 
-    async def get(self, url: str, params: dict[str, str], headers: object = None) -> Answer:
+    async def get(self, url: str, params: dict[str, str], headers: object = None, tls: object = None) -> Answer:
         status, body = self._answers.get(params["idempotency_key"], (404, {"error": "not found"}))
         return Answer(status, JSON, orjson.dumps(body))
 
-    async def post(self, url: str, json: object = None, headers: dict[str, str] | None = None) -> Answer:
+    async def post(
+        self, url: str, json: object = None, headers: dict[str, str] | None = None, tls: object = None
+    ) -> Answer:
         self.posted.append(str((headers or {}).get("Idempotency-Key")))
         return Answer(201, JSON, orjson.dumps({"payment_id": "new-1"}))
 
