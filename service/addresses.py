@@ -31,6 +31,10 @@ DATABASE_URL_FORM = (
     "special characters of the user and password percent-encoded, libpq's sslmode (disable, allow, prefer, require, "
     "verify-ca, verify-full), sslrootcert, sslcert and sslkey naming readable files"
 )
+_OTLP_FORM = (
+    "allowed: the collector's OTLP/HTTP URL, http(s)://host[:port][/path] with a port from 1 to 65535, e.g. "
+    "http://collector:4318, without user:password@ (credentials go in OTEL_EXPORTER_OTLP_HEADERS)"
+)
 _BOOTSTRAP_FORM = "allowed: comma-separated host:port, a port from 1 to 65535, an IPv6 address in brackets ([::1]:9092)"
 
 
@@ -154,6 +158,16 @@ def trace_url(value: Any) -> Any:
             raise ValueError(f"must hold no placeholder or brace but {TRACE_PLACEHOLDER}; {_TRACE_URL_FORM}")
         _check_http_url(value.replace(TRACE_PLACEHOLDER, _SAMPLE_TRACE_ID), _TRACE_URL_FORM, query=True)
     return value
+
+
+# The OpenTelemetry SDK's endpoint variables (its own names: no prefix), the traces' own first.
+OTLP_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def check_otlp_endpoint(url: str) -> None:
+    """Refuse an OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`, read by the OpenTelemetry SDK, not by the settings)
+    that the exporter could not post to: a typo would otherwise start a service whose spans all fail to export."""
+    _check_http_url(url.strip(), _OTLP_FORM, query=True)
 
 
 def loopback(url: str) -> bool:

@@ -388,9 +388,17 @@ def load_settings(settings_class: type[Settings] | None = None, **overrides: Any
     ConfigurationError with a one-line message."""
     chosen = settings_class or Settings
     try:
-        return chosen(**overrides)
+        settings = chosen(**overrides)
     except ValidationError as error:
         raise ConfigurationError(describe_validation_error(error, chosen.variable(""))) from None
+    disabled = os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+    for name in () if disabled else addresses.OTLP_ENDPOINTS:  # the SDK's own: checked as every URL setting is
+        if value := os.environ.get(name, "").strip():
+            try:
+                addresses.check_otlp_endpoint(value)
+            except ValueError as error:
+                raise ConfigurationError(f"invalid configuration: {name} {error}") from None
+    return settings
 
 
 def read_as_the_core_does(setting: str) -> ReadBy:

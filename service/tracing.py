@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from service.addresses import OTLP_ENDPOINTS
 from service.policy import traces
 from service.policy.records import trace_id_of
 
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from service.policy.delivery import Delivery
     from service.store.outbox import ClaimedRow
 
-_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 FAILURE_ID = "failure.id"  # a record's failure id, `<topic>/<partition>/<offset>` where it was first read
 _SCOPE = "service.tracing"  # the instrumentation scope: the core's spans
 # The trace id the next root span takes (a record's derived one), read by the id generator (service/adapters/otel.py)
@@ -44,7 +44,7 @@ def wanted(environ: Mapping[str, str]) -> bool:
     """Whether tracing is on with this environment: an OTLP endpoint set, and the SDK not disabled."""
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return False
-    return any(environ.get(name, "").strip() for name in _ENDPOINTS)
+    return any(environ.get(name, "").strip() for name in OTLP_ENDPOINTS)
 
 
 class Tracing:

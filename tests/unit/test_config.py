@@ -568,3 +568,30 @@ def test_any_text_given_as_the_trace_url_is_read_or_refused_in_one_line(value: s
     assert parts.hostname
     assert (parts.username, parts.password) == (None, None)
     assert not {"{", "}", " "} & set(link)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("collector:4318", "must start with http:// or https://"),
+        ("http://collector:99999", "the port must be a number from 1 to 65535"),
+        ("http://user:secret@collector:4318", "must not hold credentials"),
+        ("http://", "the host must be a host name or an IP address"),
+    ],
+)
+@pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"])
+def test_an_otlp_endpoint_that_cannot_be_posted_to_is_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, says: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError) as refused:
+        load_settings(OrderSettings)
+    assert str(refused.value).startswith(f"invalid configuration: {variable} {says}")
+    assert "secret" not in str(refused.value)
+    assert "\n" not in str(refused.value)
+    # And none is checked while the SDK is disabled (nothing would post to it), nor a well formed one
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    load_settings(OrderSettings)
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "false")
+    monkeypatch.setenv(variable, "http://collector.internal:4318/")
+    load_settings(OrderSettings)
