@@ -143,7 +143,7 @@ def call_outcome(exchange: Exchange) -> CallOutcome | None:
         return NotSent(code, retry_after=timedelta(0), charged=False)
     if exchange.error is not None:
         if exchange.outcome.verdict is Verdict.MISCONFIGURED:  # a certificate refused: nothing left
-            return NotSent(ErrorCode.PROVIDER_MISCONFIGURED, retry_after=timedelta(0), charged=False)
+            return _misconfigured(ErrorCode.PROVIDER_MISCONFIGURED, exchange)
         if isinstance(exchange.error, ConnectFailed):
             return NotSent(ErrorCode.DOWNSTREAM_UNREACHABLE, charged=exchange.charged)
         return Unknown(transport_code(exchange.error))
@@ -158,9 +158,16 @@ def call_outcome(exchange: Exchange) -> CallOutcome | None:
     status = answer.status_code
     if 200 <= status < 300:
         return Unknown(ErrorCode.PROVIDER_MISCONFIGURED)
-    # Never charged: our configuration, not the effect. Behind the breaker it opened (or found open), claimed again
-    # as soon as a probe succeeds.
-    return NotSent(_provider_code(exchange.outcome.code, status), retry_after=timedelta(0), charged=False)
+    return _misconfigured(_provider_code(exchange.outcome.code, status), exchange)
+
+
+def _misconfigured(code: ErrorCode, exchange: Exchange) -> NotSent:
+    """Never charged: our configuration, not the effect. Behind the breaker it opened (or found open), claimed again
+    once its open time is up (so that an effect due before it is the probe, not this one again); its own trouble (the
+    breaker charged it: the provider answers the others), after the longest wait (service/policy/effects.py)."""
+    if exchange.charged:
+        return NotSent(code, charged=False)
+    return NotSent(code, retry_after=exchange.wait or timedelta(0), charged=False)
 
 
 def lookup_outcome(exchange: Exchange) -> LookupFailed | None:

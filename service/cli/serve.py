@@ -123,7 +123,10 @@ def migrate() -> None:
         typer.echo(f"migrate: {error}", err=True)
         raise typer.Exit(1) from None
     except ssl.SSLError as error:  # (a certificate that does not verify, a handshake refused)
-        typer.echo(f"migrate: {explain(error, settings)}", err=True)
+        said = explain(error, settings)
+        if said.startswith("unexpected error"):
+            said = f"the database's TLS handshake failed: {first_line(error)}"
+        typer.echo(f"migrate: {said}", err=True)
         raise typer.Exit(1) from None
     except OSError as error:
         typer.echo(f"migrate: database unreachable ({type(error).__name__})", err=True)

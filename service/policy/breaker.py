@@ -108,6 +108,10 @@ class Breaker:
     status: int | None = None  # the HTTP status of the answer that opened it, if any
     # open or half-open: the requests whose probes failed in this spell; any other request may probe before `until`
     suspects: frozenset[str] = frozenset()
+    # Suspects that another request's answer cleared (it closed the breaker): their failures are their own, charged to
+    # their records or effects, and never open it again (a hostile key a firewall refuses cannot make it flap). Kept
+    # through openings by one request alone; forgotten when it opens for everyone, or when the request is answered.
+    cleared: frozenset[str] = frozenset()
 
     def wait(self, now: float) -> float:
         """How long a refused call should wait before it is tried again, in seconds (0 when closed).
@@ -146,7 +150,7 @@ def record(
     the breaker stays closed). `probe`: the call was admitted as the probe."""
     if probe and breaker.state is State.HALF_OPEN:
         if outcome.verdict is Verdict.OK:
-            return CLOSED, False
+            return replace(CLOSED, cleared=_clear(breaker.cleared, breaker.suspects, outcome.target)), False
         return _probe_failed(breaker, outcome, now, policy), False
     if breaker.state is not State.CLOSED:
         # A call admitted before the breaker opened, answered now: the probe decides. A longer Retry-After keeps it
@@ -156,9 +160,13 @@ def record(
             return replace(breaker, until=later), False
         return breaker, False
     if outcome.verdict is Verdict.OK:
-        return (breaker if breaker.failures == 0 else CLOSED), False
+        if breaker.failures == 0 and outcome.target not in breaker.cleared:
+            return breaker, False
+        return replace(CLOSED, cleared=breaker.cleared - {outcome.target}), False
     if outcome.retry_after is not None:
         return _open(breaker, outcome, now, policy), False
+    if outcome.target in breaker.cleared:
+        return breaker, True  # its own trouble, as another request's answer showed: charged, never a run's
     failures = breaker.failures + 1
     targets = breaker.targets
     if outcome.target is not None and len(targets) < 2:
@@ -169,7 +177,7 @@ def record(
         if outcome.target is not None and targets == {outcome.target}:
             # One request alone: suspected, so that any other may probe at once (a request that fails alone, or that
             # some proxy answers oddly, holds back nobody once another request is answered).
-            return replace(opened, suspects=targets), False
+            return replace(opened, suspects=targets, cleared=breaker.cleared), False
         return opened, False
     return replace(breaker, failures=failures, targets=targets), True
 
@@ -192,7 +200,16 @@ def _probe_failed(breaker: Breaker, outcome: Outcome, now: float, policy: Breake
     opened = _open(breaker, outcome, now, policy, again=again)
     if len(suspects) >= min(threshold, policy.threshold):
         return opened
-    return replace(opened, suspects=suspects)
+    return replace(opened, suspects=suspects, cleared=breaker.cleared)
+
+
+_MOST_CLEARED = 16  # cleared requests kept at once (a breaker is a small value; more are charged as runs are)
+
+
+def _clear(cleared: frozenset[str], suspects: frozenset[str], closer: str | None) -> frozenset[str]:
+    """The cleared requests once `closer`'s answer closed the breaker that suspected `suspects`."""
+    more = (cleared | suspects) - {closer}
+    return more if len(more) <= _MOST_CLEARED else cleared - {closer}
 
 
 def _open(breaker: Breaker, outcome: Outcome, now: float, policy: BreakerPolicy, *, again: bool = False) -> Breaker:

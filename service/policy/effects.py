@@ -83,6 +83,13 @@ class EffectPolicy:
     base_delay: timedelta = timedelta(seconds=1)
     max_delay: timedelta = timedelta(minutes=5)
     max_reconciles: int = 3
+    # An effect whose call is answered as if our URL or credentials were wrong while its provider answers the others
+    # (its breaker cleared it: one request's trouble) is tried again this much later, spending nothing.
+    alone_misconfigured_wait: timedelta = timedelta(seconds=30)
+
+
+# The answers that are about our configuration, not the effect (401/403; a redirect, 404, 405 to a call).
+_OUR_CONFIGURATION = frozenset({ErrorCode.PROVIDER_UNAUTHORIZED, ErrorCode.PROVIDER_MISCONFIGURED})
 
 
 @dataclass(frozen=True)
@@ -95,9 +102,6 @@ class EffectDecision:
     retry_in: timedelta | None = None
     # The claim made no call that counts (handed back unmade, or refused our credentials): not an attempt.
     unmade: bool = False
-
-
-# The answers that are about our configuration, not the effect (401/403; a redirect, 404, 405 to a call).
 
 
 def after_call(
@@ -120,10 +124,15 @@ def after_call(
     if isinstance(outcome, Unknown):
         return EffectDecision("uncertain", outcome.code)
     if not outcome.charged:
-        # Not this effect's doing, so it keeps its budget whole: claimed again once its provider's breaker lets calls
-        # through (the lanes wait for it; an answer that says our credentials or URL are wrong opened it; a 429's
-        # Retry-After is kept for processes whose breaker is closed).
-        retry_in = outcome.retry_after if outcome.retry_after is not None else timedelta(0)
+        # Not this effect's doing, so it keeps its budget whole. Refused by its provider's breaker, or answered with
+        # what the API never answers (which opened it): claimed again once the breaker lets calls through (the lanes
+        # wait for it; a 429's Retry-After is kept for processes whose breaker is closed). Answered so while the
+        # provider answers the others (the breaker charged it as its own trouble): a while later, so that it cannot
+        # keep a provider busy.
+        if outcome.retry_after is not None:
+            retry_in = outcome.retry_after
+        else:
+            retry_in = policy.alone_misconfigured_wait if outcome.code in _OUR_CONFIGURATION else timedelta(0)
         return EffectDecision("pending", outcome.code, retry_in=retry_in, unmade=True)
     if attempts >= policy.max_attempts:
         return EffectDecision("failed", outcome.code.exhausted())

@@ -58,7 +58,8 @@ class TopicsCheck:
                     retry_in_seconds=delay,
                 )
             except TopicsProblem as error:  # an answer about a topic that is neither "missing" nor "not authorized"
-                log.warning("topics_check_failed", error=str(error), retry_in_seconds=delay)
+                self.problem = str(error)
+                log.warning("topics_check_failed", error=self.problem, retry_in_seconds=delay)
             else:
                 if found.complete:
                     self.ready, self.problem = True, None

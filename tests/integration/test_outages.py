@@ -225,6 +225,37 @@ async def test_a_lone_order_answered_by_a_wrong_url_waits_with_the_breaker_open_
     assert len(await read_topic(kafka, topics.rejected, expect=0, timeout=2)) == 0
 
 
+async def test_a_customer_a_firewall_refuses_is_its_orders_trouble_and_cannot_make_the_breaker_flap(
+    engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
+) -> None:
+    # Given a directory behind a firewall that answers one customer's look-ups with its own HTML 403 page, always,
+    # and orders of that customer among orders of others
+    settings = settings_for(database_url, kafka, topics, customers_url=downstream.url, retry_tiers="", max_elapsed="8s")
+    page = b"<html><body>Request blocked</body></html>"
+    downstream.answer_next("customers.get", 403, page, times=1000, key="c-waf")
+    orders = [(f"F-{n}", placed(f"F-{n}", customer="c-waf" if n % 10 == 0 else f"c-{n}"), {}) for n in range(60)]
+    await produce(kafka, topics.source, orders)
+
+    # When the service works through them
+    async with running(settings, "consumer_loop", "relay") as container:
+        await eventually(lambda: all_terminal(engine, 60), timeout=60)
+        registry = container.metrics().registry
+        openings = registry.get_sample_value(
+            "orders_breaker_transitions_total", {"downstream": "customers", "state": "open"}
+        )
+
+    # Then every other order was applied, and the refused customer's six were quarantined as misconfigured, spent
+    # on their own budgets (once another customer's answer cleared it, the breaker charged its answers to them)
+    assert await outcomes(engine) == {"processed": 54, "quarantined": 6}
+    quarantined = await rows(engine, "SELECT error_code, attempts FROM quarantine")
+    assert {(row["error_code"], row["attempts"]) for row in quarantined} == {
+        ("DOWNSTREAM_MISCONFIGURED_EXHAUSTED", settings.max_attempts)
+    }
+    # And the breaker opened for it once or twice, not once per retry of each of its orders
+    assert openings is not None
+    assert openings <= 3, openings
+
+
 async def test_a_head_quarantined_from_its_blocking_phase_parks_the_later_record_of_its_key_in_the_same_round(
     engine: AsyncEngine, database_url: str, kafka: str, topics: Topics, downstream: Downstream
 ) -> None:
@@ -294,7 +325,7 @@ async def test_a_payment_provider_answering_what_its_api_never_answers_fails_no_
     await produce(kafka, topics.source, [(f"R-{n}", placed(f"R-{n}"), {}) for n in range(10)])
 
     # When the consumer, the effect worker and (for what may have been acted on) the reconciler run
-    quick = providers.Singleton(EffectPolicy, max_attempts=3)
+    quick = providers.Singleton(EffectPolicy, max_attempts=3, alone_misconfigured_wait=timedelta(seconds=1))
     async with running(
         settings, "consumer_loop", "effect_worker", configure=lambda c: c.effect_policy.override(quick)
     ) as container:

@@ -72,10 +72,16 @@ def test_a_run_of_one_request_alone_opens_it_suspecting_that_request_so_any_othe
     admission, probing = admit(breaker, 0.1, POLICY, "customer-2")
     assert admission is Admission.PROBE
     closed, _ = record(probing, OK, 0.2, POLICY, probe=True)
-    assert record(closed, replace(FAILED, target="customer-dead"), 0.3, POLICY, probe=False) == (
-        replace(CLOSED, failures=1, targets=frozenset({"customer-dead"})),
-        True,
-    )
+    assert closed == replace(CLOSED, cleared=frozenset({"customer-dead"}))
+    again = closed
+    for _ in range(3 * POLICY.threshold):
+        again, charged = record(again, replace(FAILED, target="customer-dead"), 0.3, POLICY, probe=False)
+        assert (again, charged) == (closed, True)  # never a run's again: it cannot make the breaker flap
+    # (an outage is still seen: the others' run opens it for everyone, and forgets what was cleared)
+    outage = closed
+    for n in range(POLICY.threshold):
+        outage, _ = record(outage, replace(FAILED, target=f"customer-{n}"), 0.4, POLICY, probe=False)
+    assert (outage.state, outage.suspects, outage.cleared) == (State.OPEN, frozenset(), frozenset())
     # And when it is the only request there is, it probes once the open time is up, as in any outage
     assert admit(breaker, 2.0, POLICY, "customer-dead")[0] is Admission.PROBE
 
@@ -138,8 +144,13 @@ def test_an_answer_not_the_apis_own_opens_it_at_once_charged_to_nobody_suspectin
     reopened, charged = record(probing, replace(WRONG, target="c-2"), 0.6, POLICY, probe=True)
     assert (reopened.state, reopened.suspects, charged) == (State.OPEN, frozenset(), False)
     assert admit(reopened, 0.7, POLICY, "c-3")[0] is Admission.REFUSED
-    # And when it is answered as the API's own, it closes
-    assert record(admit(breaker, 0.5, POLICY, "c-2")[1], OK, 0.6, POLICY, probe=True) == (CLOSED, False)
+    # And when it is answered as the API's own, it closes; the lone request's next such answer is its own trouble:
+    # charged, and it does not open the breaker again (a hostile key a firewall refuses cannot make it flap)
+    closed, charged = record(admit(breaker, 0.5, POLICY, "c-2")[1], OK, 0.6, POLICY, probe=True)
+    assert (closed, charged) == (replace(CLOSED, cleared=frozenset({"c-1"})), False)
+    assert record(closed, replace(WRONG, target="c-1"), 0.7, POLICY, probe=False) == (closed, True)
+    # (until it is answered as the API's own again)
+    assert record(closed, replace(OK, target="c-1"), 0.8, POLICY, probe=False) == (CLOSED, False)
 
 
 def test_a_misconfiguration_after_failures_of_two_requests_opens_it_suspecting_nobody() -> None:
@@ -201,8 +212,10 @@ def test_a_probe_failing_alone_lets_another_request_probe_at_once_and_its_answer
     admission, second = admit(suspecting, 2.2, POLICY, "healthy")
     assert (admission, second.state) == (Admission.PROBE, State.HALF_OPEN)
     assert admit(second, 2.3, POLICY, "other")[0] is Admission.REFUSED
-    assert record(second, OK, 2.3, POLICY, probe=True) == (CLOSED, False)
-    # And the lone request, called again with the breaker closed, is charged as any lone failure is
+    closed, charged = record(second, OK, 2.3, POLICY, probe=True)
+    assert (closed, charged) == (replace(CLOSED, cleared=frozenset({"dead"})), False)
+    # And the lone request, called again with the breaker closed, is charged: its own trouble, never a run's
+    assert record(closed, replace(FAILED, target="dead"), 2.4, POLICY, probe=False) == (closed, True)
     assert record(CLOSED, replace(FAILED, target="dead"), 2.4, POLICY, probe=False) == (
         replace(CLOSED, failures=1, targets=frozenset({"dead"})),
         True,

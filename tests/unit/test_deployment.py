@@ -230,9 +230,10 @@ def test_the_topics_are_created_by_topics_apply_from_the_image_and_are_the_contr
 
 
 def _environment(spec: dict[str, Any]) -> dict[str, str]:
-    """A container's variables as compose sets them: `${NAME:-default}` is the default (nothing is exported here)."""
+    """A container's variables as compose sets them: `${NAME:-default}` and `${NAME-default}` are the default (nothing
+    is exported here)."""
     return {
-        key: re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value)) for key, value in (spec.get("environment") or {}).items()
+        key: re.sub(r"\$\{\w+:?-([^}]*)\}", r"\1", str(value)) for key, value in (spec.get("environment") or {}).items()
     }
 
 

@@ -4,6 +4,7 @@ decided without I/O."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import timedelta
 
 import orjson
@@ -40,8 +41,9 @@ POLICY = EffectPolicy(max_attempts=3)
 
 
 JSON = "application/json"
-# An answer that is not the API's own opened the provider's breaker: the effect is claimed again once it lets calls by
-WAIT_FOR_BREAKER = timedelta(0)
+# An answer that is not the API's own opened the provider's breaker: the effect is claimed again once its open time
+# (the first: 2 s) is up, so that an effect due before it is the probe
+WAIT_FOR_BREAKER = timedelta(seconds=2)
 
 
 class _Answers:
@@ -60,7 +62,10 @@ async def answered(
     """The call outcome a payment provider's answer with this status means (to a provider whose breaker is closed)."""
     raw = body if isinstance(body, bytes) else orjson.dumps(body if body is not None else {})
     payments = PaymentsClient(_Answers(status, content_type, raw, headers or {}), "http://payments.test")  # type: ignore[arg-type]
-    return await payments.pay("A-1/payment.capture", {}, "capture")
+    outcome = await payments.pay("A-1/payment.capture", {}, "capture")
+    if isinstance(outcome, NotSent) and outcome.retry_after:  # the breaker's open time left, read off its clock
+        return replace(outcome, retry_after=timedelta(seconds=round(outcome.retry_after.total_seconds())))
+    return outcome
 
 
 @pytest.mark.parametrize(
@@ -142,6 +147,9 @@ def test_credentials_or_a_url_refused_spend_no_attempt_however_often(
     # lets calls through (the lanes wait for it)
     refused = after_call(NotSent(code, retry_after=timedelta(0), charged=False), 99, POLICY, random.Random(1))
     assert refused == EffectDecision("pending", code, retry_in=timedelta(0), unmade=True)
+    # One so answered while its provider answers the others (the breaker charged it: its own trouble) waits 30 s
+    alone = after_call(NotSent(code, charged=False), 99, POLICY, random.Random(1))
+    assert alone == EffectDecision("pending", code, retry_in=POLICY.alone_misconfigured_wait, unmade=True)
 
 
 def test_a_provider_still_working_on_the_key_makes_the_effect_uncertain_for_a_look_up() -> None:
