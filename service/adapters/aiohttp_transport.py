@@ -1,6 +1,6 @@
 """`Transport` (service/adapters/transport.py) over aiohttp's client, for the process's one HTTP client.
 
-Keep-alive connections per origin and TLS context (a request's own, or the one `trust` names), redirects handed back as
+Keep-alive connections per origin and TLS context (a request's own: its downstream's), redirects handed back as
 they are, no cookies, no compression, no proxy from the environment. It bounds what aiohttp leaves open: how many
 exchanges run at once (waiting for one is bounded by the timeout too), how long an answer may be (a header line
 longer than aiohttp's 8190 bytes ends the exchange as Cut too), what closing the client does to the calls under
@@ -56,14 +56,9 @@ class AiohttpTransport:
             skip_auto_headers=("User-Agent",),
         )
         self._slots = asyncio.Semaphore(connections)
-        self._trusted: dict[tuple[str, int], ssl.SSLContext] = {}
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._calls: dict[asyncio.Task[Any], _Stage] = {}
         self._closed = False
-
-    def trust(self, host: str, port: int, context: ssl.SSLContext) -> None:
-        """Connect to `host:port` over TLS with this context (a downstream's own CA, a client certificate)."""
-        self._trusted[(_host_key(host), port)] = context
 
     async def send(self, request: Outgoing, seconds: float) -> Answer:
         """Send `request` on a kept-alive connection or a new one, and read the whole answer."""
@@ -114,10 +109,8 @@ class AiohttpTransport:
 
     async def _exchange(self, request: Outgoing, seconds: float) -> Answer:
         url = URL(request.url, encoded=True)
-        context: ssl.SSLContext | bool = True
-        if url.scheme == "https":
-            trusted = self._trusted.get((_host_key(url.raw_host or ""), url.port or 443), True)
-            context = request.tls if request.tls is not None else trusted
+        # Over https, the request's own context (its downstream's CA, its client certificate), else the system's CAs.
+        context: ssl.SSLContext | bool = request.tls if url.scheme == "https" and request.tls is not None else True
         try:
             async with self._session.request(
                 request.method,
@@ -252,8 +245,3 @@ async def _body(response: aiohttp.ClientResponse) -> bytes:
         if len(body) > transport.MAX_ANSWER_BYTES:
             raise Cut(f"the answer is longer than {transport.MAX_ANSWER_BYTES} bytes")
     return bytes(body)
-
-
-def _host_key(host: str) -> str:
-    """A host as the TLS contexts are kept by: `Api.Example.` and `api.example` are one origin."""
-    return host.strip("[]").rstrip(".").lower()

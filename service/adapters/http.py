@@ -93,11 +93,6 @@ class HttpClient:
         """GET `url` (already percent-encoded) with these query parameters (over https, with this TLS context)."""
         return await self._request("GET", url, params, b"", headers or {}, tls=tls)
 
-    def trust(self, base_url: str, context: ssl.SSLContext) -> None:
-        """Call the https origin of `base_url` with this TLS context (a downstream's own CA, a client certificate)."""
-        _, host, port = _origin(_AUTHORITY.match(base_url).group())  # type: ignore[union-attr]
-        self._transport.trust(host, port, context)
-
     async def post(
         self, url: str, *, json: Any, headers: Mapping[str, str] | None = None, tls: ssl.SSLContext | None = None
     ) -> Answer:

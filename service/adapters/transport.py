@@ -71,7 +71,7 @@ class Cut(TransportError):
 class Outgoing:
     """A request ready to leave: an absolute URL already percent-encoded, headers that can be written as they are
     (no line breaks), the body, and for an https URL the TLS context of its downstream (its CA, its client
-    certificate; None: the one `trust` gave its origin, else the system's CAs)."""
+    certificate; None: the system's CAs)."""
 
     method: str
     url: str
@@ -87,10 +87,6 @@ class Transport(Protocol):
 
     async def send(self, request: Outgoing, seconds: float) -> Answer:
         """The whole answer, or a TransportError; RuntimeError once the transport is closed."""
-        ...
-
-    def trust(self, host: str, port: int, context: ssl.SSLContext) -> None:
-        """Connect to `host:port` over TLS with this context (a downstream's own CA, a client certificate)."""
         ...
 
     async def close(self) -> None:

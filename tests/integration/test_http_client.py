@@ -546,23 +546,11 @@ async def test_an_untrusted_certificate_fails_to_connect(serve, client: HttpClie
 
 async def test_calls_over_tls_share_a_kept_alive_connection(serve, client: HttpClient, tls) -> None:
     server = await serve(ok, tls=tls[0])
-    client.trust(f"https://127.0.0.1:{server.port}", tls[1])
 
     for _ in range(3):
-        assert (await client.get(f"https://127.0.0.1:{server.port}/x")).status_code == 201
+        assert (await client.get(f"https://127.0.0.1:{server.port}/x", tls=tls[1])).status_code == 201
 
     assert server.connections == 1
-
-
-async def test_a_downstream_s_tls_context_serves_its_host_however_the_url_spells_it(
-    serve, client: HttpClient, tls
-) -> None:
-    # Given a downstream's own CA trusted for its URL as configured (capitals, the root's trailing dot)
-    server = await serve(ok, tls=tls[0])
-    client.trust(f"https://LocalHost.:{server.port}", tls[1])
-
-    # When it is called by its plain name, it is called with that context (the system's CAs would refuse it)
-    assert (await client.get(f"https://localhost:{server.port}/x")).status_code == 201
 
 
 @pytest.mark.parametrize("close_notify", [True, False], ids=["close-notify", "dropped"])
@@ -579,15 +567,14 @@ async def test_a_tls_connection_the_server_ended_while_idle_is_not_handed_out(
 
     server = await serve(answers_and_ends, tls=tls[0])
     url = f"https://127.0.0.1:{server.port}/x"
-    client.trust(url, tls[1])
-    assert (await client.get(url)).status_code == 200
+    assert (await client.get(url, tls=tls[1])).status_code == 200
 
     async def ended() -> bool:
         return server.ended == 1
 
     await eventually(ended, timeout=5, interval=0.01)
 
-    assert (await client.post(url, json={})).status_code == 200, "the ended connection was handed out"
+    assert (await client.post(url, json={}, tls=tls[1])).status_code == 200, "the ended connection was handed out"
     assert server.connections == 2
 
 
@@ -609,8 +596,7 @@ async def test_closing_the_client_ends_a_tls_call_at_once(tls) -> None:
     thread = threading.Thread(target=busy, daemon=True)
     thread.start()
     one = HttpClient.open(timedelta(seconds=5), connections=1)
-    one.trust(f"https://127.0.0.1:{port}", tls[1])
-    call = asyncio.create_task(one.get(f"https://127.0.0.1:{port}/x"))
+    call = asyncio.create_task(one.get(f"https://127.0.0.1:{port}/x", tls=tls[1]))
     try:
 
         async def under_way() -> bool:

@@ -207,9 +207,6 @@ class _Transport:
             raise self.error
         return Answer(self.status, {}, b"{}")
 
-    def trust(self, *_: Any) -> None:
-        pass
-
     async def close(self) -> None:
         pass
 
