@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -318,10 +319,12 @@ class Slots:
     async def __aexit__(self, *exc_info: object) -> None:
         self.held = frozenset()
         if self._connection is not None:
-            # Closed, not returned to the pool: the next user of a pooled session would inherit its locks.
-            try:
+            # Closed, not returned to the pool: the next user of a pooled session would inherit its locks. Quietly:
+            # on the way out of a database outage the session is gone with its locks, and an error closing it must
+            # not replace the outage the relay waits out (it would end the process).
+            with contextlib.suppress(Exception):
                 await self._connection.invalidate()
-            finally:
+            with contextlib.suppress(Exception):
                 await self._connection.close()
 
 
